@@ -1,0 +1,30 @@
+# One environment (.venv), created on first use and reused after.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.hush-installed
+
+.PHONY: install demo test test-slow lint bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch is pinned: an unpinned torch pulls several GB of CUDA packages.
+	$(PY) -m pip install -q torch==2.13.0 -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/accelerate launch recipes/arxiv_mlm.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --durations=15
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check hush_hf tests bench recipes
+
+bench: $(STAMP)
+	$(PY) bench/plan_scale.py
