@@ -1,0 +1,147 @@
+"""Reading secrets from plain records (dicts, tuples) and from JSON, JSON Lines and CSV files.
+
+A record names one secret with the keys ``id`` or ``name``; ``prior`` or ``p``;
+``target_posterior``, ``target`` or ``r``; and optionally ``terms`` (a list, or one string with
+``;`` between terms) and ``pattern``. Values from CSV arrive as text and are parsed here. Messages
+never repeat a name, term, pattern, unknown key or unparsable text (any of them could be a secret,
+e.g. in a CSV without a header row); they give field names and positions.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import numbers
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hush_hf.secrets.secret import Secret
+
+NAME_KEYS = ("name", "id")
+PRIOR_KEYS = ("prior", "p")
+TARGET_KEYS = ("target_posterior", "target", "r")
+OPTIONAL_KEYS = ("terms", "pattern")
+KNOWN_KEYS = frozenset(NAME_KEYS + PRIOR_KEYS + TARGET_KEYS + OPTIONAL_KEYS)
+TERM_SEPARATOR = ";"
+
+
+def _pick(record: Mapping[Any, Any], keys: tuple[str, ...], required: bool) -> Any:
+    present = [key for key in keys if key in record]
+    if len(present) > 1:
+        raise ValueError(f"give only one of the fields {' / '.join(map(repr, present))}")
+    if not present:
+        if required:
+            raise ValueError(f"missing field {keys[0]!r} (also accepted: {', '.join(map(repr, keys[1:]))})")
+        return None
+    return record[present[0]]
+
+
+def _name(value: Any) -> str:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    if not isinstance(value, str):
+        raise ValueError(f"name must be a string, got a {type(value).__name__}")
+    return value
+
+
+def _number(field: str, value: Any) -> Any:
+    """Parse text as a float; numbers pass through to :class:`Secret`'s checks."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{field} is empty")
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            raise ValueError(f"{field} is not a number (its text does not parse as a float)") from None
+    return value
+
+
+def _terms(value: Any) -> Any:
+    """``None``/empty -> no terms; a string -> its ``;``-separated pieces, stripped, empty ones skipped."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(piece.strip() for piece in value.split(TERM_SEPARATOR) if piece.strip())
+    return value
+
+
+def _pattern(value: Any) -> Any:
+    return None if value is None or value == "" else value
+
+
+def secret_from_record(record: Any) -> Secret:
+    """A :class:`Secret` from a Secret, a mapping, or a tuple (name, prior, target[, terms[, pattern]])."""
+    if isinstance(record, Secret):
+        return record
+    if isinstance(record, Mapping):
+        unknown = [key for key in record if key not in KNOWN_KEYS]
+        if unknown:
+            raise ValueError(
+                f"{len(unknown)} unrecognised field(s); accepted fields are {', '.join(sorted(KNOWN_KEYS))}"
+            )
+        fields = (
+            _pick(record, NAME_KEYS, True),
+            _pick(record, PRIOR_KEYS, True),
+            _pick(record, TARGET_KEYS, True),
+            _pick(record, ("terms",), False),
+            _pick(record, ("pattern",), False),
+        )
+    elif isinstance(record, (tuple, list)):
+        if not 3 <= len(record) <= 5:
+            raise ValueError(
+                "a tuple record is (name, prior, target_posterior[, terms[, pattern]]), "
+                f"got {len(record)} items"
+            )
+        fields = (*record, *(None,) * (5 - len(record)))
+    else:
+        raise ValueError(f"a record must be a Secret, a mapping or a tuple, got a {type(record).__name__}")
+    name, prior, target, terms, pattern = fields
+    return Secret(
+        name=_name(name),
+        prior=_number("prior", prior),
+        target_posterior=_number("target_posterior", target),
+        terms=_terms(terms),
+        pattern=_pattern(pattern),
+    )
+
+
+def read_json(path: str | Path) -> list[Any]:
+    """Records from a JSON file holding a list of records or ``{"secrets": [...]}``."""
+    with open(path, encoding="utf-8") as handle:
+        try:
+            data = json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}: not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
+            ) from None
+    if isinstance(data, dict):
+        if set(data) != {"secrets"}:
+            # Keys are not echoed: a file mapping names to records would print the names.
+            raise ValueError(
+                f"{path}: a JSON object must have exactly one key 'secrets', found {len(data)} key(s)"
+            )
+        data = data["secrets"]
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of records, got a {type(data).__name__}")
+    return data
+
+
+def read_jsonl(path: str | Path) -> list[Any]:
+    """Records from a JSON Lines file: one JSON record per non-blank line."""
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}: line {line_number} is not valid JSON ({error.msg})") from None
+    return records
+
+
+def read_csv(path: str | Path) -> list[dict[str, Any]]:
+    """Records from a CSV file with a header row (UTF-8, an optional byte-order mark is skipped)."""
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        return list(csv.DictReader(handle))

@@ -1,0 +1,231 @@
+"""Word tokenisation and taggers: whole words, phrases, case, regex, callables, unions."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hush_hf.secrets import (
+    CallableTagger,
+    RegexTagger,
+    Secret,
+    SecretSet,
+    TermTagger,
+    UnionTagger,
+    tagger_for,
+    words,
+)
+
+# -- words ----------------------------------------------------------------------------------------
+
+
+def test_words_are_unicode_word_runs_case_folded_and_nfkc_normalised():
+    assert words("The cat's catalog: cat_food, 42x!") == ["the", "cat", "s", "catalog", "cat_food", "42x"]
+    assert words("Straße STRASSE") == ["strasse", "strasse"]  # casefold, not just lower()
+    assert words("ﬁnance ＡＢＣ") == ["finance", "abc"]  # NFKC: ligature, full-width letters
+    assert words("Ça va, Ελλάδα?") == ["ça", "va", "ελλάδα"]
+    assert words("Mixed Case", case_sensitive=True) == ["Mixed", "Case"]
+    assert words(" ,;!? ") == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.booleans())
+def test_every_word_tokenises_to_itself(text, case_sensitive):
+    # Selection names secrets by words and tags by words(name): this must give the word back.
+    for word in words(text, case_sensitive=case_sensitive):
+        assert words(word, case_sensitive=case_sensitive) == [word]
+
+
+# -- TermTagger -----------------------------------------------------------------------------------
+
+
+def test_single_word_terms_match_whole_words_only():
+    tagger = TermTagger({0: ["cat"]})
+    for text in ("a cat.", "Cat!", "CAT", "(cat)", "the cat's toy", "dog-cat"):
+        assert tagger(text) == {0}, text
+    for text in ("catalog", "concat", "cat_food", "cats", "c a t", ""):
+        assert tagger(text) == set(), text
+
+
+def test_case_sensitive_option():
+    insensitive = TermTagger({0: ["Paris"]})
+    sensitive = TermTagger({0: ["Paris"]}, case_sensitive=True)
+    assert insensitive("paris PARIS") == {0}
+    assert sensitive("paris PARIS") == set()
+    assert sensitive("in Paris.") == {0}
+
+
+def test_phrases_match_whole_word_sequences():
+    tagger = TermTagger({0: ["new york"], 1: ["new york city"], 2: ["york"], 3: ["new jersey"]})
+    assert tagger("I love New-York City") == {0, 1, 2}
+    assert tagger("new, york") == {0, 2}
+    assert tagger("a new yorker") == set()
+    assert tagger("york new") == {2}
+    assert tagger("new new york") == {0, 2}  # the phrase may start at any occurrence of its first word
+    assert tagger("New Jersey and new york") == {0, 2, 3}
+    assert tagger("new") == set()
+
+
+def test_several_secrets_per_example_and_shared_terms():
+    tagger = TermTagger({0: ["alpha", "beta gamma"], 1: ["beta"], 2: ["alpha"], 5: ["delta"]})
+    assert tagger("Alpha then beta gamma then delta") == {0, 1, 2, 5}
+    assert tagger("beta") == {1}
+    assert tagger.secret_indices == frozenset({0, 1, 2, 5})
+
+
+def _reference_tags(terms: dict[int, list[str]], text: str) -> set[int]:
+    """Brute force: a term matches when its word sequence occurs contiguously in the text's words."""
+    tokens = words(text)
+    found = set()
+    for index, secret_terms in terms.items():
+        for term in secret_terms:
+            phrase = words(term)
+            n = len(phrase)
+            if any(tokens[i : i + n] == phrase for i in range(len(tokens) - n + 1)):
+                found.add(index)
+    return found
+
+
+ALPHABET = st.sampled_from(["a", "b", "c", "ab", "B", "a_b"])
+TEXT = st.lists(st.tuples(ALPHABET, st.sampled_from([" ", "-", ", ", "."])), max_size=12).map(
+    lambda pairs: "".join(word + sep for word, sep in pairs)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.integers(0, 6),
+        st.lists(st.lists(ALPHABET, min_size=1, max_size=3).map(" ".join), min_size=1, max_size=3),
+        min_size=1,
+        max_size=5,
+    ),
+    TEXT,
+)
+def test_term_tagger_agrees_with_brute_force(terms, text):
+    assert TermTagger(terms)(text) == _reference_tags(terms, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["cat", "ca", "at", "c4t", "x_y"]), st.text(alphabet="cat4xy_ .,-C", max_size=20))
+def test_single_words_agree_with_a_lookaround_regex(term, text):
+    # Independent reference for ASCII: a whole-word match is one not flanked by word characters.
+    expected = re.search(rf"(?<!\w){re.escape(term)}(?!\w)", text, re.IGNORECASE) is not None
+    assert (TermTagger({0: [term]})(text) == {0}) == expected
+
+
+def test_term_tagger_scales_to_many_terms():
+    # 100k one-word terms: building and tagging stay dict lookups (no alternation regex).
+    tagger = TermTagger({j: [f"w{j}"] for j in range(100_000)})
+    assert tagger("w5 and W99999, not w100000 or xw7") == {5, 99_999}
+
+
+@pytest.mark.parametrize(
+    ("terms", "message"),
+    [
+        ({0: "hunter2"}, "TermTagger: terms of secret #0 must be a list of strings, got a str"),
+        ({0: []}, "TermTagger: secret #0 has no terms"),
+        ({3: ["ok", "..."]}, "TermTagger: term 1 of secret #3 contains no word characters"),
+        ({0: [7]}, "TermTagger: term 0 of secret #0 must be a string, got a int"),
+        ({-1: ["x"]}, "TermTagger: secret index must be a non-negative integer, got -1"),
+        ({"hunter2": ["x"]}, "TermTagger: secret index must be a non-negative integer, got a str"),
+        (["hunter2"], "TermTagger: terms must be a mapping secret index -> terms, got a list"),
+    ],
+)
+def test_term_tagger_errors_never_show_terms(terms, message):
+    with pytest.raises(ValueError) as info:
+        TermTagger(terms)
+    assert str(info.value) == message
+
+
+# -- RegexTagger, CallableTagger, UnionTagger ----------------------------------------------------
+
+
+def test_regex_tagger():
+    tagger = RegexTagger({0: r"\bAKIA[0-9A-Z]{4}\b", 1: re.compile(r"\d{3}-\d{4}"), 4: "key"})
+    assert tagger("id AKIA12AB and 555-1234") == {0, 1}
+    assert tagger("akia12ab keychain") == {4}
+    assert RegexTagger({0: "akia"}, flags=re.IGNORECASE)("AKIA") == {0}
+    assert RegexTagger({0: re.compile("akia", re.IGNORECASE)})("AKIA") == {0}
+    assert tagger.secret_indices == frozenset({0, 1, 4})
+    with pytest.raises(ValueError) as info:
+        RegexTagger({2: "hunter2("})
+    assert str(info.value).startswith("RegexTagger: pattern of secret #2 is not a valid regular expression")
+    assert "hunter2" not in str(info.value)
+
+
+def test_callable_tagger_checks_ids_without_showing_them():
+    assert CallableTagger(lambda text: [2, 0, 2] if "x" in text else [])("axb") == {0, 2}
+    assert CallableTagger(lambda text: ())("x") == set()
+    with pytest.raises(ValueError, match="got -3"):
+        CallableTagger(lambda text: [-3])("x")
+    with pytest.raises(ValueError) as info:
+        CallableTagger(lambda text: ["hunter2"])("x")
+    assert str(info.value) == "CallableTagger: secret index must be a non-negative integer, got a str"
+    with pytest.raises(ValueError, match="fn must return an iterable of secret indices, got a str"):
+        CallableTagger(lambda text: "hunter2")("x")
+    with pytest.raises(ValueError, match="fn must be callable"):
+        CallableTagger("hunter2")
+    assert CallableTagger(lambda text: []).secret_indices is None
+
+
+def test_union_tagger_unions_and_flattens():
+    terms = TermTagger({0: ["cat"]})
+    regex = RegexTagger({1: r"\d+"})
+    bang = CallableTagger(lambda text: {2} if "!" in text else ())
+    union = UnionTagger([terms, UnionTagger([regex, bang])])
+    assert len(union.taggers) == 3
+    assert union("cat 12!") == {0, 1, 2}
+    assert union("dog") == set()
+    assert union.secret_indices is None
+    assert UnionTagger([terms, regex]).secret_indices == frozenset({0, 1})
+    with pytest.raises(ValueError, match="tagger 1 must be a Tagger"):
+        UnionTagger([terms, lambda text: [0]])
+    with pytest.raises(ValueError, match="at least one tagger"):
+        UnionTagger([])
+
+
+# -- tagger_for -----------------------------------------------------------------------------------
+
+
+def _secret_set() -> SecretSet:
+    return SecretSet(
+        [
+            Secret("Zurich", 1e-6, 1e-3),  # no terms or pattern: the name is the term
+            Secret("project-x", 1e-6, 1e-3, terms=("Project X", "px")),  # terms replace the name
+            Secret("card", 1e-6, 1e-3, pattern=r"card\d{4}"),  # pattern only: the name is not a term
+            Secret("both", 1e-6, 1e-3, terms=("Both",), pattern=r"B0TH"),
+        ]
+    )
+
+
+def test_tagger_for_uses_terms_name_and_pattern():
+    tagger = tagger_for(_secret_set())
+    assert tagger("in zurich, about project x") == {0, 1}
+    assert tagger("project-x stays secret") == {1}  # "project-x" is the phrase "project x"
+    assert tagger("my card card1234") == {2}
+    assert tagger("both") == {3} and tagger("b0th") == {3}
+    assert tagger("PX and CARD9999") == {1, 2}  # case_sensitive=False also applies to patterns
+    assert tagger.secret_indices == frozenset(range(4))
+
+
+def test_tagger_for_case_sensitive():
+    tagger = tagger_for(_secret_set(), case_sensitive=True)
+    assert tagger("zurich CARD1234 Project X b0th") == {1}
+    assert tagger("Zurich card1234 B0TH") == {0, 2, 3}
+
+
+def test_tagger_for_refuses_a_name_that_can_never_match():
+    secrets = SecretSet([Secret("ok", 0.1, 0.2), Secret("?!", 0.1, 0.2)])
+    with pytest.raises(ValueError, match="secret #1 has no terms or pattern and its name contains no word"):
+        tagger_for(secrets)
+    with pytest.raises(ValueError, match="secret_set must be a SecretSet"):
+        tagger_for([Secret("ok", 0.1, 0.2)])
+
+
+def test_tagger_repr_shows_counts_only():
+    assert repr(TermTagger({0: ["hunter2"], 1: ["x"]})) == "TermTagger(2 secrets)"
+    assert repr(CallableTagger(lambda text: ())) == "CallableTagger(? secrets)"
