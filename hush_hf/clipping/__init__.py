@@ -1,0 +1,24 @@
+"""Per-example gradient clipping for Hugging Face models (ghost clipping, tied weights exact).
+
+``GhostClipper(model, max_norm)`` hooks a plain HF model in place; ``clipped_backward(loss_i)``
+adds sum_i min(1, C/||g_i||) g_i to ``p.grad``. Rules for new layer types are registered with
+``register_norm_rule`` (see ``registry``).
+"""
+
+# Importing the rule modules registers the built-in rules.
+from hush_hf.clipping import rules_hf, rules_torch  # noqa: F401
+from hush_hf.clipping.ghost import GhostClipper
+from hush_hf.clipping.loss import per_example_lm_loss
+from hush_hf.clipping.registry import (
+    UnsupportedLayerError,
+    register_norm_rule,
+    register_param_aliases,
+)
+
+__all__ = [
+    "GhostClipper",
+    "UnsupportedLayerError",
+    "per_example_lm_loss",
+    "register_norm_rule",
+    "register_param_aliases",
+]

@@ -1,0 +1,148 @@
+"""Per-example gradients of one use of a parameter, kept in factored ("ghost") form.
+
+A weight used by a matrix layer on a sequence has, for example i, the gradient
+``G_i = sum_t row_{i,t} col_{i,t}^T`` (ghost clipping: Li et al. 2022, "Large language models can
+be strong differentially private learners"). Inner products of two such sums need only
+the two (T x T') Gram matrices of their factors:
+
+    <G_i, H_i>_F = sum_{t,s} <row_{i,t}, row'_{i,s}> <col_{i,t}, col'_{i,s}>,
+
+so no per-example gradient of the weight's size is ever formed. A factor is either dense (a
+(b, T, n) tensor) or one-hot (token ids: an embedding's rows), for which a Gram entry is a gather
+(``<e_x, v> = v[x]``) or an equality test. Small parameters (biases, norm scales) are kept
+materialised, ``(b, *param.shape)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class DenseFactor:
+    """Dense factor vectors ``values[i, t]`` of length n; ``values`` has shape (b, T, n)."""
+
+    values: Tensor
+
+    @property
+    def size(self) -> int:
+        return self.values.shape[-1]
+
+
+@dataclass(frozen=True)
+class OneHotFactor:
+    """One-hot factor vectors ``e_{ids[i, t]}`` of length ``size``; ``ids`` has shape (b, T)."""
+
+    ids: Tensor
+    size: int
+
+
+Factor = DenseFactor | OneHotFactor
+
+
+@dataclass(frozen=True)
+class OuterSum:
+    """Per-example gradient ``G_i = sum_t row_{i,t} col_{i,t}^T`` of a (rows x cols) weight."""
+
+    row: Factor
+    col: Factor
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """Per-example gradient stored whole: ``values`` has shape (b, *param.shape)."""
+
+    values: Tensor
+
+
+PerExampleGrad = OuterSum | Materialized
+
+
+def compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """At least float32: Gram sums over T^2 terms lose too much in bf16/fp16."""
+    dtype = torch.float32
+    for t in tensors:
+        if t.is_floating_point():
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _dense(f: Factor) -> Tensor | None:
+    return f.values if isinstance(f, DenseFactor) else None
+
+
+def gram(f: Factor, h: Factor) -> Tensor:
+    """Per-example Gram matrix ``K[i, t, s] = <f_{i,t}, h_{i,s}>``, shape (b, T_f, T_h)."""
+    if f.size != h.size:
+        raise ValueError(f"factor sizes differ: {f.size} vs {h.size}")
+    if isinstance(f, DenseFactor) and isinstance(h, DenseFactor):
+        dtype = compute_dtype(f.values, h.values)
+        return torch.bmm(f.values.to(dtype), h.values.to(dtype).transpose(1, 2))
+    if isinstance(f, OneHotFactor) and isinstance(h, OneHotFactor):
+        return (f.ids[:, :, None] == h.ids[:, None, :]).to(torch.float32)
+    if isinstance(f, OneHotFactor):
+        return gram(h, f).transpose(1, 2)
+    # f dense (b, T, n), h one-hot (b, S): <f_t, e_{x_s}> = f_t[x_s].
+    values = f.values.to(compute_dtype(f.values))
+    b, t_len = values.shape[:2]
+    index = h.ids[:, None, :].expand(b, t_len, h.ids.shape[1])
+    return torch.gather(values, 2, index)
+
+
+def _contract_col(m: Tensor, col: Factor) -> Tensor:
+    """``(M_i c_{i,t})`` for every t: shape (b, T, rows)."""
+    if isinstance(col, DenseFactor):
+        return torch.einsum("brk,btk->btr", m, col.values.to(m.dtype))
+    b, rows = m.shape[:2]
+    index = col.ids[:, None, :].expand(b, rows, col.ids.shape[1])
+    return torch.gather(m, 2, index).transpose(1, 2)
+
+
+def _inner_materialized_outer(m: Materialized, g: OuterSum) -> Tensor:
+    """``<M_i, sum_t r_t c_t^T> = sum_t r_t^T M_i c_t`` without materialising G."""
+    dtype = compute_dtype(m.values, *(f.values for f in (g.row, g.col) if isinstance(f, DenseFactor)))
+    values = m.values.to(dtype)
+    if values.dim() != 3:
+        raise ValueError(f"a factored gradient needs a 2-D parameter, got shape {tuple(values.shape[1:])}")
+    mc = _contract_col(values, g.col)  # (b, T, rows)
+    if isinstance(g.row, DenseFactor):
+        return (mc * g.row.values.to(dtype)).sum(dim=(1, 2))
+    return torch.gather(mc, 2, g.row.ids[:, :, None]).sum(dim=(1, 2))
+
+
+def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
+    """Per-example Frobenius inner product ``<G_i, H_i>``, shape (b,)."""
+    if isinstance(g, OuterSum) and isinstance(h, OuterSum):
+        k_row = gram(g.row, h.row)
+        k_col = gram(g.col, h.col)
+        dtype = torch.promote_types(k_row.dtype, k_col.dtype)
+        return (k_row.to(dtype) * k_col.to(dtype)).sum(dim=(1, 2))
+    if isinstance(g, Materialized) and isinstance(h, Materialized):
+        dtype = compute_dtype(g.values, h.values)
+        return (g.values.to(dtype) * h.values.to(dtype)).flatten(1).sum(dim=1)
+    if isinstance(g, Materialized):
+        return _inner_materialized_outer(g, h)
+    return _inner_materialized_outer(h, g)
+
+
+def squared_norm_of_sum(uses: Sequence[PerExampleGrad]) -> Tensor:
+    """``||sum_u G_{u,i}||^2 = sum_u ||G_{u,i}||^2 + 2 sum_{u<v} <G_{u,i}, G_{v,i}>``, shape (b,).
+
+    One entry per use of one parameter in the forward pass. With several uses (tied weights: an
+    embedding reused as the output projection) the cross terms are what makes the norm exact;
+    leaving them out can under-estimate it, which would void the clipping bound.
+    """
+    if not uses:
+        raise ValueError("squared_norm_of_sum needs at least one use")
+    total: Tensor | None = None
+    for u, g in enumerate(uses):
+        for v in range(u, len(uses)):
+            term = inner(g, uses[v])
+            term = term if u == v else 2.0 * term
+            total = term if total is None else total + term
+    # Exact value is >= 0; rounding can leave a tiny negative only when the norm itself is ~0.
+    return total.clamp_min(0.0)

@@ -1,0 +1,58 @@
+"""Per-example language-modelling loss: the quantity each example's gradient is clipped for."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IGNORE_INDEX = -100
+
+
+def per_example_lm_loss(logits: Tensor, labels: Tensor, *, causal: bool) -> Tensor:
+    """loss_i = (1/n_i) sum_{t: y_{i,t} != -100} -log softmax(logits_{i,t})[y_{i,t}], shape (b,).
+
+    n_i is example i's number of target tokens; an example with none has loss 0 (and gradient 0).
+    ``causal=True`` predicts token t+1 from position t (logits[:, :-1] against labels[:, 1:]), as
+    transformers' causal-LM loss does; ``causal=False`` (masked LM) compares position by position.
+
+    Why a per-example *mean* over tokens: the privacy unit is the example, and clipping bounds each
+    example's whole gradient by C whatever its scale, so any per-example reduction is private. The
+    mean keeps every example's loss on one scale, so long and short examples are clipped alike; a
+    sum would make long examples' gradients larger and clip them harder. (transformers' own loss is
+    a token-weighted mean over the batch, which is not a sum of per-example terms.) Computed in
+    float32 at least, like transformers' loss.
+    """
+    if not isinstance(logits, Tensor) or logits.dim() != 3 or not logits.is_floating_point():
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a floating tensor of shape (batch, seq, vocab), got {shape}")
+    if (
+        not isinstance(labels, Tensor)
+        or labels.dtype in (torch.bool,)
+        or labels.is_floating_point()
+        or labels.is_complex()
+        or tuple(labels.shape) != tuple(logits.shape[:2])
+    ):
+        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"labels must be an integer tensor of shape {tuple(logits.shape[:2])}, got {shape}")
+    vocab = logits.shape[-1]
+    # Token ids may be secret: report the position of a bad label, never its value.
+    bad = torch.nonzero((labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab)))
+    if bad.numel():
+        i, t = bad[0].tolist()
+        raise ValueError(
+            f"labels must be in [0, {vocab}) or {IGNORE_INDEX}; "
+            f"{bad.shape[0]} are not (first at example {i}, position {t})"
+        )
+    if causal:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    b, t_len = labels.shape
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    token_loss = F.cross_entropy(
+        logits.reshape(b * t_len, vocab).to(dtype),
+        labels.reshape(b * t_len).long(),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    ).view(b, t_len)
+    n_targets = (labels != IGNORE_INDEX).sum(dim=1)
+    return token_loss.sum(dim=1) / n_targets.clamp_min(1).to(dtype)

@@ -1,0 +1,108 @@
+"""Per-example gradient rules for ``torch.nn`` layers: Linear, Embedding, LayerNorm, RMSNorm.
+
+Notation: x is the layer input, g the gradient of sum_i loss_i w.r.t. the layer output; since
+loss_i depends on example i only, g[i] is example i's own output gradient. Sequence dimensions are
+flattened into one axis t.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hush_hf.clipping.factors import (
+    DenseFactor,
+    Materialized,
+    OneHotFactor,
+    OuterSum,
+    PerExampleGrad,
+    compute_dtype,
+)
+from hush_hf.clipping.registry import register_norm_rule
+
+
+def as_sequence(t: Tensor) -> Tensor:
+    """(b, ..., n) -> (b, T, n) with T the product of the middle dimensions (1 if none)."""
+    if t.dim() < 2:
+        raise ValueError(f"expected a batch-first tensor of 2+ dimensions, got shape {tuple(t.shape)}")
+    return t.reshape(t.shape[0], -1, t.shape[-1])
+
+
+def sum_all_but_batch_and_last(t: Tensor, n_dims: int) -> Tensor:
+    """Sum over every dimension except the batch (first) and the last ``n_dims`` (a parameter's shape).
+
+    (Opacus has the same helper; importing opacus costs ~3 s, so it is not worth one line.)
+    """
+    dims = tuple(range(1, t.dim() - n_dims))
+    return t.sum(dim=dims) if dims else t
+
+
+def bias_grad(g: Tensor) -> Materialized:
+    """Bias added to every position: grad_i = sum_t g_{i,t}."""
+    return Materialized(as_sequence(g).sum(dim=1))
+
+
+@register_norm_rule(nn.Linear, casts_input_under_autocast=True)
+def linear_grads(layer: nn.Linear, x: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
+    """y_t = W x_t + b, W (out x in): G_i = sum_t g_{i,t} x_{i,t}^T; bias sum_t g_{i,t}."""
+    weight = OuterSum(DenseFactor(as_sequence(g)), DenseFactor(as_sequence(x)))
+    grads: dict[str, PerExampleGrad] = {"weight": weight}
+    if layer.bias is not None:
+        grads["bias"] = bias_grad(g)
+    return grads
+
+
+def embedding_config_problem(layer: nn.Embedding) -> str | None:
+    """Embedding options whose gradient is not a per-example sum of row updates."""
+    if layer.max_norm is not None:
+        return "max_norm renormalises weight rows in place during forward"
+    if layer.scale_grad_by_freq:
+        return "scale_grad_by_freq scales gradients by token counts of the whole batch (couples examples)"
+    if layer.sparse:
+        return "sparse gradients are not supported"
+    return None
+
+
+def embedding_outer_sum(layer: nn.Embedding, ids: Tensor, g: Tensor) -> OuterSum:
+    """y_t = W[x_t], W (V x d): G_i = sum_t e_{x_{i,t}} g_{i,t}^T.
+
+    PyTorch gives the ``padding_idx`` row no gradient, so those positions are dropped (zeroed);
+    counting them would over-estimate the norm (safe, but not exact).
+    """
+    ids = ids.reshape(ids.shape[0], -1).long()
+    g = as_sequence(g)
+    if layer.padding_idx is not None:
+        g = g.masked_fill((ids == layer.padding_idx)[:, :, None], 0.0)
+    return OuterSum(OneHotFactor(ids, layer.num_embeddings), DenseFactor(g))
+
+
+@register_norm_rule(nn.Embedding, check=embedding_config_problem)
+def embedding_grads(layer: nn.Embedding, ids: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
+    """See ``embedding_outer_sum``."""
+    return {"weight": embedding_outer_sum(layer, ids, g)}
+
+
+@register_norm_rule(nn.LayerNorm)
+def layer_norm_grads(layer: nn.LayerNorm, x: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
+    """y = xhat * w + b with xhat the normalised input: grad w_i = sum_t xhat_{i,t} * g_{i,t}."""
+    dtype = compute_dtype(x, g)
+    n_dims = len(layer.normalized_shape)
+    grads: dict[str, PerExampleGrad] = {}
+    if layer.weight is not None:
+        xhat = F.layer_norm(x.to(dtype), layer.normalized_shape, eps=layer.eps)
+        grads["weight"] = Materialized(sum_all_but_batch_and_last(xhat * g.to(dtype), n_dims))
+    if layer.bias is not None:
+        grads["bias"] = Materialized(sum_all_but_batch_and_last(g.to(dtype), n_dims))
+    return grads
+
+
+@register_norm_rule(nn.RMSNorm)
+def rms_norm_grads(layer: nn.RMSNorm, x: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
+    """y = x / rms(x) * w: grad w_i = sum_t (x_{i,t} / rms(x_{i,t})) * g_{i,t}."""
+    dtype = compute_dtype(x, g)
+    # eps=None means finfo(input dtype).eps in the forward; keep that, not the upcast dtype's eps.
+    eps = layer.eps if layer.eps is not None else torch.finfo(x.dtype).eps
+    xhat = F.rms_norm(x.to(dtype), layer.normalized_shape, eps=eps)
+    n_dims = len(layer.normalized_shape)
+    return {"weight": Materialized(sum_all_but_batch_and_last(xhat * g.to(dtype), n_dims))}

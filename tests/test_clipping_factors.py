@@ -1,0 +1,101 @@
+"""The factored per-example gradient algebra against explicitly materialised gradients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import Tensor
+
+from hush_hf.clipping.factors import (
+    DenseFactor,
+    Materialized,
+    OneHotFactor,
+    OuterSum,
+    gram,
+    inner,
+    squared_norm_of_sum,
+)
+
+B, ROWS, COLS = 3, 7, 5
+
+
+def random_factor(kind: str, size: int, steps: int, g: torch.Generator):
+    if kind == "dense":
+        return DenseFactor(torch.randn(B, steps, size, generator=g, dtype=torch.float64))
+    return OneHotFactor(torch.randint(0, size, (B, steps), generator=g), size)
+
+
+def dense_vectors(f) -> Tensor:
+    if isinstance(f, DenseFactor):
+        return f.values
+    return torch.nn.functional.one_hot(f.ids, f.size).double()
+
+
+def materialize(g) -> Tensor:
+    if isinstance(g, Materialized):
+        return g.values.double()
+    return torch.einsum("btr,btk->brk", dense_vectors(g.row), dense_vectors(g.col))
+
+
+KINDS = ["dense", "onehot"]
+
+
+@pytest.mark.parametrize(("kind_f", "kind_h"), list(itertools.product(KINDS, KINDS)))
+def test_gram_matches_dense_vectors(kind_f: str, kind_h: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    f, h = random_factor(kind_f, ROWS, 4, g), random_factor(kind_h, ROWS, 6, g)
+    expected = torch.einsum("btn,bsn->bts", dense_vectors(f), dense_vectors(h))
+    torch.testing.assert_close(gram(f, h).double(), expected)
+
+
+def random_grad(kind: str, g: torch.Generator, steps: int):
+    if kind == "materialized":
+        return Materialized(torch.randn(B, ROWS, COLS, generator=g, dtype=torch.float64))
+    row_kind, col_kind = kind.split("x")
+    return OuterSum(random_factor(row_kind, ROWS, steps, g), random_factor(col_kind, COLS, steps, g))
+
+
+GRAD_KINDS = ["densexdense", "onehotxdense", "densexonehot", "materialized"]
+
+
+@pytest.mark.parametrize(("kind_a", "kind_b"), list(itertools.combinations_with_replacement(GRAD_KINDS, 2)))
+def test_inner_product_matches_materialised(kind_a: str, kind_b: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    a, b = random_grad(kind_a, g, 4), random_grad(kind_b, g, 9)
+    expected = (materialize(a) * materialize(b)).flatten(1).sum(1)
+    torch.testing.assert_close(inner(a, b).double(), expected)
+    torch.testing.assert_close(inner(b, a).double(), expected)
+
+
+def test_squared_norm_of_sum_includes_cross_terms() -> None:
+    """Tied-embedding shape: one-hot rows (embedding use) plus dense rows (output projection use)."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, ROWS, (B, 6), generator=g)
+    deltas = torch.randn(B, 6, COLS, generator=g, dtype=torch.float64)
+    emb = OuterSum(OneHotFactor(ids, ROWS), DenseFactor(deltas))
+    out = random_grad("densexdense", g, 6)
+    extra = random_grad("materialized", g, 0)
+    uses = [emb, out, extra]
+    expected = sum(materialize(u) for u in uses).pow(2).flatten(1).sum(1)
+    torch.testing.assert_close(squared_norm_of_sum(uses).double(), expected)
+    no_cross = sum(materialize(u).pow(2).flatten(1).sum(1) for u in uses)
+    assert (no_cross - expected).abs().max() > 1e-3 * expected.max()
+
+
+def test_float32_inputs_are_computed_in_at_least_float32_and_half_is_upcast() -> None:
+    g = torch.Generator().manual_seed(3)
+    row = DenseFactor(torch.randn(B, 4, ROWS, generator=g).bfloat16())
+    col = DenseFactor(torch.randn(B, 4, COLS, generator=g).bfloat16())
+    value = squared_norm_of_sum([OuterSum(row, col)])
+    assert value.dtype == torch.float32
+    exact = torch.einsum("btr,btk->brk", row.values.double(), col.values.double()).pow(2).flatten(1).sum(1)
+    torch.testing.assert_close(value.double(), exact, rtol=1e-6, atol=0)
+
+
+def test_mismatched_factor_sizes_are_refused() -> None:
+    with pytest.raises(ValueError, match="factor sizes differ"):
+        gram(DenseFactor(torch.zeros(1, 2, 3)), OneHotFactor(torch.zeros(1, 2, dtype=torch.long), 4))
+    with pytest.raises(ValueError, match="at least one use"):
+        squared_norm_of_sum([])
