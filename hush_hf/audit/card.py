@@ -1,0 +1,180 @@
+"""The Hugging Face model card's "Secret protection" section, and everything written beside the weights.
+
+Built offline with ``huggingface_hub.ModelCard`` from a template string (never fetched). The section
+states the guarantee of Hush (Ganesh et al. 2025, Def. 3.1) for this model in plain words, with the
+numbers it rests on and the audit's results; secrets appear as counts and statistics only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hush_hf.audit.report import (
+    build_privacy_report,
+    check_attacks,
+    check_clip_norm,
+    guarantee_lines,
+    void_warning,
+    write_privacy_report,
+)
+
+PLAN_FILE = "hush_plan.json"
+CARD_FILE = "README.md"
+SECTION_START = "<!-- hush_hf: secret protection (generated; edits here are overwritten) -->"
+SECTION_END = "<!-- hush_hf: end of secret protection -->"
+CARD_TAGS = ("hush_hf", "secret-protection", "dp-sgd")
+ACCOUNTANT_WORDS = {
+    "tight": "the blow-up function of a pessimistic privacy-loss distribution (Hayes, Balle and "
+             "Mahloujifar 2023), exact up to a discretisation that only over-estimates the bound",
+    "rdp": "Rényi divergences of the exact mixture (Stock et al. 2022)",
+    "kl": "the KL divergence of the exact mixture (Hush, Lemma 3.2)",
+}
+
+CARD_TEMPLATE = """---
+{{ card_data }}
+---
+
+# {{ model_name }}
+
+This model was trained with hush_hf (per-secret reconstruction protection for Hugging Face training,
+after Ganesh et al. 2025, "Hush! Protecting Secrets During Model Training").
+
+{{ protection_section }}
+"""
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else format(value, ".4g")
+
+
+def protection_section(report: Mapping[str, Any]) -> str:
+    """The Markdown of the "Secret protection" section, between markers so it can be replaced."""
+    t, s = report.get("training"), report.get("secrets")
+    lines = [SECTION_START, "## Secret protection", ""]
+    if t is None or s is None:
+        lines += ["No protection plan was recorded for this model: it carries **no** secret-protection "
+                  "guarantee."]
+    elif not t["bounds_hold"]:
+        lines += [void_warning(t), "", "The model therefore carries **no** certified secret protection; "
+                  "the plan's numbers are listed for reference only.", "", "### Numbers", "",
+                  *guarantee_lines(report)]
+    else:
+        lines += [
+            f"The training data contained **{s['count']} protected secrets**, numbered 0..{s['count'] - 1}; "
+            "their contents are not published here or anywhere in this repository.",
+            "",
+            "**What is guaranteed.** For each secret j, an attacker who knows everything about the training "
+            "data except that secret, and who could guess it with probability at most its prior p_j without "
+            "the model, guesses it with probability at most its certified bound b_j using this model "
+            "(its weights, or anything computed from them). "
+            + ("Each bound is at most the target r_j set for that secret. " if s["meets_targets"] else "")
+            + f"Targets range from {_fmt(s['target']['min'])} to {_fmt(s['target']['max'])} "
+            f"(median {_fmt(s['target']['median'])}); certified bounds from {_fmt(s['bound']['min'])} to "
+            f"{_fmt(s['bound']['max'])} (median {_fmt(s['bound']['median'])}); priors from "
+            f"{_fmt(s['prior']['min'])} to {_fmt(s['prior']['max'])}.",
+            "",
+        ]
+        if not s["meets_targets"]:
+            lines += [f"**WARNING: {s['num_over_target']} secret(s) have a certified bound above their "
+                      "target; for those, only the (weaker) bound holds.**", ""]
+        lines += [
+            "**How.** Examples were weighted by a linear program and drawn by weighted Poisson sampling "
+            f"(expected batch size B = {_fmt(t['expected_batch_size'])}, T = {t['steps']} steps, "
+            f"{t['retained_fraction']:.2%} of {t['examples']} examples kept with a non-zero weight); each "
+            f"example's gradient was clipped to norm C = {_fmt(t['clip_norm'])} and Gaussian noise of "
+            f"standard deviation sigma*C = {_fmt(t['noise_multiplier'])} * {_fmt(t['clip_norm'])} was "
+            f"added to each step's summed gradient (DP-SGD). The bounds were computed with the "
+            f"`{t['accountant']}` accountant: {ACCOUNTANT_WORDS.get(t['accountant'], t['accountant'])}.",
+            "",
+            "**What is not guaranteed.** The guarantee covers a secret's occurrences in the examples tagged "
+            "as containing it; it does not hide which examples contain secrets, or that an example was "
+            "trained on (membership is public under this definition); and it holds only if training "
+            "followed the plan (`hush_plan.json`) exactly.",
+            "",
+            "### Numbers", "",
+            *guarantee_lines(report),
+        ]
+    lines += ["", "### Audit", ""]
+    lines += _audit_lines(report.get("attacks") or {})
+    lines += ["", "Full report: `privacy_report.md` / `privacy_report.json`; plan: `hush_plan.json`.",
+              SECTION_END, ""]
+    return "\n".join(lines)
+
+
+def _audit_lines(attacks: Mapping[str, Any]) -> list[str]:
+    lines = []
+    if exposure := attacks.get("exposure"):
+        ins = exposure["inserted"]
+        lines.append(f"- Canary exposure: max {_fmt(ins['max'])} bits over {ins['count']} inserted canaries "
+                     f"(chance ~{exposure['chance_mean']:.2f} bits, "
+                     f"maximum {_fmt(exposure['max_possible'])}).")
+    if extraction := attacks.get("extraction"):
+        lines.append(f"- Extraction: {extraction['num_extracted']} of {extraction['num_sequences']} training "
+                     f"sequences reproduced ({extraction['prefix_length']}-token prompts, "
+                     f"{extraction['suffix_length']} tokens greedy).")
+    for result in attacks.get("membership") or []:
+        tprs = ", ".join(f"TPR {_fmt(v)} at FPR {k}" for k, v in result["tpr_at_fpr"].items())
+        lines.append(f"- Membership inference ({result['attack']}): AUC {_fmt(result['auc'])}; {tprs}.")
+    if reconstruction := attacks.get("reconstruction"):
+        lines.append(f"- Secret reconstruction: the true value ranked first among its candidates for "
+                     f"{reconstruction['num_ranked_first']} of {reconstruction['num_evaluated']} secrets "
+                     f"probed; mean posterior {_fmt(reconstruction['mean_probability'])} against a uniform "
+                     f"guess {_fmt(reconstruction['mean_candidate_prior'])} and a certified bound at that "
+                     f"prior of {_fmt(reconstruction.get('mean_bound_at_candidate_prior'))}.")
+    for name, why in (attacks.get("not_run") or {}).items():
+        lines.append(f"- {name}: not run ({why}).")
+    return lines or ["No attacks have been run on this model yet (`hush audit`)."]
+
+
+def build_model_card(report: Mapping[str, Any], *, model_name: str | None = None,
+                     existing: str | Path | None = None) -> Any:
+    """A ``huggingface_hub.ModelCard`` with the Secret protection section.
+
+    With ``existing`` (a README.md, e.g. written by ``Trainer.create_model_card``) its metadata and
+    text are kept and the section is appended, or replaced if a previous one is there.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    section = protection_section(report)
+    if existing is not None and Path(existing).is_file():
+        card = ModelCard.load(Path(existing))  # a local path: read, never fetched
+        pattern = re.compile(re.escape(SECTION_START) + ".*?" + re.escape(SECTION_END), re.DOTALL)
+        text = card.text
+        if pattern.search(text):
+            card.text = pattern.sub(lambda _: section, text)
+        else:
+            card.text = text.rstrip() + "\n\n" + section
+        tags = list(card.data.tags or [])
+        card.data.tags = tags + [t for t in CARD_TAGS if t not in tags]
+        return card
+    data = ModelCardData(library_name="transformers", tags=list(CARD_TAGS), model_name=model_name)
+    return ModelCard.from_template(data, template_str=CARD_TEMPLATE, model_name=model_name or "Model",
+                                   protection_section=section)
+
+
+def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: float,
+                               report: Mapping[str, Any] | None = None, model_name: str | None = None,
+                               noise_multiplier: float | None = None) -> dict[str, Path]:
+    """Write README.md (card), hush_plan.json, privacy_report.json/.md and plots into ``output_dir``.
+
+    What ``SecretProtectionTrainer.save_model``/``push_to_hub`` call beside the weights. ``clip_norm``
+    is the trainer's ``per_example_clip_norm``; ``noise_multiplier`` the sigma it actually trained
+    with when not the plan's (below the plan's, the card says the bounds do NOT hold); ``report`` is
+    a ``run_audit`` result (or its attacks). An existing README.md keeps its content; the Secret
+    protection section is added or replaced.
+    """
+    clip_norm = check_clip_norm(clip_norm)
+    attacks = check_attacks(report)
+    output_dir = Path(output_dir)
+    privacy_report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
+                                          noise_multiplier=noise_multiplier)  # validates before writing
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"plan": plan.save(output_dir / PLAN_FILE)}
+    paths.update(write_privacy_report(privacy_report, output_dir, plan=plan))
+    card_path = output_dir / CARD_FILE
+    build_model_card(privacy_report, model_name=model_name, existing=card_path).save(card_path)
+    paths["card"] = card_path
+    return paths

@@ -1,0 +1,332 @@
+"""The privacy report: the plan's guarantee and the attacks' results as JSON and Markdown (no secrets).
+
+The report is built from numbers only: the plan's scalars and per-secret arrays (secrets are indices)
+and attack results produced by this package. :func:`render_report` is what ``hush report`` calls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hush_hf import __version__
+
+REPORT_FORMAT_VERSION = 1
+ATTACK_NAMES = ("exposure", "extraction", "membership", "reconstruction")
+REPORT_JSON = "privacy_report.json"
+REPORT_MARKDOWN = "privacy_report.md"
+AUDIT_JSON = "audit.json"
+
+
+def check_clip_norm(clip_norm: object, *, allow_none: bool = False) -> float | None:
+    """The clip norm C as a positive finite float (``None`` allowed only where it may be unknown)."""
+    if clip_norm is None and allow_none:
+        return None
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real) \
+            or not math.isfinite(clip_norm) or clip_norm <= 0:
+        raise ValueError("clip_norm (per_example_clip_norm) must be a positive finite number, "
+                         f"got {clip_norm!r}")
+    return float(clip_norm)
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    values = np.asarray(values, dtype=np.float64)
+    if not values.size:
+        return {"min": None, "median": None, "max": None, "mean": None}
+    return {"min": float(values.min()), "median": float(np.median(values)), "max": float(values.max()),
+            "mean": float(values.mean())}
+
+
+def _log_histogram(values: np.ndarray, bins: int = 20) -> dict[str, list[float]]:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[values > 0]
+    if not values.size:
+        return {"edges": [], "counts": []}
+    low, high = np.log10(values.min()), np.log10(values.max())
+    edges = np.logspace(low, high if high > low else low + 1e-9, bins + 1)
+    counts, edges = np.histogram(values, bins=edges)
+    return {"edges": edges.tolist(), "counts": counts.tolist()}
+
+
+def check_attacks(attacks: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Attack results keyed by attack name (a report with an ``"attacks"`` key is unwrapped)."""
+    if attacks is None:
+        return {}
+    if not isinstance(attacks, Mapping):
+        raise ValueError(f"report must be a mapping of attack results, got a {type(attacks).__name__}")
+    if "attacks" in attacks:  # an audit.json or a whole report
+        attacks = attacks["attacks"] or {}
+    unknown = sorted(set(attacks) - {*ATTACK_NAMES, "not_run"})
+    if unknown:
+        raise ValueError(f"report has unknown attack sections {unknown}; known: {list(ATTACK_NAMES)}")
+    return dict(attacks)
+
+
+def check_noise_multiplier(noise_multiplier: object) -> float | None:
+    """The sigma training used, as a finite float >= 0 (``None``: the plan's)."""
+    if noise_multiplier is None:
+        return None
+    if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, numbers.Real) \
+            or not math.isfinite(noise_multiplier) or noise_multiplier < 0:
+        raise ValueError(f"noise_multiplier must be None or a finite number >= 0, got {noise_multiplier!r}")
+    return float(noise_multiplier)
+
+
+def training_section(plan: Any, clip_norm: float | None,
+                     noise_multiplier: float | None = None) -> dict[str, Any]:
+    """What the guarantee rests on: accountant, sigma, C, B, T, sampling and the LP's outcome.
+
+    ``noise_multiplier`` is the sigma training actually used when it differs from the plan's. The
+    plan's bounds were computed at the plan's sigma and decrease as sigma grows, so they hold for
+    any sigma >= it and are void below it (``bounds_hold``).
+    """
+    summary = plan.summary()
+    sigma = plan.noise_multiplier if noise_multiplier is None else noise_multiplier
+    return {
+        "accountant": plan.accountant,
+        "noise_multiplier": sigma,
+        "planned_noise_multiplier": plan.noise_multiplier,
+        "bounds_hold": bool(sigma >= plan.noise_multiplier),
+        "clip_norm": clip_norm,
+        "noise_std": sigma * clip_norm if clip_norm is not None else None,
+        "expected_batch_size": plan.expected_batch_size,
+        "steps": plan.steps,
+        "sampling": "weighted Poisson (example i in each batch with probability rho_i = B w_i / sum(w))",
+        "max_sampling_prob": summary["max_sampling_prob"],
+        "examples": plan.num_examples,
+        "retained_fraction": plan.retained_fraction,
+        "retained_weight_fraction": plan.retained_weight_fraction,
+        "noise_calibrated": plan.calibrated,
+        "lp_budget": plan.budget,
+        "lp_c": plan.lp_c,
+        "lp_gap": summary.get("lp_gap"),
+    }
+
+
+def secrets_section(plan: Any) -> dict[str, Any]:
+    """Per-secret targets r_j against certified bounds, as statistics and histograms (indices only)."""
+    s = plan.secrets
+    ratio = s.bound / s.target if s.target.size else np.zeros(0)
+    return {
+        "count": plan.num_secrets,
+        "meets_targets": plan.meets_targets,
+        "num_over_target": int(np.count_nonzero(s.bound > s.target)),
+        "indices_over_target": np.flatnonzero(s.bound > s.target).tolist(),
+        "prior": _stats(s.prior),
+        "target": _stats(s.target),
+        "bound": _stats(s.bound),
+        "bound_over_target": _stats(ratio),
+        "examples_per_secret": _stats(s.num_examples),
+        "histograms": {"target": _log_histogram(s.target), "bound": _log_histogram(s.bound),
+                       "bound_over_target": _log_histogram(ratio)},
+    }
+
+
+def build_privacy_report(plan: Any | None, *, clip_norm: float | None,
+                         attacks: Mapping[str, Any] | None = None, model_name: str | None = None,
+                         noise_multiplier: float | None = None) -> dict[str, Any]:
+    """The report as a JSON-ready dict. ``plan=None`` reports attacks alone (e.g. an unprotected baseline);
+    ``noise_multiplier``: the sigma training used, if not the plan's (see :func:`training_section`)."""
+    clip_norm = check_clip_norm(clip_norm, allow_none=True)
+    noise_multiplier = check_noise_multiplier(noise_multiplier)
+    return {
+        "format_version": REPORT_FORMAT_VERSION,
+        "generated_by": f"hush_hf {__version__}",
+        "model_name": model_name,
+        "training": training_section(plan, clip_norm, noise_multiplier) if plan is not None else None,
+        "secrets": secrets_section(plan) if plan is not None else None,
+        "attacks": check_attacks(attacks),
+    }
+
+
+# -- Markdown ---------------------------------------------------------------------------------------
+def _g(value: Any, spec: str = ".4g") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, numbers.Real):
+        return format(value, spec)
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_g(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def void_warning(training: Mapping[str, Any]) -> str:
+    return (f"**WARNING: training used noise multiplier {training['noise_multiplier']:.4g}, below the "
+            f"{training['planned_noise_multiplier']:.4g} the plan calibrated: the certified bounds below do "
+            "NOT hold for this model.**")
+
+
+def guarantee_lines(report: Mapping[str, Any]) -> list[str]:
+    """The training and per-secret numbers of the guarantee, as Markdown."""
+    t, s = report.get("training"), report.get("secrets")
+    if t is None or s is None:
+        return ["No protection plan was given: the model carries no certified secret protection."]
+    lines = [] if t["bounds_hold"] else [void_warning(t), ""]
+    lines += _table(["quantity", "value"], [
+        ["accountant", t["accountant"]],
+        ["noise multiplier sigma", t["noise_multiplier"]],
+        ["sigma the plan calibrated", t["planned_noise_multiplier"]],
+        ["clip norm C", t["clip_norm"]],
+        ["noise std sigma*C", t["noise_std"]],
+        ["expected batch size B", t["expected_batch_size"]],
+        ["steps T", t["steps"]],
+        ["sampling", t["sampling"]],
+        ["max sampling probability", t["max_sampling_prob"]],
+        ["examples", t["examples"]],
+        ["examples kept (w > 0)", f"{t['retained_fraction']:.2%}"],
+        ["sum(w) / n", f"{t['retained_weight_fraction']:.2%}"],
+        ["noise calibrated by hush_hf", t["noise_calibrated"]],
+    ])
+    lines += ["", f"**{s['count']} secrets.** "
+              + ("Every secret's certified bound is at most its target."
+                 if s["meets_targets"] else
+                 f"**WARNING: {s['num_over_target']} secret(s) have a bound above their target** "
+                 f"(indices {s['indices_over_target'][:20]}{' ...' if s['num_over_target'] > 20 else ''})."),
+              ""]
+    lines += _table(["per secret", "min", "median", "max"], [
+        [name, s[key]["min"], s[key]["median"], s[key]["max"]]
+        for name, key in (("prior p_j", "prior"), ("target r_j", "target"), ("certified bound", "bound"),
+                          ("bound / target", "bound_over_target"),
+                          ("examples containing it", "examples_per_secret"))
+    ])
+    return lines
+
+
+def _drawn_from(what: str, pool: str | None) -> str:
+    return f" {what} drawn from {pool}." if pool else ""
+
+
+def attack_lines(attacks: Mapping[str, Any]) -> list[str]:
+    """The attacks' results as Markdown (canaries and secrets by index)."""
+    lines: list[str] = []
+    exposure = attacks.get("exposure")
+    if exposure:
+        ins, non = exposure["inserted"], exposure["not_inserted"]
+        lines += ["### Canary exposure (Carlini et al. 2019)", "",
+                  f"Exposure = log2|R| - log2 rank, at most {_g(exposure['max_possible'])} bits here; an "
+                  f"unmemorised canary averages {exposure['chance_mean']:.2f} bits. Inserted canaries: max "
+                  f"{_g(ins['max'])}, mean {_g(ins['mean'])} bits ({ins['count']} canaries)"
+                  + (f"; never-inserted controls: max {_g(non['max'])}, mean {_g(non['mean'])} bits."
+                     if non["count"] else "."), ""]
+        lines += _table(["canary", "inserted", "exposure (bits)", "rank", "method"],
+                        [[c["index"], c["repetitions"], c["exposure"], c["rank"], c["method"]]
+                         for c in exposure["canaries"][:50]])
+        lines.append("")
+    extraction = attacks.get("extraction")
+    if extraction:
+        lines += ["### Extraction (k-extractability, Carlini et al. 2023)", "",
+                  f"Prompted with the first {extraction['prefix_length']} tokens, greedy decoding "
+                  f"reproduced the next {extraction['suffix_length']} tokens of "
+                  f"{extraction['num_extracted']} of {extraction['num_sequences']} training sequences "
+                  f"({extraction['fraction_extracted']:.2%}); "
+                  f"mean leading tokens matched {extraction['mean_matched_tokens']:.2f}, token accuracy "
+                  f"{extraction['token_accuracy']:.2%}. Sequences too short to test: "
+                  f"{extraction['num_skipped_too_short']}."
+                  + _drawn_from("Sequences", extraction.get("sequences_from")), ""]
+    membership = attacks.get("membership")
+    if membership:
+        fprs = sorted({k for m in membership for k in m["tpr_at_fpr"]}, key=float)
+        lines += ["### Membership inference", "",
+                  "Protection targets secret reconstruction, not membership: membership of examples is "
+                  "public under the Hush definition, so a high AUC here does not contradict the "
+                  "guarantee." + _drawn_from("Members", membership[0].get("members_from")), ""]
+        lines += _table(["attack", "members", "non-members", "AUC", *[f"TPR at FPR {f}" for f in fprs]],
+                        [[m["attack"], m["num_members"], m["num_nonmembers"], m["auc"],
+                          *[m["tpr_at_fpr"].get(f) for f in fprs]] for m in membership])
+        lines.append("")
+    reconstruction = attacks.get("reconstruction")
+    if reconstruction:
+        lines += ["### Secret reconstruction", "",
+                  f"{reconstruction['num_evaluated']} secrets probed; the true value ranked first among its "
+                  f"candidates for {reconstruction['num_ranked_first']}. Mean posterior of the true value "
+                  f"{_g(reconstruction['mean_probability'])} against a uniform guess among the candidates "
+                  f"{_g(reconstruction['mean_candidate_prior'])} and the certified bound at that prior "
+                  f"{_g(reconstruction.get('mean_bound_at_candidate_prior'))} (bound at the secrets' own "
+                  f"priors: {_g(reconstruction['mean_bound'])}).", ""]
+        rows = sorted(reconstruction["secrets"], key=lambda r: -r["probability"])[:20]
+        lines += _table(["secret", "contexts", "candidates", "rank", "posterior", "uniform guess",
+                         "bound at that prior", "bound b_j"],
+                        [[r["index"], r["num_contexts"], r["num_candidates"], r["rank"], r["probability"],
+                          r["candidate_prior"], r.get("bound_at_candidate_prior"), r["bound"]] for r in rows])
+        if reconstruction["not_evaluated"]:
+            lines += ["", "Not probed: " + "; ".join(f"{n} ({why})" for why, n in
+                                                     reconstruction["not_evaluated"].items()) + "."]
+        lines.append("")
+    for name, why in attacks.get("not_run", {}).items():
+        lines.append(f"- {name}: not run ({why})")
+    return lines or ["No attacks were run."]
+
+
+def report_markdown(report: Mapping[str, Any], plots: Mapping[str, str] | None = None) -> str:
+    """The whole report as Markdown; ``plots`` maps captions to relative PNG paths."""
+    title = f"Privacy report: {report['model_name']}" if report.get("model_name") else "Privacy report"
+    lines = [f"# {title}", "",
+             f"Generated by {report['generated_by']}. Secrets are referred to by index only.",
+             "", "## Guarantee", "", *guarantee_lines(report), "", "## Attacks", "",
+             *attack_lines(report.get("attacks", {}))]
+    for caption, path in (plots or {}).items():
+        lines += ["", f"![{caption}]({path})"]
+    return "\n".join(lines) + "\n"
+
+
+def write_privacy_report(report: Mapping[str, Any], output_dir: str | Path, *,
+                         plan: Any = None) -> dict[str, Path]:
+    """Write privacy_report.json, privacy_report.md and (from the plan's arrays) PNG plots."""
+    from hush_hf.audit.plots import write_report_plots
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_report_plots(output_dir, plan=plan, attacks=report.get("attacks", {}))
+    paths = {"json": output_dir / REPORT_JSON, "markdown": output_dir / REPORT_MARKDOWN}
+    paths["json"].write_text(json.dumps(report, indent=2, allow_nan=False))
+    paths["markdown"].write_text(report_markdown(report, {c: p.name for c, p in plots.items()}))
+    paths.update({f"plot:{p.stem}": p for p in plots.values()})
+    return paths
+
+
+def load_audit(path: str | Path) -> dict[str, Any]:
+    """Attack results from an audit.json (or a privacy_report.json, whose ``attacks`` are taken)."""
+    data = json.loads(Path(path).read_text())
+    return check_attacks(data)
+
+
+def recorded(data: Mapping[str, Any], key: str) -> Any:
+    """``key`` (clip_norm, noise_multiplier) as recorded in an audit.json (top level) or a
+    privacy_report.json (under ``training``); ``None`` if absent."""
+    if data.get(key) is not None:
+        return data[key]
+    return (data.get("training") or {}).get(key)
+
+
+def render_report(plan_path: str | Path, audit_json: str | Path | None, output_dir: str | Path, *,
+                  clip_norm: float | None = None, noise_multiplier: float | None = None,
+                  model_name: str | None = None) -> dict[str, Path]:
+    """``hush report``: plan JSON + audit JSON -> privacy_report.json/.md and PNG plots in ``output_dir``.
+
+    ``clip_norm`` and ``noise_multiplier`` (the sigma training used) default to the ones recorded in
+    the audit JSON (``run_audit`` records them when known); sigma then defaults to the plan's.
+    """
+    from hush_hf.planning.plan import ProtectionPlan
+
+    plan = ProtectionPlan.load(plan_path)
+    attacks: dict[str, Any] = {}
+    if audit_json is not None:
+        raw = json.loads(Path(audit_json).read_text())
+        attacks = check_attacks(raw)
+        clip_norm = recorded(raw, "clip_norm") if clip_norm is None else clip_norm
+        noise_multiplier = recorded(raw, "noise_multiplier") if noise_multiplier is None else noise_multiplier
+    report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
+                                  noise_multiplier=noise_multiplier)
+    return write_privacy_report(report, output_dir, plan=plan)
