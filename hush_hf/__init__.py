@@ -1,3 +1,41 @@
-"""hush_hf: per-secret reconstruction protection for Hugging Face training (Ganesh et al. 2025)."""
+"""hush_hf: per-secret reconstruction protection for Hugging Face training (Ganesh et al. 2025).
+
+The pipeline, upstream to downstream: ``secrets`` (spec + taggers) -> ``planning`` (LP weights,
+sampling probabilities) -> ``accounting`` (noise calibration, per-secret bounds) -> ``sampling``
+(WeightedPoissonSampler) -> ``clipping`` (ghost norms) -> ``trainer`` -> ``audit``.
+Public names are imported lazily so that ``import hush_hf`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Secret": "hush_hf.secrets",
+    "SecretSet": "hush_hf.secrets",
+    "ProtectionPlan": "hush_hf.planning",
+    "plan_protection": "hush_hf.planning",
+    "calibrate_noise": "hush_hf.accounting",
+    "posterior_bounds": "hush_hf.accounting",
+    "WeightedPoissonSampler": "hush_hf.sampling",
+    "GhostClipper": "hush_hf.clipping",
+    "SecretProtectionConfig": "hush_hf.trainer",
+    "SecretProtectionTrainer": "hush_hf.trainer",
+    "GhostClippingCallback": "hush_hf.trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hush_hf' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,297 @@
+"""Cost of a DP step against a plain Trainer step: same model, same batch, one run.
+
+    .venv/bin/python bench/step_overhead.py [--quick] [--models bert-tiny gpt2 gemma2-small]
+                                            [--seqs 128 256] [--batch 32] [--steps 3] [--bf16]
+
+For each model and sequence length, two fresh processes train the same model on the same random
+batch of ``--batch`` sequences: a plain ``transformers.Trainer`` (batch-mean loss, one backward,
+default batch clipping) and a ``SecretProtectionTrainer`` whose plan samples every example
+(rho = 1, B = batch, one micro-batch of the same size; ghost clipping, all-reduce, noise). Reported:
+median seconds per optimizer step after ``--warmup`` steps (timed between ``on_step_begin`` and
+``on_step_end``, i.e. forward, backward(s), noise and the optimizer) and peak memory during the
+timed steps (CUDA: ``max_memory_allocated``; CPU: peak resident set size of the process, sampled
+every 2 ms, which includes the ~0.5 GB of the Python/torch runtime and dilutes the ratio). Targets on a
+GPU for GPT-2 small at batch >= 32: time ratio <= 1.3, memory ratio <= 1.1.
+
+``--quick`` (CPU smoke run): sequence 128 only, batch 8, 2 timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+MODELS = ("bert-tiny", "gpt2", "gemma2-small")
+
+
+def build_model(name: str, seq: int):
+    """BERT-Tiny (L=2, H=128) MLM, GPT-2 small (124M), a small Gemma-2 (eager attention); random init."""
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        GPT2Config,
+        GPT2LMHeadModel,
+    )
+
+    if name == "bert-tiny":
+        config = BertConfig(
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=512,
+            max_position_embeddings=max(512, seq),
+        )
+        return BertForMaskedLM(config), False
+    if name == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(n_positions=max(1024, seq))), True
+    if name == "gemma2-small":
+        config = Gemma2Config(
+            vocab_size=32000,
+            hidden_size=512,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            intermediate_size=2048,
+            max_position_embeddings=max(1024, seq),
+            attn_implementation="eager",
+        )
+        return Gemma2ForCausalLM(config), True
+    raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+
+
+def random_batch(vocab: int, batch: int, seq: int, causal: bool):
+    """One fixed batch: token ids, full attention mask, labels (causal: the ids; MLM: 15% of positions)."""
+    import datasets
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (batch, seq), generator=generator)
+    labels = ids.clone()
+    if not causal:
+        labels[torch.rand(batch, seq, generator=generator) > 0.15] = -100
+    return datasets.Dataset.from_dict(
+        {"input_ids": ids.tolist(), "attention_mask": [[1] * seq] * batch, "labels": labels.tolist()}
+    )
+
+
+def collate(features):
+    import torch
+
+    return {k: torch.tensor([f[k] for f in features]) for k in ("input_ids", "attention_mask", "labels")}
+
+
+class PeakRss:
+    """Peak resident set size of this process while active (sampled)."""
+
+    def __init__(self, interval: float = 0.002) -> None:
+        import psutil
+
+        self.process, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
+
+    def __enter__(self) -> PeakRss:
+        self.peak = self.process.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode: str, bf16: bool) -> dict:
+    """Seconds per step and peak memory of ``mode`` ('plain' or 'dp'), in this (fresh) process."""
+    import numpy as np
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from hush_hf.planning.plan import ProtectionPlan, SecretReport
+    from hush_hf.trainer import SecretProtectionTrainer
+
+    torch.manual_seed(0)
+    cuda = torch.cuda.is_available()
+    model, causal = build_model(model_name, seq)
+    dataset = random_batch(model.config.vocab_size, batch, seq, causal)
+    total = warmup + steps
+    common = dict(
+        output_dir=tempfile.mkdtemp(prefix="step_overhead_"),  # nothing is saved in it; removed below
+        max_steps=total,
+        per_device_train_batch_size=batch,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10**6,
+        disable_tqdm=True,
+        bf16=bf16,
+        use_cpu=not cuda,
+        dataloader_pin_memory=False,
+        learning_rate=1e-4,
+    )
+    times: list[float] = []
+    rss = PeakRss() if not cuda else None
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if cuda:
+                torch.cuda.synchronize()
+            if state.global_step == warmup:
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                else:
+                    rss.__enter__()
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if cuda:
+                torch.cuda.synchronize()
+            if state.global_step > warmup:
+                times.append(time.perf_counter() - self.start)
+
+    if mode == "plain":
+        trainer = Trainer(
+            model=model,
+            args=TrainingArguments(**common),
+            train_dataset=dataset,
+            data_collator=collate,
+            callbacks=[StepClock()],
+        )
+    else:
+        from hush_hf.trainer import SecretProtectionConfig
+
+        plan = ProtectionPlan(
+            weights=np.ones(batch),
+            sampling_probs=np.ones(batch),
+            noise_multiplier=1.0,
+            accountant="tight",
+            budget="tight",
+            lp_c=1.0,
+            expected_batch_size=float(batch),
+            steps=total,
+            secrets=SecretReport(
+                num_examples=np.array([1]),
+                sum_rho=np.array([1.0]),
+                prior=np.array([1e-4]),
+                target=np.array([1e-2]),
+                bound=np.array([5e-3]),
+            ),
+        )
+        trainer = SecretProtectionTrainer(
+            model=model,
+            args=SecretProtectionConfig(**common),
+            train_dataset=dataset,
+            data_collator=collate,
+            plan=plan,
+            callbacks=[StepClock()],
+        )
+    trainer.train()
+    shutil.rmtree(common["output_dir"], ignore_errors=True)
+    if cuda:
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        rss.__exit__()
+        peak = rss.peak
+    return {
+        "seconds": statistics.median(times),
+        "peak_bytes": int(peak),
+        "device": torch.cuda.get_device_name() if cuda else f"cpu x{torch.get_num_threads()} threads",
+    }
+
+
+def run_isolated(model: str, seq: int, args: argparse.Namespace, mode: str) -> dict:
+    """``measure`` in a fresh interpreter, so that one run's memory cannot inflate the next one's."""
+    spec = json.dumps(
+        {
+            "model": model,
+            "seq": seq,
+            "batch": args.batch,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "mode": mode,
+            "bf16": args.bf16,
+        }
+    )
+    path = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+    )
+    result = subprocess.run(
+        [sys.executable, __file__, "--_measure", spec],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{mode} {model} seq={seq} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CPU smoke run: seq 128, batch 8, 2 timed steps")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--seqs", nargs="+", type=int, default=[128, 256])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision for both trainers")
+    parser.add_argument("--_measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._measure:
+        spec = json.loads(args._measure)
+        warnings.filterwarnings("ignore")
+        print(
+            json.dumps(
+                measure(
+                    spec["model"],
+                    spec["seq"],
+                    spec["batch"],
+                    spec["steps"],
+                    spec["warmup"],
+                    spec["mode"],
+                    spec["bf16"],
+                )
+            )
+        )
+        return
+    if args.quick:
+        args.seqs, args.batch, args.steps = [128], 8, 2
+
+    print(f"batch {args.batch}, {args.steps} timed steps after {args.warmup} warm-up; bf16={args.bf16}")
+    header = (
+        f"{'model':<13} {'seq':>4} {'plain s/step':>12} {'dp s/step':>10} {'time x':>7} "
+        f"{'plain peak MB':>13} {'dp peak MB':>10} {'memory x':>8}"
+    )
+    print(header)
+    device = None
+    for model in args.models:
+        for seq in args.seqs:
+            plain = run_isolated(model, seq, args, "plain")
+            dp = run_isolated(model, seq, args, "dp")
+            device = plain["device"]
+            print(
+                f"{model:<13} {seq:>4} {plain['seconds']:>12.4f} {dp['seconds']:>10.4f} "
+                f"{dp['seconds'] / plain['seconds']:>7.2f} {plain['peak_bytes'] / 2**20:>13.0f} "
+                f"{dp['peak_bytes'] / 2**20:>10.0f} {dp['peak_bytes'] / plain['peak_bytes']:>8.2f}",
+                flush=True,
+            )
+    print(f"device: {device}")
+
+
+if __name__ == "__main__":
+    main()

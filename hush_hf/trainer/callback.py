@@ -1,0 +1,443 @@
+"""GhostClippingCallback: DP-SGD with weighted Poisson sampling inside transformers' ``Trainer``.
+
+One optimizer step is one DP step (Hush Alg. 2, lines 8-11): draw the logical batch with the
+plan's per-example probabilities, split it into micro-batches, add each micro-batch's clipped
+per-example gradients ``sum_i min(1, C/||g_i||) g_i`` (ghost clipping), sum them over ranks, add
+``N(0, sigma^2 C^2 I)`` once, divide by the *expected* batch size B, then let the user's optimizer
+and scheduler step.
+
+Why a callback alone cannot do it (transformers 5.23 ``Trainer._run_epoch``): no event sees the
+inputs or the loss, and ``training_step`` back-propagates one batch-mean loss (no per-example
+gradients); the batch gradient norm is computed and written to ``log_history`` before
+``on_pre_optimizer_step`` (it would publish the pre-noise gradient); there is no event to choose
+the batch sampler, and the resume checkpoint is not known before the data loader is iterated. So
+the callback carries the DP step, and five trainer methods route to it: ``train`` (sets up the
+secret seed, fresh or from the checkpoint), ``get_train_dataloader`` (the Poisson batch sampler,
+not prepared by accelerate, which would pad), ``training_step`` (clipped micro-batch backward
+passes), ``_get_grad_norm`` (returns None: nothing computes the pre-noise norm) and ``log`` (adds
+sigma and the drawn batch size). ``SecretProtectionTrainer`` overrides them; a plain ``Trainer``
+gets them from :meth:`GhostClippingCallback.attach`. The events do the rest: ``on_train_begin``
+hooks the model, ``on_pre_optimizer_step`` reduces and adds the noise, ``on_save`` writes the
+seed, step and plan into the checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint, seed_worker
+
+from hush_hf.clipping import GhostClipper
+from hush_hf.planning.plan import ProtectionPlan
+from hush_hf.sampling import WeightedPoissonSampler, draw_dp_seed
+from hush_hf.sampling.seeds import check_dp_seed
+from hush_hf.trainer.distributed import (
+    all_reduce_sum_,
+    broadcast_module_state_,
+    broadcast_object,
+    check_process_group_matches_launch,
+    check_replicas_agree,
+    rank_and_world_size,
+)
+from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs
+from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
+from hush_hf.trainer.noise import ensure_grads_, privatize_gradients_
+from hush_hf.trainer.plan_setup import (
+    PLAN_COLUMNS,
+    SECRET_IDS_COLUMN,
+    check_plan_fits,
+    column,
+    column_names,
+    load_plan,
+    loud_warning,
+    plan_digest,
+    resolve_noise_multiplier,
+)
+from hush_hf.trainer.run_state import RunState, load_run_state, same_sampling, save_run_state
+from hush_hf.trainer.validation import (
+    check_dp_training_arguments,
+    check_noise_multiplier,
+    check_positive,
+    check_single_process_devices,
+)
+
+logger = logging.getLogger(__name__)
+
+LOG_NOISE_MULTIPLIER = "dp_noise_multiplier"
+LOG_BATCH_SIZE = "dp_batch_size"
+
+
+def check_clippable(model: nn.Module, clip_norm: float) -> None:
+    """UnsupportedLayerError now, not mid-training, if a trainable layer has no ghost-norm rule."""
+    GhostClipper(model, clip_norm).remove()
+
+
+class SkipEmptyCollator:
+    """The user's collator, except that an empty draw collates to ``{}`` (a noise-only step)."""
+
+    def __init__(self, collate_fn: Any) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, features: list[Any]) -> Any:
+        return self.collate_fn(features) if features else {}
+
+
+class GhostClippingCallback(TrainerCallback):
+    """Applies per-example clipping and calibrated Gaussian noise to every optimizer step.
+
+    ``plan``: the :class:`ProtectionPlan` (or its JSON path) whose sampling probabilities, expected
+    batch size B, steps T and noise multiplier the run uses. ``clip_norm``: C. ``noise_multiplier``:
+    None uses the plan's calibrated sigma; a smaller value (0 = no noise, for baselines) is allowed
+    with a loud warning that the certified targets do not hold. ``dp_seed``: the secret seed of the
+    sampling and noise; None (recommended) draws 128 bits from the OS at train start. Anyone who
+    knows it can subtract the noise. ``per_example_loss(model, inputs) -> Tensor[b]``: default
+    mean token cross-entropy per example (masked or causal LM).
+
+    With a plain ``Trainer`` (``max_grad_norm=0``, ``max_steps=T``)::
+
+        GhostClippingCallback.attach(trainer, plan, clip_norm=1.0)
+        trainer.train()
+    """
+
+    def __init__(
+        self,
+        plan: ProtectionPlan | str | Path,
+        *,
+        clip_norm: float = 1.0,
+        noise_multiplier: float | None = None,
+        dp_seed: int | None = None,
+        per_example_loss: PerExampleLoss | None = None,
+    ) -> None:
+        self.plan = load_plan(plan)
+        check_positive("clip_norm", clip_norm)
+        self.clip_norm = float(clip_norm)
+        check_noise_multiplier(noise_multiplier)
+        self._requested_noise = noise_multiplier
+        self.noise_multiplier: float | None = None  # resolved against the data in install()
+        self._configured_seed = None if dp_seed is None else check_dp_seed(dp_seed)
+        if self._configured_seed is not None:
+            loud_warning(
+                "dp_seed was given explicitly: anyone who knows it can reproduce the batches and subtract "
+                "the noise, which removes all protection. Use it only for tests; leave it None in real runs."
+            )
+        self.per_example_loss = per_example_loss or lm_per_example_loss
+        self._installed = False
+        self._dp_seed: int | None = None
+        self._start_step = 0
+        self._steps_run = 0
+        self._clipper: GhostClipper | None = None
+        self._model: nn.Module | None = None
+        self._params: list[nn.Parameter] = []
+        self._pending: tuple[int, int] | None = None  # (step, examples on this rank) awaiting noise
+        self._drawn_since_log: list[int] = []
+
+    def __repr__(self) -> str:  # no seed
+        return (
+            f"GhostClippingCallback(B={self.plan.expected_batch_size:g}, T={self.plan.steps}, "
+            f"C={self.clip_norm:g}, sigma={self.noise_multiplier})"
+        )
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.plan.expected_batch_size
+
+    # ------------------------------------------------------------------------- installation
+    @classmethod
+    def attach(
+        cls, trainer: Trainer, plan: ProtectionPlan | str | Path, **kwargs: Any
+    ) -> GhostClippingCallback:
+        """Make a plain ``Trainer`` train with DP: validates, routes the five methods, adds the callback."""
+        callback = cls(plan, **kwargs)
+        callback.install(trainer, route_methods=True)
+        return callback
+
+    def install(self, trainer: Trainer, *, route_methods: bool) -> None:
+        """Validate ``trainer`` against the plan and register this callback on it.
+
+        ``route_methods=True`` replaces ``train``, ``get_train_dataloader``, ``training_step``,
+        ``_get_grad_norm`` and ``log`` on this trainer instance (a plain ``Trainer``);
+        ``SecretProtectionTrainer`` overrides them itself and passes False.
+        """
+        if self._installed:
+            raise ValueError("this GhostClippingCallback is already installed on a trainer")
+        args = trainer.args
+        check_dp_training_arguments(args)
+        check_single_process_devices(args)
+        if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+            raise ValueError("DeepSpeed and FSDP are not supported with DP training")
+        if trainer.compute_loss_func is not None:
+            raise ValueError(
+                "compute_loss_func is not supported with DP training: the loss must be per example; "
+                "pass per_example_loss= (or override SecretProtectionTrainer.compute_per_example_loss)"
+            )
+        if trainer.model is not None:
+            check_clippable(trainer.model, self.clip_norm)
+        dataset = trainer.train_dataset
+        check_plan_fits(self.plan, steps=args.max_steps, dataset=dataset)
+        secret_ids = (
+            column(dataset, SECRET_IDS_COLUMN) if SECRET_IDS_COLUMN in column_names(dataset) else None
+        )
+        self.noise_multiplier = resolve_noise_multiplier(
+            self.plan, self._requested_noise, secret_ids=secret_ids
+        )
+        if route_methods:
+            self._route_methods(trainer)
+        trainer.add_callback(self)
+        # First in line: every other callback's on_pre_optimizer_step then sees the noised gradient only.
+        callbacks = trainer.callback_handler.callbacks
+        callbacks.insert(0, callbacks.pop(callbacks.index(self)))
+        self._installed = True
+        logger.info(
+            "DP training: B=%g, T=%d, C=%g, noise multiplier %.6g, %d examples",
+            self.plan.expected_batch_size,
+            self.plan.steps,
+            self.clip_norm,
+            self.noise_multiplier,
+            self.plan.num_examples,
+        )
+
+    def _route_methods(self, trainer: Trainer) -> None:
+        original_train, original_log = trainer.train, trainer.log
+
+        @functools.wraps(original_train)
+        def train(resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs: Any) -> Any:
+            self.prepare_run(trainer, resume_from_checkpoint, trial)
+            try:
+                return original_train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+            finally:
+                self.finish_run()
+
+        def training_step(model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Tensor:
+            return self.training_step(trainer, model, inputs)
+
+        def log(logs: dict[str, float], start_time: float | None = None) -> None:
+            original_log(self.add_log_fields(logs), start_time)
+
+        trainer.train = train
+        trainer.get_train_dataloader = functools.partial(self.train_dataloader, trainer)
+        trainer.training_step = training_step
+        trainer._get_grad_norm = no_grad_norm
+        trainer.log = log
+
+    # ------------------------------------------------------------------------- one run
+    def prepare_run(self, trainer: Trainer, resume_from_checkpoint: str | bool | None, trial: Any) -> None:
+        """Before ``Trainer.train``: the secret seed (fresh, or the checkpoint's) and the start step."""
+        if not self._installed:
+            raise RuntimeError("install the GhostClippingCallback first (GhostClippingCallback.attach)")
+        if trial is not None:
+            raise ValueError("hyperparameter search (trial=) is not supported with DP training")
+        check_process_group_matches_launch()
+        digest = plan_digest(self.plan)
+        if broadcast_object(digest) != digest:
+            raise RuntimeError(
+                "the ranks hold different protection plans; every rank must train with rank 0's plan"
+            )
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(trainer.args.output_dir)
+            if checkpoint is None:
+                raise ValueError(
+                    f"no checkpoint found in output_dir {trainer.args.output_dir!r} to resume from"
+                )
+        if checkpoint:
+            saved, saved_plan = load_run_state(checkpoint)
+            if not same_sampling(saved_plan, self.plan):
+                raise ValueError(
+                    f"cannot resume: the checkpoint's plan samples differently from this run's plan; pass "
+                    f"plan='{Path(checkpoint) / 'hush_plan.json'}' to continue the checkpoint's run"
+                )
+            saved.check_continues(self._run_state(dp_seed=saved.dp_seed, step=saved.global_step))
+            seed, start = saved.dp_seed, saved.global_step
+        else:
+            if self._steps_run > 0:
+                raise ValueError(
+                    f"this trainer already took {self._steps_run} DP steps; training again from step 0 would "
+                    f"use the data beyond the T={self.plan.steps} steps the plan certifies. Resume from a "
+                    "checkpoint (train(resume_from_checkpoint=...)) or start from a fresh model."
+                )
+            seed = self._configured_seed if self._configured_seed is not None else draw_dp_seed()
+            start = 0
+        self._dp_seed = broadcast_object(seed)  # rank 0's seed on every rank
+        self._start_step = start
+
+    def finish_run(self) -> None:
+        """After ``Trainer.train`` (also when it raised): take the hooks off the model."""
+        if self._clipper is not None:
+            self._clipper.remove()
+        self._clipper = None
+        self._pending = None
+
+    def _run_state(self, *, dp_seed: int, step: int) -> RunState:
+        return RunState(
+            dp_seed=dp_seed,
+            global_step=step,
+            noise_multiplier=float(self.noise_multiplier),
+            clip_norm=self.clip_norm,
+            expected_batch_size=self.plan.expected_batch_size,
+            steps=self.plan.steps,
+        )
+
+    # ------------------------------------------------------------------------- routed methods
+    def train_dataloader(self, trainer: Trainer) -> DataLoader:
+        """Batches of the weighted Poisson sampler (this rank's share); ``len`` = T steps.
+
+        Not passed through ``accelerator.prepare``: its ``BatchSamplerShard`` would split and pad the
+        batches. Trainer's resume skips the first k batches with accelerate's ``SkipBatchSampler``,
+        which draws and discards them, so batch t still meets step t.
+        """
+        import datasets
+
+        if self._dp_seed is None:
+            raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
+        args = trainer.args
+        dataset = trainer.train_dataset
+        collate_fn = trainer.data_collator
+        if isinstance(dataset, datasets.Dataset):
+            dataset = trainer._remove_unused_columns(dataset, description="training")
+            dataset = dataset.remove_columns([c for c in PLAN_COLUMNS if c in dataset.column_names])
+        else:
+            collate_fn = trainer._get_collator_with_removed_columns(collate_fn, description="training")
+        rank, world_size = rank_and_world_size()
+        if (rank, world_size) != (args.process_index, args.world_size):
+            raise RuntimeError(
+                f"process group (rank {rank} of {world_size}) disagrees with TrainingArguments "
+                f"(process_index {args.process_index} of world_size {args.world_size})"
+            )
+        sampler = WeightedPoissonSampler(
+            self.plan.sampling_probs,
+            num_steps=self.plan.steps,
+            seed=self._dp_seed,
+            num_replicas=world_size,
+            rank=rank,
+        )
+        workers = args.dataloader_num_workers
+        return DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=SkipEmptyCollator(collate_fn),
+            num_workers=workers,
+            pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers and workers > 0,
+            prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+            worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=rank),
+        )
+
+    def training_step(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
+        """Accumulate ``sum_i clip(g_i, C)`` over this rank's share into ``p.grad``; return its mean loss.
+
+        The forward runs on the unwrapped model (under DDP's ``no_sync``): DDP's averaging hook must
+        not touch the clipped sums. The returned loss is the mean per-example loss of the share (NaN
+        for an empty share, which Trainer's ``logging_nan_inf_filter`` skips).
+        """
+        if self._clipper is None or self._model is None:
+            raise RuntimeError("the DP step is not set up: train through trainer.train()")
+        module = self._model
+        if trainer.accelerator.unwrap_model(model) is not module:
+            raise RuntimeError("training_step got a different model than the one the clipping hooks are on")
+        args = trainer.args
+        step = trainer.state.global_step
+        module.train()
+        if callable(getattr(trainer.optimizer, "train", None)):
+            trainer.optimizer.train()
+        for p in self._params:  # only this step's clipped sum may reach the optimizer
+            p.grad = None
+        self._clipper.reset()
+        inputs = {k: v for k, v in inputs.items() if k not in PLAN_COLUMNS}
+        loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
+        count = 0
+        with trainer.accelerator.no_sync(model):
+            for micro in split_micro_batches(inputs, args.per_device_train_batch_size):
+                rows = batch_size(micro)
+                batch = model_inputs(module, micro, args.device)
+                with trainer.compute_loss_context_manager():
+                    losses = self.per_example_loss(module, batch)
+                if not isinstance(losses, Tensor) or tuple(losses.shape) != (rows,):
+                    shape = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
+                    raise ValueError(f"per_example_loss must return a tensor of shape ({rows},), got {shape}")
+                self._clipper.clipped_backward(losses)
+                loss_sum += losses.detach().sum().to(torch.float64)
+                count += rows
+        self._pending = (step, count)
+        mean = loss_sum / count if count else torch.tensor(math.nan, dtype=torch.float64, device=args.device)
+        return mean.to(torch.float32)
+
+    def add_log_fields(self, logs: dict[str, float]) -> dict[str, float]:
+        """Training logs get sigma and the mean drawn batch size since the last log; never a grad norm."""
+        logs = dict(logs)
+        if logs.pop("grad_norm", None) is not None:
+            logger.warning("dropped 'grad_norm' from the logs: it is a statistic of the pre-noise gradient")
+        if "loss" in logs and self._drawn_since_log:
+            logs[LOG_NOISE_MULTIPLIER] = float(self.noise_multiplier)
+            logs[LOG_BATCH_SIZE] = sum(self._drawn_since_log) / len(self._drawn_since_log)
+            self._drawn_since_log = []
+        return logs
+
+    # ------------------------------------------------------------------------- events
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: nn.Module | None = None, **kwargs: Any
+    ):
+        if self._dp_seed is None:
+            raise RuntimeError(
+                "GhostClippingCallback was added without routing train(): "
+                "use GhostClippingCallback.attach(trainer)"
+            )
+        if state.global_step != self._start_step:
+            raise RuntimeError(
+                f"Trainer starts at step {state.global_step} but the DP state is at step {self._start_step}"
+            )
+        self.finish_run()
+        broadcast_module_state_(model)  # one model on every rank
+        self._clipper = GhostClipper(model, self.clip_norm)
+        self._model = model
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._drawn_since_log = []
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """Sum the clipped gradients over ranks, add N(0, sigma^2 C^2 I) once, divide by B."""
+        if self._pending is None or self._pending[0] != state.global_step:
+            raise RuntimeError(
+                f"optimizer step {state.global_step} was not preceded by a DP training step; refusing to "
+                "apply gradients that were not clipped and noised"
+            )
+        step, count = self._pending
+        self._pending = None
+        ensure_grads_(self._params)
+        _, world_size = rank_and_world_size()
+        if world_size > 1:
+            all_reduce_sum_([p.grad for p in self._params])
+            drawn = torch.tensor([float(count)], dtype=torch.float64, device=self._params[0].device)
+            all_reduce_sum_([drawn])
+            count = int(drawn.item())
+        privatize_gradients_(
+            self._params,
+            noise_multiplier=float(self.noise_multiplier),
+            clip_norm=self.clip_norm,
+            expected_batch_size=self.plan.expected_batch_size,
+            dp_seed=self._dp_seed,
+            step=step,
+        )
+        check_replicas_agree([p.grad for p in self._params])
+        self._drawn_since_log.append(count)
+        self._steps_run = step + 1
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """Write the seed, step and plan into the checkpoint Trainer just saved (main process only)."""
+        if args.should_save:
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            save_run_state(folder, self._run_state(dp_seed=self._dp_seed, step=state.global_step), self.plan)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self.finish_run()
+
+
+def no_grad_norm(model: nn.Module, grad_norm: Any = None) -> None:
+    """Stands in for ``Trainer._get_grad_norm``: the pre-noise gradient norm is never computed or logged."""
+    return None

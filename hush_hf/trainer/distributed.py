@@ -1,0 +1,109 @@
+"""Collectives for DP-SGD over several processes: one logical batch, clipped sums added up, noise once.
+
+DDP's own gradient hook averages (``1/world``) and fires on every backward, and ghost clipping runs
+two backward passes per micro-batch; so the DP step keeps DDP out and sums the clipped gradients
+itself, once per step, with ``ReduceOp.SUM``. Every helper is a no-op in a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+BUCKET_NUMEL = 1 << 25  # 32M entries (128 MiB in float32) per all-reduce
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """(rank, world size) of the default process group; (0, 1) without one."""
+    if not is_distributed():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def check_process_group_matches_launch() -> None:
+    """RuntimeError if the launcher started several processes that did not join one process group:
+    each would then run its own DP training on the same data, and the accounting counts one."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    _, world_size = rank_and_world_size()
+    if launched != world_size:
+        raise RuntimeError(
+            f"the launcher started WORLD_SIZE={launched} processes but this one is in a process group of "
+            f"{world_size}; on a machine without GPUs set use_cpu=True in the training arguments"
+        )
+
+
+def broadcast_object(value: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``value`` on every rank."""
+    if not is_distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_sum_(tensors: Sequence[torch.Tensor], bucket_numel: int = BUCKET_NUMEL) -> None:
+    """In place: every tensor becomes the sum of its copies over all ranks.
+
+    Tensors are packed into flat buckets per (device, dtype) so that a model costs a few
+    collectives, not one per parameter; every rank must pass the same tensors in the same order.
+    """
+    if not is_distributed():
+        return
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    for group in groups.values():
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for t in group:
+            if bucket and size + t.numel() > bucket_numel:
+                _all_reduce_bucket(bucket)
+                bucket, size = [], 0
+            bucket.append(t)
+            size += t.numel()
+        if bucket:
+            _all_reduce_bucket(bucket)
+
+
+def _all_reduce_bucket(bucket: list[torch.Tensor]) -> None:
+    flat = torch.cat([t.reshape(-1) for t in bucket])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for t in bucket:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def check_replicas_agree(tensors: Sequence[torch.Tensor]) -> None:
+    """RuntimeError on every rank unless all ranks hold the same values (probed: the first entry of each
+    tensor). After the noise step every rank must hold the same noisy gradient; noise generators that
+    disagree across ranks (e.g. different GPU models) would make the replicas drift apart silently."""
+    tensors = [t for t in tensors if t.numel()]
+    if not is_distributed() or not tensors:
+        return
+    probe = torch.stack([t.reshape(-1)[0].to(torch.float64) for t in tensors])
+    reference = probe.clone()
+    dist.broadcast(reference, src=0)
+    differs = torch.tensor([float(not torch.equal(reference, probe))], device=probe.device)
+    dist.all_reduce(differs, op=dist.ReduceOp.MAX)
+    if differs.item():
+        raise RuntimeError("the noisy gradients differ between ranks: the replicas would drift apart")
+
+
+def broadcast_module_state_(module: nn.Module, src: int = 0) -> None:
+    """Make every rank's parameters and buffers equal to rank ``src``'s (DP-SGD adds one update to
+    one shared model; a rank that started elsewhere would silently train a different model)."""
+    if not is_distributed():
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=src)

@@ -1,0 +1,91 @@
+"""The Gaussian mechanism of one DP-SGD step (Hush Alg. 2, lines 9-10).
+
+Given ``p.grad = sum_{i in batch} clip(g_i, C)`` for every trainable parameter, the noisy gradient is
+
+    p.grad <- (p.grad + sigma * C * z_p) / B,   z_p ~ N(0, I) independent over parameters and entries,
+
+with B the *expected* batch size (dividing by the drawn size would make the scale data-dependent).
+The noise of step t is drawn from generators seeded by ``(dp_seed, t)`` (see ``hush_hf.sampling.seeds``),
+so it is identical on every rank and after a resume, and unknown to anyone without ``dp_seed``.
+
+torch's generators (mt19937 on CPU, Philox on GPU) are not cryptographically secure and sample
+floating-point Gaussians; this is the usual DP-SGD implementation gap (cf. Opacus ``secure_mode``,
+Mironov 2012), not a weakening specific to hush_hf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from hush_hf.sampling.seeds import NOISE_STREAM, step_seed_sequence
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def noise_generator(
+    dp_seed: int, step: int, device: torch.device, device_ordinal: int = 0
+) -> torch.Generator:
+    """The generator of step ``step`` for the ``device_ordinal``-th device holding parameters.
+
+    Distinct devices get distinct streams: reusing one stream on two devices would give two
+    parameter blocks identical noise, i.e. no noise along their difference.
+    """
+    state = step_seed_sequence(dp_seed, step, NOISE_STREAM, device_ordinal).generate_state(1, dtype=np.uint64)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(state[0]))
+    return generator
+
+
+def ensure_grads_(params: Sequence[nn.Parameter]) -> None:
+    """Give every parameter without a gradient a zero one (an empty batch, an unused layer): the
+    noise must still be added to it, or the step would reveal which parameters the batch touched."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
+def privatize_gradients_(
+    params: Sequence[nn.Parameter],
+    *,
+    noise_multiplier: float,
+    clip_norm: float,
+    expected_batch_size: float,
+    dp_seed: int,
+    step: int,
+) -> None:
+    """In place: ``p.grad <- (p.grad + N(0, (sigma C)^2 I)) / B`` for every parameter, in order.
+
+    Parameters are visited in the given order and each device draws from its own stream, so the
+    same call gives the same noise on every rank. Low-precision gradients get the noise added in
+    float32 and are rounded once afterwards: rounding after the mechanism is post-processing, while
+    rounding the noise first would no longer be a Gaussian mechanism.
+    """
+    if not (np.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+    if not (np.isfinite(clip_norm) and clip_norm > 0):
+        raise ValueError(f"clip_norm must be a positive finite number, got {clip_norm!r}")
+    if not (np.isfinite(expected_batch_size) and expected_batch_size > 0):
+        raise ValueError(f"expected_batch_size must be a positive finite number, got {expected_batch_size!r}")
+    std = float(noise_multiplier) * float(clip_norm)
+    ensure_grads_(params)
+    generators: dict[torch.device, torch.Generator] = {}
+    with torch.no_grad():
+        for p in params:
+            grad = p.grad
+            if std > 0:
+                device = grad.device
+                if device not in generators:
+                    generators[device] = noise_generator(dp_seed, step, device, len(generators))
+                noise_dtype = torch.float32 if grad.dtype in _LOW_PRECISION else grad.dtype
+                noise = torch.randn(
+                    grad.shape, generator=generators[device], device=device, dtype=noise_dtype
+                )
+                if grad.dtype in _LOW_PRECISION:
+                    grad.copy_(grad.float().add_(noise, alpha=std).div_(expected_batch_size))
+                    continue
+                grad.add_(noise, alpha=std)
+            grad.div_(expected_batch_size)

@@ -1,0 +1,232 @@
+"""Getting the protection plan a DP run trains with, and checking it fits the run and the data.
+
+The plan's per-example sampling probabilities are indexed by dataset row: a dataset shuffled,
+filtered or re-tagged after planning would sample the wrong examples with the wrong probabilities
+and void the per-secret bounds, so every check here runs before training starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hush_hf.planning.plan import SAMPLING_PROB_COLUMN, WEIGHT_COLUMN, ProtectionPlan, plan_protection
+from hush_hf.trainer.validation import check_noise_multiplier
+
+logger = logging.getLogger(__name__)
+
+SECRET_IDS_COLUMN = "secret_ids"
+PLAN_COLUMNS = (SECRET_IDS_COLUMN, WEIGHT_COLUMN, SAMPLING_PROB_COLUMN)
+# Above these sizes, recomputing per-secret bounds for a warning is not "cheap".
+MAX_MEMBERSHIPS_FOR_BOUNDS = 200_000
+MAX_SECRETS_FOR_BOUNDS = 20_000
+
+
+def loud_warning(message: str) -> None:
+    """A warning that reaches both ``warnings`` filters and the logs."""
+    warnings.warn(message, UserWarning, stacklevel=3)
+    logger.warning(message)
+
+
+def load_plan(plan: ProtectionPlan | str | Path) -> ProtectionPlan:
+    if isinstance(plan, ProtectionPlan):
+        return plan
+    if isinstance(plan, (str, Path)):
+        return ProtectionPlan.load(plan)
+    raise ValueError(f"plan must be a ProtectionPlan or a path to a saved plan, got a {type(plan).__name__}")
+
+
+def load_secrets(secrets: Any) -> Any:
+    """A ``SecretSet`` from a SecretSet or a .json/.jsonl/.csv path."""
+    from hush_hf.secrets import SecretSet
+
+    if isinstance(secrets, SecretSet):
+        return secrets
+    if isinstance(secrets, (str, Path)):
+        return SecretSet.load(secrets)
+    raise ValueError(
+        f"secrets must be a SecretSet or a path to a secrets file, got a {type(secrets).__name__}"
+    )
+
+
+def column(dataset: Any, name: str) -> Any:
+    """A column in the dataset's current row order (an Arrow array for ``datasets.Dataset``)."""
+    import datasets
+
+    if isinstance(dataset, datasets.Dataset):
+        return dataset.with_format("arrow")[name]  # respects shuffles/selects, unlike dataset.data
+    return [dataset[i][name] for i in range(len(dataset))]
+
+
+def column_names(dataset: Any) -> list[str]:
+    return list(getattr(dataset, "column_names", None) or [])
+
+
+def tag_if_untagged(dataset: Any, secret_set: Any, *, text_column: str) -> Any:
+    """The dataset with a ``secret_ids`` column: as given if it has one, else tagged from ``text_column``."""
+    import datasets
+
+    from hush_hf.secrets import tag_dataset, tagger_for
+
+    if SECRET_IDS_COLUMN in column_names(dataset):
+        return dataset
+    if not isinstance(dataset, datasets.Dataset):
+        raise ValueError(
+            f"train_dataset is a {type(dataset).__name__} without a '{SECRET_IDS_COLUMN}' column; "
+            "tag a datasets.Dataset with hush_hf.secrets.tag_dataset, or pass plan="
+        )
+    if text_column not in dataset.column_names:
+        raise ValueError(
+            f"train_dataset has no '{SECRET_IDS_COLUMN}' column and no text column {text_column!r} "
+            f"to find the secrets in (columns: {dataset.column_names}); keep the text column when "
+            "tokenizing (remove_unused_columns drops it before the model), set secrets_text_column, "
+            "or tag first with hush_hf.secrets.tag_dataset"
+        )
+    return tag_dataset(dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set))
+
+
+def plan_for_dataset(
+    dataset: Any, secret_set: Any, *, expected_batch_size: float, steps: int, lp_c: float, accountant: str
+) -> ProtectionPlan:
+    """Solve the plan for a tagged dataset (Hush Alg. 2, lines 1-5)."""
+    return plan_protection(
+        column(dataset, SECRET_IDS_COLUMN),
+        secret_set.priors,
+        secret_set.targets,
+        expected_batch_size=expected_batch_size,
+        steps=steps,
+        lp_c=lp_c,
+        accountant=accountant,
+    )
+
+
+def plan_digest(plan: ProtectionPlan) -> str:
+    """A fingerprint of what the DP step uses from a plan (rho, sigma, B, T), to compare across ranks."""
+    digest = hashlib.sha256(np.ascontiguousarray(plan.sampling_probs, dtype=np.float64).tobytes())
+    digest.update(repr((plan.noise_multiplier, plan.expected_batch_size, plan.steps)).encode())
+    return digest.hexdigest()
+
+
+def check_expected_batch_size(plan: ProtectionPlan, expected_batch_size: float | None) -> None:
+    """ValueError if a configured B differs from the plan's (None: the plan's B is used)."""
+    if expected_batch_size is not None and not math.isclose(
+        expected_batch_size, plan.expected_batch_size, rel_tol=1e-9
+    ):
+        raise ValueError(
+            f"expected_batch_size={expected_batch_size!r} but the plan is calibrated for "
+            f"expected_batch_size={plan.expected_batch_size!r}"
+        )
+
+
+def check_plan_fits(plan: ProtectionPlan, *, steps: int, dataset: Any) -> None:
+    """ValueError unless the plan was made for this T and exactly these dataset rows."""
+    if plan.steps != steps:
+        raise ValueError(f"max_steps={steps} but the plan is calibrated for steps={plan.steps}")
+    if dataset is None or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise ValueError(
+            "train_dataset must be a map-style dataset with len() (the plan samples its rows), "
+            f"got {type(dataset).__name__}"
+        )
+    if len(dataset) != plan.num_examples:
+        raise ValueError(
+            f"train_dataset has {len(dataset)} rows but the plan covers {plan.num_examples} examples"
+        )
+    names = column_names(dataset)
+    if SAMPLING_PROB_COLUMN in names:
+        probs = np.asarray(column(dataset, SAMPLING_PROB_COLUMN), dtype=np.float64)
+        differs = np.flatnonzero(probs != plan.sampling_probs)
+        if differs.size:
+            raise ValueError(
+                f"train_dataset column '{SAMPLING_PROB_COLUMN}' differs from the plan at {differs.size} rows "
+                f"(first: row {int(differs[0])}); was the dataset shuffled or filtered after plan.attach()?"
+            )
+    if SECRET_IDS_COLUMN in names:
+        check_secret_ids_match(plan, column(dataset, SECRET_IDS_COLUMN))
+
+
+def check_secret_ids_match(plan: ProtectionPlan, secret_ids: Any) -> None:
+    """Each secret's example count and sum of rho, recomputed from the rows, must equal the plan's.
+
+    Catches a dataset reordered, filtered or re-tagged after planning (the plan's rho would then
+    belong to other examples). Equal sums do not prove equal rho multisets: adding
+    ``hush_sampling_prob`` with ``plan.attach`` gives an exact per-row check.
+    """
+    from hush_hf.accounting import SecretGroups
+    from hush_hf.planning.memberships import membership_matrix
+
+    groups = SecretGroups.from_membership(
+        membership_matrix(secret_ids, plan.num_secrets), plan.sampling_probs
+    )
+    sizes, sums = groups.sizes, groups.sum_rho()
+    bad = np.flatnonzero(
+        (sizes != plan.secrets.num_examples) | ~np.isclose(sums, plan.secrets.sum_rho, rtol=1e-9, atol=1e-12)
+    )
+    if bad.size:
+        j = int(bad[0])
+        raise ValueError(
+            f"train_dataset's '{SECRET_IDS_COLUMN}' do not match the plan for {bad.size} secrets "
+            f"(first: secret #{j}: {int(sizes[j])} examples with sum(rho)={sums[j]:.6g} here, "
+            f"{int(plan.secrets.num_examples[j])} with {plan.secrets.sum_rho[j]:.6g} in the plan); "
+            "was the dataset shuffled, filtered or re-tagged after planning?"
+        )
+
+
+def resolve_noise_multiplier(
+    plan: ProtectionPlan, requested: float | None, *, secret_ids: Any = None
+) -> float:
+    """The sigma to train with: the plan's calibrated one unless ``requested``; loud about weaker noise."""
+    calibrated = float(plan.noise_multiplier)
+    if requested is None:
+        if not plan.meets_targets:
+            loud_warning(
+                f"the plan's noise_multiplier={calibrated:.6g} was given, not calibrated, and does NOT "
+                f"meet every secret's target (max bound/target {plan.summary()['bound_over_target_max']:.4g})"
+            )
+        return calibrated
+    check_noise_multiplier(requested)
+    requested = float(requested)
+    if requested == 0:
+        loud_warning(
+            "noise_multiplier=0: training WITHOUT noise. This is a non-private baseline; the secrets' "
+            "targets do NOT hold and the model may reveal them."
+        )
+    elif requested < calibrated:
+        detail = _bound_detail(plan, requested, secret_ids)
+        loud_warning(
+            f"noise_multiplier={requested:.6g} is below the plan's calibrated {calibrated:.6g}: "
+            f"the certified per-secret targets do NOT hold{detail}."
+        )
+    elif requested > calibrated:
+        logger.info(
+            "noise_multiplier=%.6g exceeds the calibrated %.6g (more protection)", requested, calibrated
+        )
+    return requested
+
+
+def _bound_detail(plan: ProtectionPlan, sigma: float, secret_ids: Any) -> str:
+    """``" (max bound/target ...)"`` at ``sigma`` when the memberships are known and small, else ``""``."""
+    if secret_ids is None or plan.num_secrets > MAX_SECRETS_FOR_BOUNDS:
+        return ""
+    from hush_hf.accounting import SecretGroups, posterior_bounds
+    from hush_hf.planning.memberships import membership_matrix
+
+    membership = membership_matrix(secret_ids, plan.num_secrets)
+    if membership.nnz > MAX_MEMBERSHIPS_FOR_BOUNDS:
+        return ""
+    groups = SecretGroups.from_membership(membership, plan.sampling_probs)
+    bounds = np.asarray(
+        posterior_bounds(groups, plan.secrets.prior, sigma, plan.steps, accountant=plan.accountant)
+    )
+    ratio = bounds / plan.secrets.target
+    worst = int(np.argmax(ratio))
+    return (
+        f" (at this sigma the {plan.accountant} accountant bounds secret #{worst}'s posterior by "
+        f"{bounds[worst]:.4g} against a target of {plan.secrets.target[worst]:.4g}: bound/target "
+        f"{ratio[worst]:.4g}; {int(np.sum(ratio > 1))} of {ratio.size} secrets exceed their targets)"
+    )

@@ -1,0 +1,166 @@
+"""SecretProtectionTrainer: transformers' ``Trainer`` with per-secret protection (Hush, Alg. 2)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+from transformers import Trainer, TrainingArguments
+
+from hush_hf.planning.plan import ProtectionPlan
+from hush_hf.trainer.callback import GhostClippingCallback, check_clippable, no_grad_norm
+from hush_hf.trainer.config import SecretProtectionConfig, as_secret_protection_config
+from hush_hf.trainer.distributed import broadcast_object, rank_and_world_size
+from hush_hf.trainer.losses import lm_per_example_loss
+from hush_hf.trainer.plan_setup import (
+    check_expected_batch_size,
+    load_plan,
+    load_secrets,
+    plan_for_dataset,
+    tag_if_untagged,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class SecretProtectionTrainer(Trainer):
+    """A ``Trainer`` whose every step is a DP-SGD step of a protection plan.
+
+    Give ``secrets=`` (a ``SecretSet`` or a secrets file; or ``args.secrets_file``) and the trainer tags
+    ``train_dataset`` (unless it has a ``secret_ids`` column), solves the plan (LP weights, sampling
+    probabilities, calibrated noise) for ``args.max_steps`` and B, and trains with it; or give
+    ``plan=`` (or ``args.plan_file``) computed beforehand for exactly this dataset. ``args`` may be a
+    plain ``TrainingArguments``: it becomes a :class:`SecretProtectionConfig` (batch clipping off).
+
+    The plan columns (``secret_ids``, ``hush_weight``, ``hush_sampling_prob``) never reach the model.
+    ``trainer.plan`` is the plan in use and ``trainer.dp`` the :class:`GhostClippingCallback` applying
+    it. Override :meth:`compute_per_example_loss` for a loss other than the per-example LM loss.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: TrainingArguments | None = None,
+        data_collator: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        model_init: Any = None,
+        compute_loss_func: Any = None,
+        compute_metrics: Any = None,
+        callbacks: Any = None,
+        optimizers: Any = (None, None),
+        optimizer_cls_and_kwargs: Any = None,
+        preprocess_logits_for_metrics: Any = None,
+        *,
+        secrets: Any = None,
+        plan: ProtectionPlan | str | Path | None = None,
+    ) -> None:
+        args = as_secret_protection_config(args)
+        if model is not None:
+            check_clippable(model, args.per_example_clip_norm)  # before the (possibly long) planning
+        if train_dataset is None:
+            raise ValueError("train_dataset is required: the protection plan samples its rows")
+        plan, train_dataset = self._resolve_plan(args, train_dataset, secrets=secrets, plan=plan)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            model_init=model_init,
+            compute_loss_func=compute_loss_func,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
+        self.plan = plan
+        self.dp = GhostClippingCallback(
+            plan,
+            clip_norm=args.per_example_clip_norm,
+            noise_multiplier=args.noise_multiplier,
+            dp_seed=args.dp_seed,
+            per_example_loss=self.compute_per_example_loss,
+        )
+        self.dp.install(self, route_methods=False)
+
+    @staticmethod
+    def _resolve_plan(
+        args: SecretProtectionConfig, train_dataset: Any, *, secrets: Any, plan: Any
+    ) -> tuple[ProtectionPlan, Any]:
+        sources = {
+            "plan": plan,
+            "secrets": secrets,
+            "args.plan_file": args.plan_file,
+            "args.secrets_file": args.secrets_file,
+        }
+        given = [name for name, value in sources.items() if value is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "SecretProtectionTrainer needs exactly one of secrets=, plan=, args.secrets_file or "
+                f"args.plan_file; got {given or 'none'}"
+            )
+        if plan is not None or args.plan_file is not None:
+            resolved = load_plan(plan if plan is not None else args.plan_file)
+            check_expected_batch_size(resolved, args.expected_batch_size)  # rows and T: in install()
+            return resolved, train_dataset
+        world_size = args.world_size  # also joins the process group of a distributed launch
+        batch = args.expected_batch_size
+        if batch is None:
+            batch = args.per_device_train_batch_size * world_size
+            logger.info("expected_batch_size B = per_device_train_batch_size * world_size = %g", batch)
+        secret_set = load_secrets(secrets if secrets is not None else args.secrets_file)
+        train_dataset = tag_if_untagged(train_dataset, secret_set, text_column=args.secrets_text_column)
+        # One plan for all ranks: solved on rank 0 (an LP solver need not be deterministic), then shared.
+        resolved = None
+        if rank_and_world_size()[0] == 0:
+            resolved = plan_for_dataset(
+                train_dataset,
+                secret_set,
+                expected_batch_size=batch,
+                steps=args.max_steps,
+                lp_c=args.lp_c,
+                accountant=args.accountant,
+            )
+        resolved = broadcast_object(resolved)
+        return resolved, train_dataset
+
+    # -------------------------------------------------------------------- the DP step
+    def compute_per_example_loss(self, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
+        """loss_i per example, shape (b,) (default: mean token cross-entropy, masked or causal LM).
+
+        One forward of ``model`` on ``inputs`` (labels included); each loss_i must depend on example i only.
+        """
+        return lm_per_example_loss(model, inputs)
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> Any:
+        self.dp.prepare_run(self, resume_from_checkpoint, trial)
+        try:
+            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+        finally:
+            self.dp.finish_run()
+
+    def get_train_dataloader(self) -> Any:
+        return self.dp.train_dataloader(self)
+
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> Tensor:
+        return self.dp.training_step(self, model, inputs)
+
+    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> None:
+        # Trainer computes this before on_pre_optimizer_step, i.e. from the pre-noise gradient.
+        return no_grad_norm(model, grad_norm)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        super().log(self.dp.add_log_fields(logs), start_time)

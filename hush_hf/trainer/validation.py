@@ -1,0 +1,119 @@
+"""Which ``TrainingArguments`` a DP step can run under; errors name the field and the value."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from transformers import TrainingArguments
+
+
+def check_positive(field: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{field} must be a positive finite number, got {value!r}")
+
+
+def check_noise_multiplier(value: Any) -> None:
+    """None (use the plan's) or a finite number >= 0."""
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(f"noise_multiplier must be None or a finite number >= 0, got {value!r}")
+
+
+def check_dp_training_arguments(args: TrainingArguments) -> None:
+    """ValueError for every setting that would break the DP step or its accounting.
+
+    - ``gradient_accumulation_steps`` must be 1: one optimizer step is one DP step; the logical batch
+      is split into micro-batches inside the step.
+    - ``max_grad_norm`` must be 0: per-example clipping replaces batch clipping, and Trainer's norm
+      of the pre-noise gradient would be logged.
+    - ``max_steps`` is the T the noise is calibrated for.
+    - ``fp16`` (its loss scaler does not see the DP step's backward passes), activation
+      checkpointing (re-runs layers in backward), ``torch_compile``, DeepSpeed and FSDP (they own the
+      backward and the gradient reduction), several GPUs in one process (DataParallel).
+    - ``auto_find_batch_size`` restarts training after an out-of-memory error and
+      ``ignore_data_skip`` replays batches after a resume: both would reuse batches the accounting
+      counts once. Pushing checkpoints to the Hub would publish the secret DP seed they hold.
+    - ``label_smoothing_factor`` is not part of the per-example loss; a ``train_sampling_strategy``
+      other than "random" would be ignored (the plan's sampler draws the batches).
+    - LOMO and layer-wise optimizers update parameters during the backward pass, before the noise.
+    """
+    ga = args.gradient_accumulation_steps
+    if ga != 1:
+        raise ValueError(
+            f"gradient_accumulation_steps must be 1, got {ga}: the DP step accumulates micro-batches itself; "
+            "set expected_batch_size (B) for the logical batch and per_device_train_batch_size for the "
+            "micro-batch"
+        )
+    if args.max_grad_norm != 0:
+        raise ValueError(
+            f"max_grad_norm must be 0, got {args.max_grad_norm!r}: each example's gradient is clipped at "
+            "per_example_clip_norm instead, and Trainer's batch-gradient norm would reveal the pre-noise "
+            "gradient"
+        )
+    if (
+        isinstance(args.max_steps, bool)
+        or not isinstance(args.max_steps, numbers.Integral)
+        or args.max_steps < 1
+    ):
+        raise ValueError(
+            f"max_steps must be an integer >= 1 (the number of DP steps T the noise is calibrated for), "
+            f"got {args.max_steps!r}; num_train_epochs is not used"
+        )
+    check_positive("per_device_train_batch_size", args.per_device_train_batch_size)
+    unsupported = {
+        "fp16": (args.fp16, "use bf16 or float32"),
+        "activation_checkpointing": (args.activation_checkpointing, "ghost clipping records each layer once"),
+        "torch_compile": (args.torch_compile, "the clipping hooks are not verified under torch.compile"),
+        "deepspeed": (args.deepspeed, "DeepSpeed owns the backward and gradient reduction"),
+        "fsdp": (args.fsdp, "FSDP owns the gradient reduction"),
+        "auto_find_batch_size": (args.auto_find_batch_size, "it restarts training and would reuse batches"),
+        "ignore_data_skip": (args.ignore_data_skip, "a resumed run would replay batches 0, 1, ..."),
+        "label_smoothing_factor": (
+            args.label_smoothing_factor,
+            "the per-example loss has no label smoothing",
+        ),
+        "train_sampling_strategy": (
+            args.train_sampling_strategy != "random" and args.train_sampling_strategy,
+            "batches are drawn by the plan's weighted Poisson sampler",
+        ),
+    }
+    optim = str(getattr(args.optim, "value", args.optim))
+    unsupported["optim"] = (
+        ("lomo" in optim or "layerwise" in optim) and optim,
+        "it updates parameters inside the backward pass, before the noise is added",
+    )
+    for field, (value, why) in unsupported.items():
+        if value:
+            raise ValueError(f"{field}={value!r} is not supported with DP training: {why}")
+    if args.push_to_hub and str(getattr(args.hub_strategy, "value", args.hub_strategy)) in (
+        "checkpoint",
+        "all_checkpoints",
+    ):
+        raise ValueError(
+            f"hub_strategy={args.hub_strategy!r} with push_to_hub would upload checkpoints, which hold "
+            "the secret DP seed; use hub_strategy='end' or 'every_save'"
+        )
+
+
+def check_single_process_devices(args: TrainingArguments) -> None:
+    """DataParallel (several GPUs in one process) is not supported: launch one process per GPU."""
+    if args.n_gpu > 1:
+        raise ValueError(
+            f"n_gpu={args.n_gpu}: several GPUs in one process (DataParallel) are not supported; "
+            "use `accelerate launch` or `torchrun` with one process per GPU"
+        )

@@ -1,0 +1,347 @@
+"""SecretProtectionTrainer / GhostClippingCallback inside Trainer: logs, secrecy, plans, resume, attach."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import Trainer, TrainingArguments
+
+from hush_hf.clipping import UnsupportedLayerError
+from hush_hf.trainer import GhostClippingCallback, SecretProtectionTrainer
+from tests.test_trainer_helpers import (
+    dp_config,
+    make_plan,
+    pad_collate,
+    parameters,
+    single_thread,  # noqa: F401  (autouse fixture)
+    tiny_gpt2,
+    token_dataset,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
+
+SEED = 314159265358979323846264338327950288
+
+
+def build(tmp_path, n=8, *, plan=None, model=None, dataset=None, eval_dataset=None, **overrides):
+    model = model or tiny_gpt2(seed=0)
+    plan = plan or make_plan(np.full(n, 0.5), steps=overrides.get("max_steps", 2), noise_multiplier=1.0)
+    return SecretProtectionTrainer(
+        model=model,
+        args=dp_config(tmp_path, **overrides),
+        train_dataset=dataset or token_dataset(n),
+        eval_dataset=eval_dataset,
+        data_collator=pad_collate,
+        plan=plan,
+    )
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_logs_carry_sigma_and_batch_size_but_no_grad_norm_and_the_seed_stays_in_checkpoints(tmp_path):
+    trainer = build(
+        tmp_path,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+        dp_seed=SEED,
+        eval_dataset=token_dataset(4, seed=5),
+        eval_strategy="steps",
+        eval_steps=2,
+    )
+
+    def no_batch_norm(*args, **kwargs):
+        raise AssertionError("Trainer computed a norm of the pre-noise gradient")
+
+    trainer.accelerator.clip_grad_norm_ = no_batch_norm
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    trainer.save_state()
+    train_logs = [log for log in trainer.state.log_history if "loss" in log]
+    assert len(train_logs) == 4
+    assert len([log for log in trainer.state.log_history if "eval_loss" in log]) == 2  # evaluation works
+    for log in train_logs:
+        assert "grad_norm" not in log
+        assert log["dp_noise_multiplier"] == 1.0
+        assert log["dp_batch_size"] == int(log["dp_batch_size"]) >= 0
+    # The seed is in each checkpoint's hush_state.json (owner-only) and nowhere else.
+    seed = str(SEED).encode()
+    for step in (2, 4):
+        state_file = tmp_path / f"checkpoint-{step}" / "hush_state.json"
+        assert json.loads(state_file.read_text())["dp_seed"] == str(SEED)
+        assert stat.S_IMODE(os.stat(state_file).st_mode) == 0o600
+        assert (tmp_path / f"checkpoint-{step}" / "hush_plan.json").is_file()
+    leaks = [name for name, data in files_under(tmp_path).items() if seed in data]
+    assert sorted(leaks) == ["checkpoint-2/hush_state.json", "checkpoint-4/hush_state.json"]
+    assert (tmp_path / "final" / "training_args.bin").is_file()
+    states = [data for name, data in files_under(tmp_path).items() if name.endswith("trainer_state.json")]
+    assert len(states) == 3 and all(b'"grad_norm"' not in data for data in states)
+
+
+def test_resumed_run_ends_exactly_where_the_uninterrupted_run_does(tmp_path):
+    """4 steps with a checkpoint at step 2, resumed from it in a new trainer (no dp_seed given:
+    the secret seed must come from the checkpoint), ends with the same parameters."""
+    plan = make_plan(np.full(10, 0.4), steps=4, noise_multiplier=0.7)
+    first = build(
+        tmp_path,
+        10,
+        plan=plan,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+        dp_seed=None,
+        learning_rate=5e-2,
+        lr_scheduler_type="linear",
+        optim="adamw_torch",
+    )
+    first.train()
+    uninterrupted = parameters(first.model)
+
+    resumed = build(
+        tmp_path,
+        10,
+        plan=plan,
+        model=tiny_gpt2(seed=9),
+        max_steps=4,
+        save_strategy="no",
+        dp_seed=None,
+        learning_rate=5e-2,
+        lr_scheduler_type="linear",
+        optim="adamw_torch",
+    )
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.state.global_step == 4
+    for name, value in parameters(resumed.model).items():
+        torch.testing.assert_close(value, uninterrupted[name], rtol=0, atol=1e-6)
+
+
+def test_resume_refuses_changed_dp_parameters_or_a_non_dp_checkpoint(tmp_path):
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    build(tmp_path, plan=plan, save_strategy="steps", save_steps=1).train()
+    with pytest.raises(
+        ValueError,
+        match="checkpoint was trained with noise_multiplier=1.0 but this run has noise_multiplier=2.0",
+    ):
+        build(tmp_path, plan=plan, noise_multiplier=2.0).train(resume_from_checkpoint=True)
+    other = make_plan(np.full(8, 0.25), steps=2, noise_multiplier=1.0, expected_batch_size=4.0)
+    with pytest.raises(ValueError, match="plan samples differently"):
+        build(tmp_path, plan=other).train(resume_from_checkpoint=True)
+    (tmp_path / "checkpoint-1" / "hush_state.json").unlink()
+    with pytest.raises(ValueError, match="has no hush_state.json/hush_plan.json"):
+        build(tmp_path, plan=plan).train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+
+
+def test_training_twice_without_resuming_is_refused(tmp_path):
+    trainer = build(tmp_path)
+    trainer.train()
+    with pytest.raises(ValueError, match="already took 2 DP steps"):
+        trainer.train()
+
+
+def test_plan_must_fit_the_run_and_the_rows(tmp_path):
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="max_steps=3 but the plan is calibrated for steps=2"):
+        build(tmp_path, plan=plan, max_steps=3)
+    with pytest.raises(
+        ValueError,
+        match=r"expected_batch_size=5.0 but the plan is calibrated for "
+        r"expected_batch_size=4.0",
+    ):
+        build(tmp_path, plan=plan, expected_batch_size=5.0)
+    with pytest.raises(ValueError, match="train_dataset has 9 rows but the plan covers 8 examples"):
+        build(tmp_path, plan=plan, dataset=token_dataset(9))
+
+
+def test_dataset_reordered_after_planning_is_refused(tmp_path):
+    n = 12
+    rho = np.linspace(0.05, 0.6, n)
+    secret_ids = [[i % 3] for i in range(n)]
+    plan = make_plan(rho, steps=2, noise_multiplier=1.0, secret_ids=secret_ids)
+    tagged = token_dataset(n).add_column("secret_ids", secret_ids)
+    build(tmp_path, n, plan=plan, dataset=tagged)  # in planning order: accepted
+    with pytest.raises(ValueError, match="'secret_ids' do not match the plan for .* secrets"):
+        build(tmp_path, n, plan=plan, dataset=tagged.shuffle(seed=0))
+    attached = plan.attach(token_dataset(n))
+    build(tmp_path, n, plan=plan, dataset=attached)
+    with pytest.raises(ValueError, match="'hush_sampling_prob' differs from the plan"):
+        build(tmp_path, n, plan=plan, dataset=attached.shuffle(seed=0))
+
+
+def test_noise_below_the_calibrated_sigma_warns_loudly(tmp_path):
+    with pytest.warns(
+        UserWarning,
+        match=r"noise_multiplier=0.5 is below the plan's calibrated 1: the certified "
+        r"per-secret targets do NOT hold",
+    ):
+        build(tmp_path, noise_multiplier=0.5)
+    with pytest.warns(UserWarning, match="noise_multiplier=0: training WITHOUT noise"):
+        build(tmp_path, noise_multiplier=0.0)
+
+
+def test_undercutting_the_calibrated_noise_states_the_bounds_it_gives(tmp_path):
+    from hush_hf.accounting import SecretGroups, posterior_bounds
+    from hush_hf.planning.memberships import membership_matrix
+    from hush_hf.planning.plan import plan_protection
+
+    secret_ids = [[0], [0], [1], [], [1], [0, 1], [], []]
+    priors, targets = np.full(2, 1e-3), np.full(2, 0.2)
+    plan = plan_protection(secret_ids, priors, targets, expected_batch_size=2.0, steps=2)
+    dataset = token_dataset(8).add_column("secret_ids", secret_ids)
+    sigma = plan.noise_multiplier / 2
+    with pytest.warns(UserWarning, match="certified per-secret targets do NOT hold") as caught:
+        build(tmp_path, plan=plan, dataset=dataset, noise_multiplier=sigma)
+    (message,) = [str(w.message) for w in caught if "do NOT hold" in str(w.message)]
+    groups = SecretGroups.from_membership(membership_matrix(secret_ids, 2), plan.sampling_probs)
+    ratio = posterior_bounds(groups, priors, sigma, 2, accountant="tight") / targets
+    assert ratio.max() > 1
+    assert f"bound/target {ratio.max():.4g}" in message
+    assert f"{int(np.sum(ratio > 1))} of 2 secrets exceed their targets" in message
+
+
+def test_plan_columns_never_reach_the_collator_or_the_model(tmp_path):
+    n = 8
+    plan = make_plan(np.full(n, 0.5), steps=2, noise_multiplier=1.0, secret_ids=[[0]] * n)
+    dataset = plan.attach(token_dataset(n).add_column("secret_ids", [[0]] * n))
+    seen: set[str] = set()
+
+    def collate(features):
+        seen.update(*(f.keys() for f in features))
+        return pad_collate(features)
+
+    model = tiny_gpt2()
+    forward = model.forward
+
+    def checked_forward(**kwargs):
+        seen.update(kwargs)
+        return forward(**kwargs)
+
+    model.forward = functools.wraps(forward)(checked_forward)  # keep the signature (position_ids)
+    trainer = SecretProtectionTrainer(
+        model=model,
+        args=dp_config(tmp_path, remove_unused_columns=False),
+        train_dataset=dataset,
+        data_collator=collate,
+        plan=plan,
+    )
+    trainer.train()
+    assert "input_ids" in seen
+    assert not seen & {"secret_ids", "hush_weight", "hush_sampling_prob"}
+
+
+def test_plain_trainer_with_attach_trains_exactly_like_secret_protection_trainer(tmp_path):
+    n = 8
+    plan = make_plan(np.full(n, 0.5), steps=3, noise_multiplier=0.8)
+    reference = build(tmp_path / "a", n, plan=plan, max_steps=3, dp_seed=SEED)
+    reference.train()
+
+    model = tiny_gpt2(seed=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "b"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        max_grad_norm=0.0,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",
+        dataloader_pin_memory=False,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=token_dataset(n), data_collator=pad_collate)
+    callback = GhostClippingCallback.attach(trainer, plan, clip_norm=1.0, dp_seed=SEED)
+    assert callback in trainer.callback_handler.callbacks
+    trainer.train()
+    for name, value in parameters(model).items():
+        torch.testing.assert_close(value, parameters(reference.model)[name], rtol=0, atol=0)
+    assert all("grad_norm" not in log for log in trainer.state.log_history)
+    assert trainer.state.log_history[0]["dp_noise_multiplier"] == 0.8
+
+
+def test_attach_refuses_a_trainer_that_would_leak_or_miscount(tmp_path):
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    base = dict(output_dir=str(tmp_path), max_steps=2, report_to=[], use_cpu=True)
+    cases = [
+        ({}, "max_grad_norm must be 0, got 1.0"),
+        (
+            {"max_grad_norm": 0.0, "gradient_accumulation_steps": 2},
+            "gradient_accumulation_steps must be 1, got 2",
+        ),
+        ({"max_grad_norm": 0.0, "max_steps": 5}, "max_steps=5 but the plan is calibrated for steps=2"),
+    ]
+    for overrides, match in cases:
+        trainer = Trainer(
+            model=tiny_gpt2(),
+            args=TrainingArguments(**{**base, **overrides}),
+            train_dataset=token_dataset(8),
+            data_collator=pad_collate,
+        )
+        with pytest.raises(ValueError, match=match):
+            GhostClippingCallback.attach(trainer, plan)
+    # Added as a plain callback (no attach), training stops before any step.
+    trainer = Trainer(
+        model=tiny_gpt2(),
+        args=TrainingArguments(**{**base, "max_grad_norm": 0.0}),
+        train_dataset=token_dataset(8),
+        data_collator=pad_collate,
+        callbacks=[GhostClippingCallback(plan)],
+    )
+    with pytest.raises(RuntimeError, match="GhostClippingCallback"):
+        trainer.train()
+
+
+def test_model_with_an_unsupported_trainable_layer_is_refused_before_planning(tmp_path):
+    class ConvLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(4, 4, 3)
+
+        def forward(self, input_ids=None, labels=None):
+            raise AssertionError("never called")
+
+    with pytest.raises(UnsupportedLayerError, match="conv"):
+        build(tmp_path, model=ConvLM(), plan="this plan is never loaded.json")
+
+
+def test_plan_comes_from_exactly_one_of_secrets_file_plan_file_secrets_or_plan(tmp_path):
+    (tmp_path / "secrets.csv").write_text("id,prior,target,terms\nalpha,1e-3,0.2,alpha\n")
+    texts = ["alpha beta", "gamma", "alpha", "delta", "epsilon", "zeta", "eta", "theta"]
+    dataset = token_dataset(8).add_column("text", texts)
+    args = dict(max_steps=2, expected_batch_size=2.0)
+    trainer = SecretProtectionTrainer(
+        model=tiny_gpt2(),
+        args=dp_config(tmp_path / "a", secrets_file=str(tmp_path / "secrets.csv"), **args),
+        train_dataset=dataset,
+        data_collator=pad_collate,
+    )
+    assert list(trainer.plan.secrets.num_examples) == [2] and trainer.plan.meets_targets
+    assert trainer.train_dataset["secret_ids"] == [[0], [], [0], [], [], [], [], []]
+    trainer.plan.save(tmp_path / "plan.json")
+    again = SecretProtectionTrainer(
+        model=tiny_gpt2(),
+        args=dp_config(tmp_path / "b", plan_file=str(tmp_path / "plan.json"), **args),
+        train_dataset=dataset,
+        data_collator=pad_collate,
+    )
+    assert np.array_equal(again.plan.sampling_probs, trainer.plan.sampling_probs)
+    with pytest.raises(ValueError, match=r"exactly one of .* got \['plan', 'args.secrets_file'\]"):
+        SecretProtectionTrainer(
+            model=tiny_gpt2(),
+            args=dp_config(tmp_path / "c", secrets_file=str(tmp_path / "secrets.csv"), **args),
+            train_dataset=dataset,
+            plan=trainer.plan,
+        )
+    with pytest.raises(ValueError, match="exactly one of .* got none"):
+        SecretProtectionTrainer(
+            model=tiny_gpt2(), args=dp_config(tmp_path / "d", **args), train_dataset=dataset
+        )
