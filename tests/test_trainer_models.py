@@ -19,6 +19,7 @@ from tests.test_trainer_helpers import (
     single_thread,  # noqa: F401  (autouse fixture)
     tiny_bert,
     tiny_gemma2,
+    token_dataset,
     tiny_gpt2,
 )
 
@@ -157,6 +158,45 @@ def test_standard_hf_script_needs_only_the_import_the_class_name_and_secrets(tmp
     assert len(logs) == 6 and all("grad_norm" not in log for log in logs)
     assert all(log["dp_noise_multiplier"] == plan.noise_multiplier for log in logs)
     assert (tmp_path / "final" / "model.safetensors").is_file()
+    # save_model() publishes the protection evidence beside the weights, without secret strings.
+    final = tmp_path / "final"
+    card = (final / "README.md").read_text()
+    assert "Secret protection" in card and f"{plan.noise_multiplier:.4g}" in card
+    from hush_hf.planning import ProtectionPlan
+
+    np.testing.assert_array_equal(ProtectionPlan.load(final / "hush_plan.json").weights, plan.weights)
+    published = ["README.md", "hush_plan.json", "privacy_report.json", "privacy_report.md"]
+    for name in published:
+        text = (final / name).read_text().lower()
+        assert "falcon" not in text and "zebra" not in text and "4471" not in text, name
+
+
+def test_push_to_hub_uploads_the_card_with_the_protection_section(tmp_path, monkeypatch):
+    import transformers.trainer as hf_trainer
+
+    from hush_hf.planning import plan_protection
+
+    data = token_dataset(12, seed=3)
+    secret_ids = [[0] if i % 3 == 0 else [] for i in range(12)]
+    plan = plan_protection(secret_ids, np.array([1e-3]), np.array([0.2]), expected_batch_size=4, steps=2)
+    trainer = SecretProtectionTrainer(
+        model=tiny_gpt2(), args=dp_config(tmp_path, hub_model_id="org/model"), train_dataset=data,
+        data_collator=pad_collate, plan=plan,
+    )
+    trainer.train()
+    uploaded = {}
+
+    class FakeApi:
+        def upload_folder(self, folder_path, **kwargs):
+            uploaded.update({p.name: p.read_bytes() for p in Path(folder_path).iterdir() if p.is_file()})
+
+    monkeypatch.setattr(trainer, "init_hf_repo", lambda **kwargs: setattr(trainer, "hub_model_id", "org/model"))
+    monkeypatch.setattr(hf_trainer, "hf_api", lambda: FakeApi())
+    trainer.push_to_hub()
+    card = uploaded["README.md"].decode()
+    assert "Secret protection" in card
+    assert "hush_plan.json" in uploaded and "model.safetensors" in uploaded
+    assert not any(name.startswith("hush_state") for name in uploaded)  # the secret DP seed stays home
 
 
 def test_tokenized_dataset_without_text_or_tags_is_refused_before_planning(tmp_path):

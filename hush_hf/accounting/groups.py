@@ -30,7 +30,7 @@ class SecretGroups:
         bad = ~np.isfinite(rho) | (rho < 0) | (rho > 1)
         if np.any(bad):
             k = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"SecretGroups.rho must lie in [0, 1]; entry {k} is {rho[k]!r}")
+            raise ValueError(f"SecretGroups.rho must lie in [0, 1]; entry {k} is {float(rho[k])!r}")
         object.__setattr__(self, "indptr", indptr)
         object.__setattr__(self, "rho", rho)
 
@@ -70,7 +70,11 @@ class SecretGroups:
         starts, stops = self.indptr[secrets], self.indptr[secrets + 1]
         lengths = stops - starts
         indptr = np.concatenate([[0], np.cumsum(lengths)])
-        idx = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)]) if secrets.size else []
+        idx = (
+            np.concatenate([np.arange(a, b) for a, b in zip(starts, stops, strict=True)])
+            if secrets.size
+            else []
+        )
         return SecretGroups(indptr, self.rho[np.asarray(idx, dtype=np.int64)])
 
     @classmethod

@@ -164,3 +164,32 @@ class SecretProtectionTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         super().log(self.dp.add_log_fields(logs), start_time)
+
+    # -------------------------------------------------------------------- publishing
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the weights, and beside them the plan, the privacy report and the model card.
+
+        Checkpoints (``_internal_call`` with a folder) get only the weights and the DP state;
+        ``save_model()`` and ``push_to_hub()`` get the full protection artifacts.
+        """
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save and (output_dir is None or not _internal_call):
+            self.write_protection_artifacts(output_dir or self.args.output_dir)
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        # Trainer writes its own README.md here (push_to_hub); the Secret protection section is added back.
+        super().create_model_card(*args, **kwargs)
+        if self.is_world_process_zero():
+            self.write_protection_artifacts(self.args.output_dir, model_name=kwargs.get("model_name"))
+
+    def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
+        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit)."""
+        from hush_hf.audit import write_protection_artifacts
+
+        return write_protection_artifacts(
+            output_dir,
+            self.plan,
+            clip_norm=self.args.per_example_clip_norm,
+            noise_multiplier=self.dp.noise_multiplier,
+            **kwargs,
+        )

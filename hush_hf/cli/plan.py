@@ -1,0 +1,183 @@
+"""Turn a dataset and per-secret targets into a protection plan (LP weights, sampling, noise).
+
+Secrets come from a file (JSON/CSV with id, prior, target and optional terms/pattern; examples are
+tagged by those terms, or by the id as a word) or from the paper's document-frequency selection.
+A dataset that already has a ``secret_ids`` column is used as tagged. Secret strings are never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+import numpy as np
+
+HELP = "compute a protection plan (and optionally sweep the LP constant c)"
+logger = logging.getLogger("hush.plan")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--dataset",
+        required=True,
+        help="local json/jsonl/parquet/csv/txt file, saved dataset dir, or Hub name",
+    )
+    data.add_argument("--split", default="train")
+    data.add_argument("--text-column", default="text")
+    data.add_argument("--num-proc", type=int, default=None, help="processes for tagging")
+    secrets = parser.add_argument_group("secrets (a file, or the document-frequency selection)")
+    source = secrets.add_mutually_exclusive_group(required=True)
+    source.add_argument("--secrets", help="JSON/JSONL/CSV secrets file")
+    source.add_argument(
+        "--df-ranks",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="words ranked [LO, HI) by document frequency become secrets (the paper: 50000 150000)",
+    )
+    source.add_argument(
+        "--df-range", type=int, nargs=2, metavar=("LO", "HI"), help="words in LO..HI documents become secrets"
+    )
+    secrets.add_argument("--prior", type=float, default=1e-10, help="p for the selected words")
+    secrets.add_argument(
+        "--target-range",
+        type=float,
+        nargs=2,
+        default=(2e-4, 1e-3),
+        metavar=("LO", "HI"),
+        help="r drawn uniformly from [LO, HI] for the selected words",
+    )
+    secrets.add_argument("--seed", type=int, default=0)
+    secrets.add_argument("--case-sensitive", action="store_true")
+    training = parser.add_argument_group("training")
+    training.add_argument("--batch-size", type=float, required=True, help="expected batch size B")
+    training.add_argument("--steps", type=int, required=True, help="number of steps T")
+    planning = parser.add_argument_group("planning")
+    planning.add_argument("--c", type=float, default=1.0, dest="lp_c", help="LP constant c")
+    planning.add_argument("--accountant", default="tight", choices=("tight", "rdp", "kl"))
+    planning.add_argument(
+        "--budget",
+        default=None,
+        choices=("kl", "tight", "rdp", "paper"),
+        help="LP budget per secret (default: follows the accountant)",
+    )
+    planning.add_argument("--solver", default="highs", help="highs, or pulp[:CBC|GUROBI|CPLEX|...]")
+    planning.add_argument("--drop-secretless", action="store_true", help="give examples without secrets w=0")
+    planning.add_argument("--time-limit", type=float, default=None, help="LP time limit in seconds")
+    out = parser.add_argument_group("output")
+    out.add_argument("--output", default="hush_plan.json", help="plan JSON path")
+    out.add_argument(
+        "--sweep-c",
+        action="store_true",
+        help="also sweep c = 2^-6..2^4 and write sweep_c.json / sweep_c.png beside the plan",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from hush_hf.data import load_text_dataset
+    from hush_hf.planning import plan_protection
+    from hush_hf.planning.sweep import plot_sweep, sweep_lp_c
+
+    dataset = load_text_dataset(args.dataset, split=args.split)
+    secret_set, dataset = _secrets_and_tags(args, dataset)
+    secret_ids = dataset.data.column("secret_ids")
+    plan_kwargs = dict(
+        expected_batch_size=args.batch_size,
+        steps=args.steps,
+        accountant=args.accountant,
+        budget=args.budget,
+        solver=args.solver,
+        drop_secretless=args.drop_secretless,
+        time_limit=args.time_limit,
+    )
+    plan = plan_protection(
+        secret_ids, secret_set.priors, secret_set.targets, lp_c=args.lp_c, progress=True, **plan_kwargs
+    )
+    path = plan.save(args.output)
+    print(format_summary(plan))
+    print(f"plan written to {path}")
+    if args.sweep_c:
+        rows = sweep_lp_c(secret_ids, secret_set.priors, secret_set.targets, **plan_kwargs)
+        sweep_json = path.with_name("sweep_c.json")
+        sweep_json.write_text(json.dumps(rows, indent=2))
+        png = plot_sweep(
+            rows,
+            path.with_name("sweep_c.png"),
+            title=f"{len(secret_set)} secrets, B={args.batch_size:g}, T={args.steps}, {args.accountant}",
+        )
+        print(format_sweep(rows))
+        print(f"sweep written to {sweep_json} and {png}")
+    return 0
+
+
+def _secrets_and_tags(args: argparse.Namespace, dataset):
+    from hush_hf.secrets import SecretSet, select_by_document_frequency, tag_dataset, tagger_for
+
+    if args.secrets:
+        secret_set = SecretSet.load(args.secrets)
+    else:
+        if args.case_sensitive:
+            # Selection counts case-folded words; case-sensitive tagging would miss "Word" for "word"
+            # and leave examples containing a secret untagged (under-protection).
+            raise ValueError("--case-sensitive cannot be combined with --df-ranks/--df-range selection")
+        secret_set = select_by_document_frequency(
+            dataset,
+            text_column=args.text_column,
+            rank_range=tuple(args.df_ranks) if args.df_ranks else None,
+            df_range=tuple(args.df_range) if args.df_range else None,
+            prior=args.prior,
+            target_range=tuple(args.target_range),
+            seed=args.seed,
+            num_proc=args.num_proc,
+        )
+    logger.info("%d secrets", len(secret_set))
+    if "secret_ids" not in dataset.column_names:
+        dataset = tag_dataset(
+            dataset,
+            tagger_for(secret_set, case_sensitive=args.case_sensitive),
+            text_column=args.text_column,
+            num_proc=args.num_proc,
+            num_secrets=len(secret_set),
+        )
+    return secret_set, dataset
+
+
+def format_summary(plan) -> str:
+    s = plan.summary()
+    sec = plan.secrets
+    ratio = sec.bound / sec.target
+    lines = [
+        "Protection plan",
+        f"  examples            {s['examples']:>12,d}   secrets {s['secrets']:,d}",
+        f"  memberships         {int(sec.num_examples.sum()):>12,d}   examples per secret "
+        f"min {int(sec.num_examples.min(initial=0))} / median {np.median(sec.num_examples):g} "
+        f"/ max {int(sec.num_examples.max(initial=0))}",
+        f"  B, T, c             {s['expected_batch_size']:g}, {s['steps']}, {s['lp_c']:g}"
+        f"   (budget: {s['budget']})",
+        f"  retained            {s['retained_fraction']:.2%} of examples have w > 0;"
+        f" sum(w)/n = {s['retained_weight_fraction']:.2%}",
+        f"  LP                  {plan.lp['solver']}, {plan.lp['status']}, certified gap {plan.lp['gap']:.2e},"
+        f" {plan.lp['seconds']:.1f} s",
+        f"  max sampling prob   {s['max_sampling_prob']:.3g}",
+        f"  noise multiplier    {s['noise_multiplier']:.6g}   ({s['accountant']} accountant"
+        f"{'' if plan.calibrated else ', given by the user'})",
+        f"  bound / target      max {ratio.max(initial=0):.4f}, median {s['bound_over_target_median']:.4f};"
+        f" {int(np.sum(ratio > 0.99))} secrets within 1% of their target",
+        f"  all targets met     {'yes' if s['meets_targets'] else 'NO'}",
+    ]
+    return "\n".join(lines)
+
+
+def format_sweep(rows) -> str:
+    lines = [f"{'c':>10} {'retained':>9} {'sum(w)/n':>9} {'sigma':>10}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['lp_c']:>10.4g}  infeasible: {r['error']}")
+        else:
+            lines.append(
+                f"{r['lp_c']:>10.4g} {r['retained_fraction']:>9.2%} {r['retained_weight_fraction']:>9.2%}"
+                f" {r['noise_multiplier']:>10.4g}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+"""Render a privacy report (Markdown + PNG) from a plan and, optionally, an audit."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "render privacy_report.{json,md} and plots from a plan and an audit"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, help="hush_plan.json")
+    parser.add_argument("--audit", default=None, help="audit.json written by `hush audit`")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--clip-norm", type=float, default=None, help="C used in training")
+    parser.add_argument("--noise-multiplier", type=float, default=None, help="sigma used in training")
+    parser.add_argument("--model-name", default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hush_hf.audit import render_report
+
+    paths = render_report(
+        args.plan,
+        args.audit,
+        args.output_dir,
+        clip_norm=args.clip_norm,
+        noise_multiplier=args.noise_multiplier,
+        model_name=args.model_name,
+    )
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0

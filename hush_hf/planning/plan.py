@@ -1,0 +1,294 @@
+"""The protection plan: LP weights, sampling probabilities and calibrated noise (Hush Alg. 2, lines 1-5)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hush_hf.accounting import (
+    ACCOUNTANTS,
+    SecretGroups,
+    calibrate_noise,
+    lp_budget,
+    posterior_bounds,
+)
+from hush_hf.planning.lp import solve_example_weights
+from hush_hf.planning.memberships import membership_matrix
+from hush_hf.planning.probabilities import sampling_probabilities
+
+logger = logging.getLogger(__name__)
+
+PLAN_FORMAT_VERSION = 1
+BUDGET_KINDS = ("kl", "tight", "rdp", "paper")
+WEIGHT_COLUMN = "hush_weight"
+SAMPLING_PROB_COLUMN = "hush_sampling_prob"
+
+
+@dataclass(frozen=True)
+class SecretReport:
+    """Per-secret columns of a plan; index j is secret j (names are never stored)."""
+
+    num_examples: np.ndarray
+    sum_rho: np.ndarray
+    prior: np.ndarray
+    target: np.ndarray
+    bound: np.ndarray
+
+    def to_json(self) -> dict[str, list]:
+        return {k: np.asarray(v).tolist() for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, list]) -> SecretReport:
+        return cls(
+            num_examples=np.asarray(data["num_examples"], dtype=np.int64),
+            **{k: np.asarray(data[k], dtype=np.float64) for k in ("sum_rho", "prior", "target", "bound")},
+        )
+
+
+@dataclass(frozen=True)
+class ProtectionPlan:
+    """Everything a training run needs to meet every secret's (p_j, r_j) target.
+
+    ``sampling_probs[i] = B * weights[i] / sum(weights)`` (Alg. 2 line 3); ``noise_multiplier`` is the
+    smallest sigma (in units of the clip norm) at which the accountant certifies
+    ``secrets.bound[j] <= secrets.target[j]`` for all j, given T steps (Alg. 2 lines 4-5).
+    """
+
+    weights: np.ndarray
+    sampling_probs: np.ndarray
+    noise_multiplier: float
+    accountant: str
+    budget: str
+    lp_c: float
+    expected_batch_size: float
+    steps: int
+    secrets: SecretReport
+    lp: dict[str, Any] = field(default_factory=dict)
+    calibrated: bool = True
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.weights.size)
+
+    @property
+    def num_secrets(self) -> int:
+        return int(self.secrets.target.size)
+
+    @property
+    def retained_fraction(self) -> float:
+        """Fraction of examples with a non-zero weight (Hush Fig. 1a)."""
+        return float(np.count_nonzero(self.weights) / max(self.weights.size, 1))
+
+    @property
+    def retained_weight_fraction(self) -> float:
+        """sum(w) / n: the share of the data the plan trains on, counting fractional weights."""
+        return float(self.weights.sum() / max(self.weights.size, 1))
+
+    @property
+    def meets_targets(self) -> bool:
+        return bool(np.all(self.secrets.bound <= self.secrets.target))
+
+    def summary(self) -> dict[str, Any]:
+        """Scalars for logs and reports (no per-example data, no secret names)."""
+        ratio = self.secrets.bound / self.secrets.target
+        return {
+            "examples": self.num_examples,
+            "secrets": self.num_secrets,
+            "accountant": self.accountant,
+            "budget": self.budget,
+            "lp_c": self.lp_c,
+            "expected_batch_size": self.expected_batch_size,
+            "steps": self.steps,
+            "noise_multiplier": self.noise_multiplier,
+            "retained_fraction": self.retained_fraction,
+            "retained_weight_fraction": self.retained_weight_fraction,
+            "max_sampling_prob": float(self.sampling_probs.max(initial=0.0)),
+            "bound_over_target_max": float(ratio.max(initial=0.0)),
+            "bound_over_target_median": float(np.median(ratio)) if ratio.size else 0.0,
+            "meets_targets": self.meets_targets,
+            "lp_gap": self.lp.get("gap"),
+        }
+
+    # -- persistence ---------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": PLAN_FORMAT_VERSION,
+            "noise_multiplier": self.noise_multiplier,
+            "accountant": self.accountant,
+            "budget": self.budget,
+            "lp_c": self.lp_c,
+            "expected_batch_size": self.expected_batch_size,
+            "steps": self.steps,
+            "calibrated": self.calibrated,
+            "summary": self.summary(),
+            "lp": self.lp,
+            "secrets": self.secrets.to_json(),
+            "weights": self.weights.tolist(),
+            "sampling_probs": self.sampling_probs.tolist(),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json()))
+        return path
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProtectionPlan:
+        version = data.get("format_version")
+        if version != PLAN_FORMAT_VERSION:
+            raise ValueError(
+                f"plan format_version={version!r} is not supported (expected {PLAN_FORMAT_VERSION})"
+            )
+        return cls(
+            weights=np.asarray(data["weights"], dtype=np.float64),
+            sampling_probs=np.asarray(data["sampling_probs"], dtype=np.float64),
+            noise_multiplier=float(data["noise_multiplier"]),
+            accountant=data["accountant"],
+            budget=data["budget"],
+            lp_c=float(data["lp_c"]),
+            expected_batch_size=float(data["expected_batch_size"]),
+            steps=int(data["steps"]),
+            secrets=SecretReport.from_json(data["secrets"]),
+            lp=dict(data.get("lp", {})),
+            calibrated=bool(data.get("calibrated", True)),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProtectionPlan:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    # -- datasets ------------------------------------------------------------------------------
+    def attach(self, dataset: Any, *, num_proc: int | None = None) -> Any:
+        """Add ``hush_weight`` and ``hush_sampling_prob`` columns (row i gets example i's values)."""
+        if len(dataset) != self.num_examples:
+            raise ValueError(
+                f"dataset has {len(dataset)} rows but the plan covers {self.num_examples} examples"
+            )
+        weights, probs = self.weights, self.sampling_probs
+
+        def add(_: dict, indices: list[int]) -> dict[str, list[float]]:
+            return {WEIGHT_COLUMN: weights[indices].tolist(), SAMPLING_PROB_COLUMN: probs[indices].tolist()}
+
+        return dataset.map(add, with_indices=True, batched=True, num_proc=num_proc, desc="Attaching plan")
+
+
+def plan_protection(
+    secret_ids: Any,
+    priors: np.ndarray,
+    targets: np.ndarray,
+    *,
+    expected_batch_size: float,
+    steps: int,
+    lp_c: float = 1.0,
+    accountant: str = "tight",
+    budget: str | None = None,
+    solver: str = "highs",
+    drop_secretless: bool = False,
+    gap_tol: float = 1e-2,
+    time_limit: float | None = None,
+    noise_multiplier: float | None = None,
+    rtol: float = 1e-4,
+    progress: bool = False,
+) -> ProtectionPlan:
+    """Solve the LP (Hush eq. 1), set rho_i = B w_i / sum(w), and calibrate sigma (Alg. 2, lines 1-5).
+
+    ``secret_ids``: one list of secret indices per example (a ``datasets`` column works).
+    ``priors``/``targets``: p_j and r_j per secret (e.g. ``SecretSet.priors``/``.targets``).
+    ``budget``: the LP's per-secret budget, ``c * budget_j``; default follows the accountant
+    (``sqrt(mu_j)`` for kl, ``g_j = Phi^-1(1-p_j) - Phi^-1(1-r_j)`` for tight and rdp, since sigma_j is
+    linear in sum(rho) with those slopes, DESIGN.md sec. 3); ``"paper"`` uses mu_j as in the paper.
+    ``noise_multiplier``: None calibrates; a number is used as is and the plan reports the bounds it
+    gives (``meets_targets`` says whether every target holds).
+    """
+    priors, targets = np.asarray(priors, dtype=np.float64), np.asarray(targets, dtype=np.float64)
+    _validate_plan_args(expected_batch_size, steps, lp_c, accountant, noise_multiplier)
+    budget = budget or ("kl" if accountant == "kl" else "tight")
+    if budget not in BUDGET_KINDS:
+        raise ValueError(f"budget must be one of {BUDGET_KINDS}, got {budget!r}")
+    capacity = lp_c * lp_budget(priors, targets, budget)  # validates priors and targets
+
+    membership = membership_matrix(secret_ids, num_secrets=priors.size)
+    start = time.perf_counter()
+    solution = solve_example_weights(
+        membership,
+        capacity,
+        solver=solver,
+        gap_tol=gap_tol,
+        time_limit=time_limit,
+        drop_secretless=drop_secretless,
+        progress=progress,
+    )
+    logger.info(
+        "LP: %d examples x %d secrets, retained weight %.4g, certified gap %.2e, %.1f s",
+        membership.shape[1],
+        membership.shape[0],
+        solution.objective,
+        solution.gap,
+        time.perf_counter() - start,
+    )
+    rho = sampling_probabilities(solution.weights, expected_batch_size)
+    groups = SecretGroups.from_membership(membership, rho)
+    if noise_multiplier is None:
+        calibration = calibrate_noise(
+            groups, priors, targets, steps, accountant=accountant, rtol=rtol, progress=progress
+        )
+        sigma, bounds = calibration.sigma, calibration.bounds
+    else:
+        sigma = float(noise_multiplier)
+        bounds = posterior_bounds(groups, priors, sigma, steps, accountant=accountant)
+    logger.info(
+        "Noise multiplier %.6g (%s accountant, T=%d, B=%g)", sigma, accountant, steps, expected_batch_size
+    )
+    return ProtectionPlan(
+        weights=solution.weights,
+        sampling_probs=rho,
+        noise_multiplier=float(sigma),
+        accountant=accountant,
+        budget=budget,
+        lp_c=float(lp_c),
+        expected_batch_size=float(expected_batch_size),
+        steps=int(steps),
+        secrets=SecretReport(
+            num_examples=groups.sizes.astype(np.int64),
+            sum_rho=groups.sum_rho(),
+            prior=priors,
+            target=targets,
+            bound=np.asarray(bounds, dtype=np.float64),
+        ),
+        lp={
+            "solver": solution.solver,
+            "status": solution.status,
+            "objective": float(solution.objective),
+            "upper_bound": float(solution.upper_bound),
+            "gap": float(solution.gap),
+            "seconds": float(solution.seconds),
+            "drop_secretless": bool(drop_secretless),
+        },
+        calibrated=noise_multiplier is None,
+    )
+
+
+def _validate_plan_args(
+    expected_batch_size: float, steps: int, lp_c: float, accountant: str, noise_multiplier: float | None
+) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps (T) must be an integer >= 1, got {steps!r}")
+    if not (
+        isinstance(expected_batch_size, (int, float, np.number))
+        and np.isfinite(expected_batch_size)
+        and expected_batch_size > 0
+    ):
+        raise ValueError(f"expected_batch_size (B) must be a positive number, got {expected_batch_size!r}")
+    if not (isinstance(lp_c, (int, float, np.number)) and np.isfinite(lp_c) and lp_c > 0):
+        raise ValueError(f"lp_c must be a positive number, got {lp_c!r}")
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {tuple(ACCOUNTANTS)}, got {accountant!r}")
+    if noise_multiplier is not None and not (np.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ValueError(f"noise_multiplier must be None or a number >= 0, got {noise_multiplier!r}")
