@@ -1,0 +1,388 @@
+"""Noise calibration: the smallest sigma at which every secret's posterior bound meets its target.
+
+Hush Algorithm 2 (lines 3-5) calibrates sigma by search; here the search is organised so that
+few secrets need an exact evaluation:
+
+1. the secrets with the largest estimated sigma_j (``Accountant.estimate_sigma``) get their own
+   sigma_j bracketed, lo_j < sigma_j <= hi_j with hi_j <= lo_j (1 + rtol) (or hi_j <= max_k lo_k,
+   which already settles a secret); sigma = max hi_j;
+2. every other secret is certified at sigma by a law that dominates its count S (``dominance``):
+   first shared truncated-Poisson laws; then the likeliest failures are probed with their own
+   laws (a failure sends us to 3 before any costly step); then envelopes of ever closer groups of
+   secrets, then own laws. A bound from a dominating law is a valid bound for the secret;
+3. secrets that fail even with their own law need more noise: the worst are bracketed as in 1,
+   sigma grows, and 2 repeats for the rest (certificates at a smaller sigma remain valid).
+
+sigma is at most (1 + rtol) times the smallest sigma meeting all targets (the secret that sets it
+fails at lo_j), and the returned sigma is checked: every secret holds a certified bound <= target.
+The reported bounds are valid at sigma; those certified at a noticeably smaller sigma during the
+search are re-evaluated at sigma (``REFRESH_GAP``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from hush_hf.accounting.accountants import ACCOUNTANT_IMPLEMENTATIONS, Accountant
+from hush_hf.accounting.blowup import noiseless_bounds
+from hush_hf.accounting.counts import (
+    CountDistributions,
+    poisson_binomial,
+    poisson_dominating_rate,
+    segment_sums,
+)
+from hush_hf.accounting.dominance import Cover, envelope_cover, poisson_cover
+from hush_hf.accounting.groups import SecretGroups
+from hush_hf.accounting.validation import (
+    validate_accountant,
+    validate_num_secrets,
+    validate_priors,
+    validate_rtol,
+    validate_sigma,
+    validate_steps,
+    validate_targets,
+)
+
+#: Secrets bracketed per round (step 1 and 3).
+CANDIDATES_PER_ROUND = 8
+#: Rounding ratios of the shared Poisson laws, then resolutions of the envelope groups.
+POISSON_RATIOS = (1.1, 1.01)
+ENVELOPE_RESOLUTIONS = (1e-3, 1e-4, 1e-5)
+#: Below this many pending secrets, go straight to their own laws.
+SMALL_PENDING = 16
+#: Secrets evaluated with their own law before the envelope steps (the most likely failures).
+PROBES_PER_ROUND = 32
+MAX_SIGMA = 1e9
+#: Certificates issued at a sigma this much (relative) below the final one are re-evaluated.
+REFRESH_GAP = 1e-2
+
+
+@dataclass(frozen=True)
+class NoiseCalibration:
+    """Calibrated noise multiplier and, per secret, a rigorous posterior bound at that sigma."""
+
+    sigma: float
+    bounds: np.ndarray
+    accountant: str
+    evaluated_exactly: int
+
+
+class _Evaluations:
+    """Accountant calls, counted and shown by a progress bar."""
+
+    def __init__(self, accountant: Accountant, steps: int, progress: bool) -> None:
+        self.accountant = accountant
+        self.steps = steps
+        self.bar = tqdm(desc=f"{accountant.name} evaluations", unit="law", disable=not progress)
+
+    def __call__(self, laws: CountDistributions, sigma, priors: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (laws.num_rows,))
+        out = self.accountant.bounds(laws, sigma, self.steps, priors, rows)
+        self.bar.update(laws.num_rows)
+        return out
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def posterior_bounds(
+    groups: SecretGroups,
+    priors: np.ndarray,
+    sigma: float,
+    steps: int,
+    accountant: str = "tight",
+    *,
+    resolution: float = 0.0,
+) -> np.ndarray:
+    """Rigorous upper bound on each secret's reconstruction posterior at noise ``sigma``.
+
+    Each secret is evaluated with its own law of S (identical laws share one evaluation): one
+    accountant evaluation per distinct law, ~20-50 ms each for ``tight``. ``resolution > 0`` trades
+    tightness for speed: secrets whose laws agree to about that relative precision share the law
+    of their envelope (a valid, slightly larger bound; see ``dominance``). Secrets whose examples
+    are never sampled keep their prior; at sigma = 0 the others get 1 (``kl``, ``rdp``) or the
+    exact noiseless blow-up function (``tight``).
+    """
+    name = validate_accountant(accountant)
+    p = validate_priors(priors)
+    validate_num_secrets(groups.num_secrets, p)
+    sigma = validate_sigma(sigma)
+    steps = validate_steps(steps)
+    if isinstance(resolution, bool) or not isinstance(resolution, (int, float)) or not 0 <= resolution < 1:
+        raise ValueError(f"resolution must be a number in [0, 1), got {resolution!r}")
+    out = p.copy()
+    active = np.flatnonzero(segment_sums(groups, groups.rho) > 0)
+    if active.size == 0:
+        return out
+    if sigma == 0:  # KL and Renyi are infinite without noise; the blow-up function is not
+        rates = poisson_dominating_rate(groups)[active]
+        out[active] = noiseless_bounds(rates, steps, p[active]) if name == "tight" else 1.0
+        return out
+    laws = poisson_binomial(groups, active)
+    cover = envelope_cover(laws, float(resolution))
+    evaluate = _Evaluations(ACCOUNTANT_IMPLEMENTATIONS[name], steps, False)
+    out[active] = evaluate(cover.laws, sigma, p[active], cover.row_of)
+    return out
+
+
+def calibrate_noise(
+    groups: SecretGroups,
+    priors: np.ndarray,
+    targets: np.ndarray,
+    steps: int,
+    accountant: str = "tight",
+    rtol: float = 1e-4,
+    progress: bool = False,
+) -> NoiseCalibration:
+    """Smallest sigma (to relative precision ``rtol``) with every posterior bound <= its target.
+
+    Returns sigma = 0 when no secret needs noise (no secret has a sampled example).
+    """
+    name = validate_accountant(accountant)
+    validate_targets(priors, targets)
+    p = np.asarray(priors, dtype=np.float64)
+    r = np.asarray(targets, dtype=np.float64)
+    validate_num_secrets(groups.num_secrets, p)
+    steps = validate_steps(steps)
+    rtol = validate_rtol(rtol)
+    search = _Search(groups, p, r, steps, ACCOUNTANT_IMPLEMENTATIONS[name], rtol, progress)
+    try:
+        return search.run()
+    finally:
+        search.evaluate.close()
+
+
+class _Search:
+    """State of one calibration: certified bounds so far and the current sigma."""
+
+    def __init__(
+        self,
+        groups: SecretGroups,
+        priors: np.ndarray,
+        targets: np.ndarray,
+        steps: int,
+        accountant: Accountant,
+        rtol: float,
+        progress: bool,
+    ) -> None:
+        self.groups, self.priors, self.targets, self.steps = groups, priors, targets, steps
+        self.accountant = accountant
+        self.tolerance = 0.9 * rtol
+        self.evaluate = _Evaluations(accountant, steps, progress)
+        self.mean = segment_sums(groups, groups.rho)
+        self.bounds = np.full(groups.num_secrets, np.nan)
+        self.certified = np.zeros(groups.num_secrets, dtype=bool)
+        self.certified_at = np.zeros(groups.num_secrets)  # sigma of each certificate
+        self.exact = np.zeros(groups.num_secrets, dtype=bool)
+        self._rates: np.ndarray | None = None
+
+    @property
+    def rates(self) -> np.ndarray:
+        if self._rates is None:
+            self._rates = poisson_dominating_rate(self.groups)
+        return self._rates
+
+    def run(self) -> NoiseCalibration:
+        active = self.mean > 0
+        self.bounds[~active] = self.priors[~active]
+        self.certified[~active] = True
+        if self.accountant.name == "tight":  # secrets safe even without noise need none
+            noiseless = noiseless_bounds(self.rates, self.steps, self.priors)
+            safe = active & (noiseless <= self.targets)
+            self._accept(np.flatnonzero(safe), noiseless[safe])
+            active &= ~safe
+        if not active.any():
+            return NoiseCalibration(0.0, self.bounds, self.accountant.name, 0)
+        estimate = self.accountant.estimate_sigma(self.mean, self.priors, self.targets, self.steps)
+        candidates = np.flatnonzero(active)
+        first = candidates[np.argsort(-estimate[candidates], kind="stable")[:CANDIDATES_PER_ROUND]]
+        sigma = self._bracket(first, floor=0.0)
+        while True:
+            pending, excess = self._certify_shared(np.flatnonzero(~self.certified), sigma)
+            # Probe the most likely failures with their own laws before the costlier envelopes:
+            # a failure there means sigma must grow, and the envelopes would be wasted.
+            probe = pending[np.argsort(-excess, kind="stable")[:PROBES_PER_ROUND]]
+            failing, fail_excess = self._certify_own(probe, sigma)
+            if failing.size == 0:
+                rest = np.flatnonzero(~self.certified)
+                failing, fail_excess = self._certify_envelopes(rest, sigma)
+            if failing.size == 0:
+                break
+            worst = failing[np.argsort(-fail_excess, kind="stable")[:CANDIDATES_PER_ROUND]]
+            sigma = max(sigma, self._bracket(worst, floor=sigma))
+        self._refresh(sigma)
+        self._check(sigma)
+        return NoiseCalibration(float(sigma), self.bounds.copy(), self.accountant.name, int(self.exact.sum()))
+
+    def _refresh(self, sigma: float) -> None:
+        """Tighten certificates issued at a sigma more than REFRESH_GAP below the final one:
+        re-evaluate them at the final sigma (shared laws, own laws for the bracketed ones) and keep
+        the smaller of two valid bounds. Closer certificates are kept as they are (still valid)."""
+        stale_at = sigma / (1.0 + REFRESH_GAP)
+        stale = np.flatnonzero(self.certified & (self.mean > 0) & (self.certified_at < stale_at))
+        if stale.size == 0:
+            return
+        old = self.bounds[stale].copy()
+        own = stale[self.exact[stale]]
+        shared = stale[~self.exact[stale]]
+        if shared.size:
+            self._certify_shared(shared, sigma, refresh=True)
+        if own.size:
+            cover = envelope_cover(poisson_binomial(self.groups, own, self.mean), 0.0)
+            fresh = self.evaluate(cover.laws, sigma, self.priors[own], cover.row_of)
+            self.bounds[own] = np.minimum(self.bounds[own], fresh)
+        self.bounds[stale] = np.minimum(self.bounds[stale], old)
+        self.certified_at[stale] = sigma
+
+    def _check(self, sigma: float) -> None:
+        """Never return a sigma at which a secret lacks a certified bound <= its target."""
+        ok = self.certified & np.isfinite(self.bounds) & (self.bounds <= self.targets)
+        if not ok.all():  # pragma: no cover - a bug guard, not a code path
+            j = int(np.flatnonzero(~ok)[0])
+            raise RuntimeError(f"calibration failed to certify secret {j} at sigma={sigma}")
+
+    # -- step 1 and 3: bracket sigma_j for a few secrets ------------------------------------------
+
+    def _bracket(self, secrets: np.ndarray, floor: float) -> float:
+        """Bracket sigma_j for ``secrets`` (all failing at ``floor`` when floor > 0); returns max hi_j.
+
+        lo_j fails (or is the floor), hi_j passes, and either hi_j <= lo_j (1 + tolerance) or
+        hi_j <= max_k lo_k: the returned max_k hi_k is at least the latter, and sigma* > max_k lo_k,
+        so a secret passing there needs no sharper bracket. The bound at hi_j becomes its
+        certificate.
+        """
+        laws = poisson_binomial(self.groups, secrets, self.mean)
+        self.exact[secrets] = True
+        priors, targets = self.priors[secrets], self.targets[secrets]
+        k = secrets.size
+        lo, hi = np.full(k, floor), np.full(k, np.inf)
+        f_lo, f_hi = np.full(k, np.nan), np.full(k, np.nan)
+        previous = np.full((k, 2), np.nan)  # the last failing (log sigma, log(bound/target))
+        bound_hi = np.full(k, np.nan)
+        estimate = self.accountant.estimate_sigma(self.mean[secrets], priors, targets, self.steps)
+        x = np.maximum(estimate, floor * (1.0 + 4 * self.tolerance))
+        x = np.where(x > 0, x, 1.0)
+        kept = np.zeros(k)  # Illinois: the end that stayed last time (-1 lo, +1 hi)
+        open_ = np.ones(k, dtype=bool)
+        while open_.any():
+            idx = np.flatnonzero(open_)
+            b = self.evaluate(laws.rows(idx), x[idx], priors[idx], np.arange(idx.size))
+            f = np.log(b) - np.log(targets[idx])
+            passed, failed = idx[f <= 0], idx[f > 0]
+            # Illinois: halve the value kept at the end that did not move twice in a row.
+            f_lo[passed] = np.where(kept[passed] == -1, 0.5 * f_lo[passed], f_lo[passed])
+            f_hi[failed] = np.where(kept[failed] == 1, 0.5 * f_hi[failed], f_hi[failed])
+            with np.errstate(divide="ignore"):  # lo = 0 before the first failure: -inf, unused
+                previous[failed] = np.stack([np.log(lo[failed]), f_lo[failed]], axis=1)
+            hi[passed], f_hi[passed], bound_hi[passed] = x[passed], f[f <= 0], b[f <= 0]
+            lo[failed], f_lo[failed] = x[failed], f[f > 0]
+            kept[passed], kept[failed] = -1, 1
+            floor = max(floor, float(lo.max()))
+            open_ &= ~(np.isfinite(hi) & ((hi <= lo * (1.0 + self.tolerance)) | (hi <= floor)))
+            for j in np.flatnonzero(open_):
+                x[j] = self._next_probe(lo[j], f_lo[j], hi[j], f_hi[j], previous[j])
+                if not np.isfinite(hi[j]):
+                    x[j] = max(x[j], floor)  # a pass at the floor settles it
+                    if x[j] > MAX_SIGMA:
+                        raise ValueError(
+                            f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
+                            f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g}"
+                        )
+        self.bounds[secrets] = bound_hi
+        self.certified[secrets] = True
+        self.certified_at[secrets] = hi
+        return float(hi.max())
+
+    def _next_probe(self, lo: float, f_lo: float, hi: float, f_hi: float, previous: np.ndarray) -> float:
+        """Next sigma to try. Before a bracket exists: extrapolate log(bound/target) linearly in
+        log sigma through the last two points on the same side (step clipped to [x1.05, x4]), else
+        step by 1.5. Then Illinois regula falsi in log sigma, kept off the ends by a third of the
+        tolerance so that the bracket closes."""
+        if not np.isfinite(hi) or lo <= 0:
+            t0, f0 = (math.log(hi), f_hi) if lo <= 0 else (math.log(lo), f_lo)
+            t1, f1 = previous if lo > 0 else (np.nan, np.nan)
+            step = math.log(1.5)
+            if np.isfinite(t1) and np.isfinite(f1) and f1 > f0 > 0 and t0 > t1:
+                step = 1.2 * f0 * (t0 - t1) / (f1 - f0)  # overshoot a little to bracket
+            step = min(max(step, math.log(1.05)), math.log(4.0))
+            return math.exp(t0 + step) if lo > 0 else math.exp(t0 - step)
+        t_lo, t_hi = math.log(lo), math.log(hi)
+        guard = math.log1p(self.tolerance) / 3.0
+        if np.isfinite(f_lo) and np.isfinite(f_hi) and f_lo > f_hi:
+            t = t_lo + f_lo * (t_hi - t_lo) / (f_lo - f_hi)
+        else:
+            t = 0.5 * (t_lo + t_hi)
+        t = min(max(t, t_lo + guard), t_hi - guard)
+        return math.exp(t)
+
+    # -- step 2: certify many secrets at one sigma -------------------------------------------------
+
+    def _certify_shared(
+        self, pending: np.ndarray, sigma: float, refresh: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Shared truncated-Poisson laws; returns what is still pending and, for it, log(bound/target)
+        under the last law tried (+inf where no law applied). ``refresh``: one pass over
+        already-certified secrets, keeping the smaller bound."""
+        excess = np.full(pending.size, np.inf)
+        for ratio in POISSON_RATIOS[-1:] if refresh else POISSON_RATIOS:
+            if pending.size <= SMALL_PENDING and not refresh:
+                break
+            cover = poisson_cover(self.rates[pending], self.groups.sizes[pending], ratio)
+            pending, excess, _ = self._apply(pending, cover, sigma, excess, keep_smaller=refresh)
+        return pending, excess
+
+    def _certify_own(self, secrets: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+        """Each secret with its own law (identical laws evaluated once); returns the failing ones
+        and log(bound / target) for them."""
+        if secrets.size == 0:
+            return secrets, np.zeros(0)
+        cover = envelope_cover(poisson_binomial(self.groups, secrets, self.mean), 0.0)
+        self.exact[secrets] = True
+        bounds = self.evaluate(cover.laws, sigma, self.priors[secrets], cover.row_of)
+        ok = bounds <= self.targets[secrets]
+        self._accept(secrets[ok], bounds[ok], sigma)
+        fail = ~ok
+        return secrets[fail], np.log(bounds[fail]) - np.log(self.targets[secrets[fail]])
+
+    def _certify_envelopes(self, pending: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+        """Envelopes of ever closer groups, then own laws; returns the failures of the last step."""
+        if pending.size > SMALL_PENDING:
+            laws = poisson_binomial(self.groups, pending, self.mean)
+            for resolution in ENVELOPE_RESOLUTIONS:
+                cover = envelope_cover(laws, resolution)
+                keep, _, still = self._apply(pending, cover, sigma, np.zeros(pending.size))
+                laws = laws.rows(np.flatnonzero(still))
+                pending = keep
+                if pending.size <= SMALL_PENDING:
+                    break
+        return self._certify_own(pending, sigma)
+
+    def _apply(
+        self, pending: np.ndarray, cover: Cover, sigma: float, excess: np.ndarray, keep_smaller: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Evaluate a cover at sigma and accept what passes; return what is still pending, its
+        log(bound / target) (``excess`` kept where the cover did not apply) and the mask of it."""
+        covered = cover.row_of >= 0
+        if cover.laws.num_rows == 0 or not covered.any():
+            return pending, excess, np.ones(pending.size, dtype=bool)
+        members = pending[covered]
+        bounds = self.evaluate(cover.laws, sigma, self.priors[members], cover.row_of[covered])
+        ok = bounds <= self.targets[members]
+        if keep_smaller:
+            bounds = np.minimum(bounds, self.bounds[members])
+        self._accept(members[ok], bounds[ok], sigma)
+        excess = excess.copy()
+        excess[covered] = np.log(bounds) - np.log(self.targets[members])
+        still = np.ones(pending.size, dtype=bool)
+        still[np.flatnonzero(covered)[ok]] = False
+        return pending[still], excess[still], still
+
+    def _accept(self, secrets: np.ndarray, bounds: np.ndarray, sigma: float = 0.0) -> None:
+        """Record certificates: bounds valid at ``sigma`` and, by monotonicity, at any larger one."""
+        self.bounds[secrets] = bounds
+        self.certified[secrets] = True
+        self.certified_at[secrets] = sigma

@@ -1,0 +1,206 @@
+"""calibrate_noise / posterior_bounds: reference sigmas, the never-exceed guarantee, pruning against
+brute force, monotonicity, and bad inputs."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hush_hf.accounting import (
+    ACCOUNTANTS,
+    NoiseCalibration,
+    SecretGroups,
+    bernoulli_kl,
+    calibrate_noise,
+    posterior_bounds,
+)
+
+REFERENCE = SecretGroups.from_lists([[0.004] * 75])  # DESIGN.md sec. 3: p=1e-10, r=5e-4, T=2000
+
+
+@pytest.mark.parametrize(("accountant", "sigma"), [("kl", 111.708), ("rdp", 4.742), ("tight", 4.461)])
+def test_reference_sigmas(accountant, sigma):
+    cal = calibrate_noise(REFERENCE, [1e-10], [5e-4], 2000, accountant=accountant)
+    assert cal.sigma == pytest.approx(sigma, rel=1e-2)
+    assert cal.accountant == accountant and cal.evaluated_exactly == 1
+    assert cal.bounds[0] <= 5e-4
+    assert posterior_bounds(REFERENCE, [1e-10], cal.sigma / (1 + 2e-4), 2000, accountant)[0] > 5e-4
+
+
+def test_reference_ratio_of_kl_to_tight():
+    assert float(bernoulli_kl(5e-4, 1e-10)) == pytest.approx(7.2126e-3, rel=1e-4)
+    kl = calibrate_noise(REFERENCE, [1e-10], [5e-4], 2000, accountant="kl").sigma
+    tight = calibrate_noise(REFERENCE, [1e-10], [5e-4], 2000).sigma
+    assert 24 < kl / tight < 26  # "the paper's KL route needs ~25x more noise"
+
+
+def test_no_noise_needed():
+    groups = SecretGroups.from_lists([[], [0.0, 0.0]])
+    cal = calibrate_noise(groups, [0.1, 0.2], [0.3, 0.4], 100)
+    assert cal.sigma == 0.0 and cal.evaluated_exactly == 0
+    np.testing.assert_array_equal(cal.bounds, [0.1, 0.2])
+    # Tight: a secret seen with probability 1e-9 per step is safe even without noise.
+    rare = SecretGroups.from_lists([[1e-9]])
+    cal = calibrate_noise(rare, [0.1], [0.2], 100)
+    assert cal.sigma == 0.0 and 0.1 < cal.bounds[0] <= 0.2
+    assert calibrate_noise(rare, [0.1], [0.2], 100, accountant="kl").sigma > 0  # KL is infinite at 0
+
+
+def test_sigma_zero_bounds():
+    groups = SecretGroups.from_lists([[0.5], []])
+    np.testing.assert_array_equal(posterior_bounds(groups, [0.1, 0.1], 0.0, 3, "kl"), [1.0, 0.1])
+    assert posterior_bounds(groups, [0.1, 0.1], 0.0, 3, "tight")[0] == pytest.approx(1 - 0.5**3 * 0.9)
+
+
+instances = st.integers(min_value=0, max_value=2**32 - 1)
+
+
+def random_instance(seed: int):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 5))
+    groups = SecretGroups.from_lists(
+        [rng.uniform(0, rng.choice([0.05, 0.5, 1.0]), size=rng.integers(0, 6)) for _ in range(n)]
+    )
+    priors = 10 ** rng.uniform(-9, -0.5, size=n)
+    targets = np.minimum(priors * 10 ** rng.uniform(0.05, 4, size=n), 0.95)
+    targets = np.maximum(targets, priors * 1.05)
+    steps = int(rng.choice([1, 7, 100, 1000]))
+    return groups, priors, targets, steps
+
+
+@pytest.mark.parametrize("accountant", ACCOUNTANTS)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=instances)
+def test_calibration_never_exceeds_targets(accountant, seed):
+    groups, priors, targets, steps = random_instance(seed)
+    cal = calibrate_noise(groups, priors, targets, steps, accountant=accountant, rtol=1e-3)
+    assert np.all(cal.bounds <= targets)
+    exact = posterior_bounds(groups, priors, cal.sigma, steps, accountant)
+    assert np.all(exact <= targets)
+    assert np.all(cal.bounds >= exact * (1 - 1e-3))  # certificates are upper bounds
+    if cal.sigma > 0:  # and sigma is minimal to within rtol
+        below = posterior_bounds(groups, priors, cal.sigma / (1 + 2e-3), steps, accountant)
+        assert np.any(below > targets)
+
+
+def medium_instance(num_secrets: int, seed: int = 0):
+    """Shared examples, LP-like saturation for a subset of secrets, two (prior, target) kinds."""
+    rng = np.random.default_rng(seed)
+    lists = []
+    kinds = rng.integers(0, 2, size=num_secrets)
+    priors = np.where(kinds == 0, 1e-10, 1e-6)
+    targets = np.where(kinds == 0, 5e-4, 1e-3)
+    gap = {0: 3.07, 1: 1.66}
+    for j in range(num_secrets):
+        size = int(rng.integers(10, 30))
+        rho = rng.uniform(0.005, 0.03, size=size)
+        if rng.uniform() < 0.5:  # saturated: the same sum per unit of gap, varied shapes
+            rho *= 0.2 * gap[int(kinds[j])] / rho.sum()
+        lists.append(rho)
+    return SecretGroups.from_lists(lists), priors, targets
+
+
+def check_against_brute_force(accountant: str, num_secrets: int, steps: int) -> NoiseCalibration:
+    groups, priors, targets = medium_instance(num_secrets)
+    rtol = 1e-4
+    cal = calibrate_noise(groups, priors, targets, steps, accountant=accountant, rtol=rtol)
+    assert cal.evaluated_exactly < num_secrets  # shared laws certified some secrets
+    exact = posterior_bounds(groups, priors, cal.sigma, steps, accountant)  # every secret, own law
+    assert np.all(exact <= targets) and np.all(cal.bounds <= targets)
+    assert np.all(cal.bounds >= exact * (1 - 1e-6))
+    assert np.any(posterior_bounds(groups, priors, cal.sigma / (1 + rtol), steps, accountant) > targets)
+    return cal
+
+
+@pytest.mark.parametrize(("accountant", "num_secrets"), [("kl", 3000), ("rdp", 300), ("tight", 60)])
+def test_pruned_calibration_equals_brute_force(accountant, num_secrets):
+    cal = check_against_brute_force(accountant, num_secrets, 1000)
+    if accountant != "tight":
+        assert cal.evaluated_exactly < num_secrets / 4  # most secrets were certified by shared laws
+
+
+@pytest.mark.slow
+def test_pruned_tight_calibration_equals_brute_force_larger():
+    cal = check_against_brute_force("tight", 400, 1000)
+    assert cal.evaluated_exactly < 100
+
+
+@pytest.mark.parametrize("accountant", ACCOUNTANTS)
+def test_posterior_bounds_are_monotone(accountant):
+    groups = SecretGroups.from_lists([[0.01] * 20, [0.011] * 20, [1.0], []])
+    priors = np.full(4, 1e-5)
+
+    def at(sigma, steps, g=groups):
+        return posterior_bounds(g, priors, sigma, steps, accountant)
+
+    base = at(8.0, 200)
+    assert base[1] > base[0] and base[3] == 1e-5 and np.all(base[:3] > 1e-5)
+    assert np.all(at(8.8, 200)[:3] < base[:3])
+    assert np.all(at(8.0, 300)[:3] > base[:3])
+    assert np.all(base[:3] < 1)
+
+
+def test_progress_bar_and_frozen_result(capsys):
+    cal = calibrate_noise(REFERENCE, [1e-10], [5e-4], 2000, accountant="kl", progress=True)
+    assert "kl evaluations" in capsys.readouterr().err
+    assert isinstance(cal, NoiseCalibration)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cal.sigma = 1.0
+
+
+def test_larger_rtol_is_coarser_but_safe():
+    fine = calibrate_noise(REFERENCE, [1e-10], [5e-4], 2000, rtol=1e-5).sigma
+    coarse = calibrate_noise(REFERENCE, [1e-10], [5e-4], 2000, rtol=1e-3).sigma
+    assert fine <= coarse <= fine * (1 + 1e-3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"priors": [0.0]}, "priors"),
+        ({"priors": [float("nan")]}, "priors"),
+        ({"targets": [1e-10]}, "targets"),
+        ({"targets": [1.0]}, "targets"),
+        ({"priors": [], "targets": []}, "priors"),
+        ({"priors": [1e-10, 1e-10], "targets": [5e-4, 5e-4]}, "priors"),
+        ({"steps": 0}, "steps"),
+        ({"steps": 2.5}, "steps"),
+        ({"steps": True}, "steps"),
+        ({"steps": "2000"}, "steps"),
+        ({"accountant": "moments"}, "accountant"),
+        ({"rtol": 1e-2}, "rtol"),
+        ({"rtol": 0.0}, "rtol"),
+    ],
+)
+def test_calibrate_noise_rejects_bad_input(kwargs, field):
+    args = {"groups": REFERENCE, "priors": [1e-10], "targets": [5e-4], "steps": 2000} | kwargs
+    with pytest.raises(ValueError, match=field):
+        calibrate_noise(**args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"sigma": -1.0}, "sigma"), ({"sigma": float("nan")}, "sigma"), ({"steps": -3}, "steps"),
+     ({"accountant": "KL"}, "accountant"), ({"priors": [1.5]}, "priors")],
+)
+def test_posterior_bounds_rejects_bad_input(kwargs, field):
+    args = {"groups": REFERENCE, "priors": [1e-10], "sigma": 4.0, "steps": 2000} | kwargs
+    with pytest.raises(ValueError, match=field):
+        posterior_bounds(**args)
+
+
+def test_integer_valued_float_steps_accepted():
+    sigma = calibrate_noise(REFERENCE, [1e-10], [5e-4], 2000.0, accountant="kl").sigma
+    assert sigma == pytest.approx(111.708, rel=1e-3)
+
+
+def test_posterior_bounds_resolution_is_looser_but_close():
+    groups, priors, _ = medium_instance(200, seed=3)
+    exact = posterior_bounds(groups, priors, 6.0, 1000, "kl")
+    shared = posterior_bounds(groups, priors, 6.0, 1000, "kl", resolution=1e-3)
+    assert np.all(shared >= exact * (1 - 1e-12))
+    assert np.all(shared <= exact * 1.05)
+    with pytest.raises(ValueError, match="resolution"):
+        posterior_bounds(groups, priors, 6.0, 1000, "kl", resolution=-1.0)

@@ -1,0 +1,135 @@
+"""The tight accountant: dp_accounting agreement, the Gaussian closed form, grid accuracy, and a
+Monte-Carlo check of the bound against the Neyman-Pearson test itself."""
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.pld import privacy_loss_mechanism as plm
+from scipy import special
+
+import hush_hf.accounting.blowup as blowup
+from hush_hf.accounting import SecretGroups, calibrate_noise, posterior_bounds
+from hush_hf.accounting.blowup import (
+    _dense_arrays,
+    _hockey_stick_from_pmf,
+    composed_hockey_stick,
+    loss_grid_step,
+    noiseless_bounds,
+    one_step_deltas,
+)
+
+PMF = np.array([0.7, 0.25, 0.05])  # S on {0, 1, 2}
+
+
+@pytest.mark.parametrize("sigma", [1.5, 4.46, 60.0])
+def test_one_step_hockey_stick_matches_dp_accounting(sigma):
+    step = 1e-3
+    k_lo, deltas, step = one_step_deltas(PMF, 0.0, sigma, step)
+    eps = (k_lo + np.arange(deltas.size)) * step
+    inside = eps > math.log(PMF[0]) + 2 * step  # the library's inverse needs eps > log P(S=0)
+    inside &= np.arange(eps.size) % 7 == 0  # a sample keeps the library's scalar bisection fast
+    mechanism = plm.MixtureGaussianPrivacyLoss(
+        sigma, [0.0, 1.0, 2.0], PMF, adjacency_type=plm.AdjacencyType.REMOVE  # P = the mixture
+    )
+    reference = mechanism.get_delta_for_epsilon(eps[inside])
+    np.testing.assert_allclose(deltas[inside], reference, rtol=1e-9, atol=1e-15)
+
+
+def test_composed_curve_matches_dp_accounting_pld():
+    sigma, steps = 1.5, 50
+    step = loss_grid_step(PMF, sigma)
+    library = pld_lib.from_mixture_gaussian_mechanism(
+        sigma, [0.0, 1.0, 2.0], PMF, value_discretization_interval=step
+    ).self_compose(steps)
+    curve = composed_hockey_stick(PMF, 0.0, sigma, steps)
+    idx = np.searchsorted(curve.losses, np.array([0.0, 1.0, 2.0, 4.0, 6.0]) - 1e-12)
+    reference = library.get_delta_for_epsilon(curve.losses[idx])
+    np.testing.assert_allclose(curve.deltas[idx], reference, rtol=1e-8)
+
+
+def test_hockey_stick_read_from_pmf_matches_library_method():
+    k_lo, deltas, _ = one_step_deltas(PMF, 1e-12, 2.0, 1e-3)
+    from dp_accounting.pld import pld_pmf
+
+    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(1e-3, k_lo, k_lo + deltas.size - 1, deltas)
+    composed = pmf.to_dense_pmf().self_compose(30)
+    lower, probs, infinity = _dense_arrays(composed)
+    curve = _hockey_stick_from_pmf(lower, probs, infinity, 1e-3, 30)
+    picks = np.linspace(0, curve.losses.size - 1, 25).astype(int)
+    reference = composed.get_delta_for_epsilon(curve.losses[picks])
+    assert np.all(curve.deltas[picks] >= reference)  # the FFT allowance only adds
+    np.testing.assert_allclose(curve.deltas[picks], reference, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize(("sigma", "steps", "prior"), [(1.0, 1, 1e-3), (3.0, 20, 1e-6), (45.0, 2000, 1e-10)])
+def test_gaussian_closed_form_single_example(sigma, steps, prior):
+    # rho = 1: P^T vs Q^T is N(sqrt(T)/sigma, 1) vs N(0, 1): B(p) = Phi(Phi^-1(p) + sqrt(T)/sigma).
+    exact = special.ndtr(special.ndtri(prior) + math.sqrt(steps) / sigma)
+    groups = SecretGroups.from_lists([[1.0]])
+    ours = posterior_bounds(groups, [prior], sigma, steps, "tight")[0]
+    assert ours >= exact
+    assert ours == pytest.approx(exact, rel=2e-3)
+
+
+def test_blowup_search_equals_brute_force():
+    curve = composed_hockey_stick(PMF, 1e-18, 2.0, 200)
+    priors = np.geomspace(1e-14, 0.9, 200)
+    fast = curve.blowup(priors)
+    gamma = np.exp(curve.losses)
+    brute = np.minimum((gamma[None, :] * priors[:, None] + curve.deltas[None, :]).min(axis=1), 1.0)
+    np.testing.assert_array_equal(fast, brute)
+    assert np.all(np.diff(fast) >= 0) and np.all(fast >= priors)
+
+
+@pytest.mark.parametrize("steps", [2000, 20000])
+def test_finer_loss_grid_moves_sigma_little(steps, monkeypatch):
+    groups = SecretGroups.from_lists([[0.004] * 75])
+    coarse = calibrate_noise(groups, [1e-10], [5e-4], steps, "tight", rtol=1e-5).sigma
+    monkeypatch.setattr(blowup, "LOSS_GRID_SCALE", blowup.LOSS_GRID_SCALE / 2)
+    fine = calibrate_noise(groups, [1e-10], [5e-4], steps, "tight", rtol=1e-5).sigma
+    assert fine <= coarse * (1 + 1e-5)  # a coarser grid is more pessimistic
+    assert coarse / fine - 1 < 3e-5
+
+
+def test_noiseless_bound_is_exact_and_caps_small_sigma():
+    groups = SecretGroups.from_lists([[0.01, 0.02], [0.3]])
+    priors = np.array([1e-3, 0.2])
+    q0 = np.array([0.99 * 0.98, 0.7])
+    steps = 5
+    expected = 1 - q0**steps * (1 - priors)
+    np.testing.assert_allclose(posterior_bounds(groups, priors, 0.0, steps, "tight"), expected, rtol=1e-10)
+    np.testing.assert_allclose(noiseless_bounds(-np.log(q0), steps, priors), expected, rtol=1e-10)
+    small = posterior_bounds(groups, priors, 0.05, steps, "tight")
+    assert np.all(small <= expected * (1 + 1e-9)) and np.all(small >= 0.99 * expected)  # continuous at 0
+
+
+def test_monte_carlo_neyman_pearson_test_stays_below_the_bound():
+    """Importance sampling under P: level Q(Lambda > c) = E_P[exp(-Lambda) 1{Lambda > c}] and power
+    P(Lambda > c) of the likelihood-ratio test; B(level) must dominate the power (and be close)."""
+    rhos = np.array([0.3, 0.2, 0.4])
+    pmf = np.array([1.0])
+    for q in rhos:
+        pmf = np.convolve(pmf, [1 - q, q])
+    sigma, steps, n = 1.6, 10, 200_000
+    rng = np.random.default_rng(20250101)
+    counts = rng.choice(pmf.size, p=pmf, size=(n, steps))
+    x = counts + sigma * rng.standard_normal((n, steps))
+    ratio = np.zeros_like(x)
+    for s, w in enumerate(pmf):  # dP/dQ(x) = sum_s pi_s exp((s x - s^2 / 2) / sigma^2)
+        ratio += w * np.exp((s * x - s * s / 2) / sigma**2)
+    log_ratio = np.log(ratio).sum(axis=1)
+    order = np.argsort(-log_ratio)
+    weights = np.exp(-log_ratio[order]) / n  # Q-mass of each P-sample
+    cut = int(np.searchsorted(np.cumsum(weights), 1e-3))  # largest rejection region of level ~1e-3
+    level = weights[:cut].sum()
+    level_se = weights[:cut].std() * math.sqrt(cut) if cut else 0.0
+    power = cut / n
+    power_se = math.sqrt(power * (1 - power) / n)
+    groups = SecretGroups.from_lists([rhos])
+    upper = posterior_bounds(groups, [level + 4 * level_se], sigma, steps, "tight")[0]
+    lower = posterior_bounds(groups, [max(level - 4 * level_se, 1e-12)], sigma, steps, "tight")[0]
+    assert 0.05 < power < 0.9  # a regime where the test is informative
+    assert power - 4 * power_se <= upper  # the bound holds
+    assert lower <= power + 4 * power_se  # and is essentially attained by the Neyman-Pearson test
