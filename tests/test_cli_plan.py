@@ -36,24 +36,8 @@ def test_hush_plan_writes_a_plan_and_never_prints_secrets(corpus, tmp_path, caps
     data, secrets = corpus
     out = tmp_path / "out" / "plan.json"
     code = main(
-        [
-            "plan",
-            "--dataset",
-            str(data),
-            "--secrets",
-            str(secrets),
-            "--batch-size",
-            "4",
-            "--steps",
-            "30",
-            "--c",
-            "0.5",
-            "--accountant",
-            "kl",
-            "--output",
-            str(out),
-            "--sweep-c",
-        ]
+        f"plan --dataset {data} --secrets {secrets} --batch-size 4 --steps 30 --c 0.5 --accountant kl "
+        f"--output {out} --sweep-c".split()
     )
     assert code == 0
     printed = capsys.readouterr()
@@ -75,27 +59,8 @@ def test_hush_plan_document_frequency_selection(corpus, tmp_path, capsys):
     data, _ = corpus
     out = tmp_path / "plan.json"
     code = main(
-        [
-            "plan",
-            "--dataset",
-            str(data),
-            "--df-range",
-            "10",
-            "60",
-            "--accountant",
-            "tight",
-            "--prior",
-            "1e-6",
-            "--target-range",
-            "1e-3",
-            "5e-3",
-            "--batch-size",
-            "4",
-            "--steps",
-            "20",
-            "--output",
-            str(out),
-        ]
+        f"plan --dataset {data} --df-range 10 60 --accountant tight --prior 1e-6 --target-range 1e-3 5e-3 "
+        f"--batch-size 4 --steps 20 --output {out}".split()
     )
     assert code == 0
     plan = ProtectionPlan.load(out)
@@ -106,20 +71,7 @@ def test_hush_plan_document_frequency_selection(corpus, tmp_path, capsys):
 
 def test_hush_plan_bad_input_is_one_clear_line(corpus, tmp_path, capsys):
     data, secrets = corpus
-    code = main(
-        [
-            "plan",
-            "--dataset",
-            str(data),
-            "--secrets",
-            str(secrets),
-            "--batch-size",
-            "4",
-            "--steps",
-            "0",
-            "--output",
-            str(tmp_path / "p.json"),
-        ]
-    )
+    out = tmp_path / "p.json"
+    code = main(f"plan --dataset {data} --secrets {secrets} --batch-size 4 --steps 0 --output {out}".split())
     assert code == 2
     assert "steps (T) must be an integer >= 1, got 0" in capsys.readouterr().err
