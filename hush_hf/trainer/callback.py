@@ -172,7 +172,11 @@ class GhostClippingCallback(TrainerCallback):
         check_dp_training_arguments(args)
         check_single_process_devices(args)
         if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
-            raise ValueError("DeepSpeed and FSDP are not supported with DP training")
+            raise ValueError(
+                "DeepSpeed and FSDP are not supported with DP training: they shard parameters and own the "
+                "gradient reduction, so ghost clipping cannot see whole per-example norms; launch with DDP "
+                "(configs/accelerate/multi_gpu.yaml) and lower per_device_train_batch_size instead"
+            )
         if trainer.compute_loss_func is not None:
             raise ValueError(
                 "compute_loss_func is not supported with DP training: the loss must be per example; "
