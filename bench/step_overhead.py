@@ -195,7 +195,7 @@ def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode
         trainer = SecretProtectionTrainer(
             model=model,
             args=SecretProtectionConfig(**common),
-            train_dataset=dataset,
+            train_dataset=plan.attach(dataset),  # rows are verified against the plan
             data_collator=collate,
             plan=plan,
             callbacks=[StepClock()],

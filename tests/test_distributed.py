@@ -32,6 +32,7 @@ def train_once(output_dir: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
     )
 
     model = tiny_gpt2(seed=0)
+    plan = make_plan(np.linspace(0.2, 0.9, N), steps=STEPS, noise_multiplier=0.6)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(
@@ -42,9 +43,9 @@ def train_once(output_dir: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
             learning_rate=0.05,
             per_example_clip_norm=0.5,
         ),
-        train_dataset=token_dataset(N, seed=4),
+        train_dataset=plan.attach(token_dataset(N, seed=4)),
         data_collator=pad_collate,
-        plan=make_plan(np.linspace(0.2, 0.9, N), steps=STEPS, noise_multiplier=0.6),
+        plan=plan,
     )
     trainer.train()
     return parameters(model), trainer.state.log_history

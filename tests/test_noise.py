@@ -137,7 +137,7 @@ def test_noise_only_steps_in_training_have_std_sigma_c_over_b(tmp_path):
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, max_steps=1, per_example_clip_norm=clip),
-        train_dataset=token_dataset(n),
+        train_dataset=plan.attach(token_dataset(n)),
         data_collator=pad_collate,
         plan=plan,
         optimizers=sgd(model, lr=1.0),

@@ -26,9 +26,22 @@ def test_words_are_unicode_word_runs_case_folded_and_nfkc_normalised():
     assert words("The cat's catalog: cat_food, 42x!") == ["the", "cat", "s", "catalog", "cat_food", "42x"]
     assert words("Straße STRASSE") == ["strasse", "strasse"]  # casefold, not just lower()
     assert words("ﬁnance ＡＢＣ") == ["finance", "abc"]  # NFKC: ligature, full-width letters
-    assert words("Ça va, Ελλάδα?") == ["ça", "va", "ελλάδα"]
+    assert words("Ça va, Ελλάδα?") == ["ca", "va", "ελλαδα"]  # accents stripped (as BERT-uncased does)
     assert words("Mixed Case", case_sensitive=True) == ["Mixed", "Case"]
     assert words(" ,;!? ") == []
+
+
+def test_words_strip_accents_and_format_characters_like_an_uncased_tokenizer():
+    # BERT-uncased sees "jose" and "password" in all of these: the tagger must too (else: untagged).
+    assert words("José JOSÉ Jose Jose\u0301") == ["jose"] * 4  # precomposed, upper, bare, combining
+    assert words("pass\u00adword pass\u200bword \ufeffpassword") == ["password"] * 3  # soft hyphen, ZWSP, BOM
+    assert words("İstanbul") == ["istanbul"]  # casefold gives i + U+0307, a combining mark
+    assert words("José pass\u00adword", case_sensitive=True) == ["José", "pass", "word"]  # as written
+    tagger = TermTagger({0: ["Jose"], 1: ["José"], 2: ["password"], 3: ["pass\u00adword"]})
+    assert tagger("Signed: José.") == {0, 1}
+    assert tagger("Signed: JOSE.") == {0, 1}
+    assert tagger("the pass\u00adword is") == {2, 3}
+    assert tagger("the password is") == {2, 3}
 
 
 @settings(max_examples=300, deadline=None)

@@ -14,6 +14,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from hush_hf.clipping import UnsupportedLayerError
+from hush_hf.planning.plan import ProtectionPlan
 from hush_hf.trainer import GhostClippingCallback, SecretProtectionTrainer
 from tests.test_trainer_helpers import (
     dp_config,
@@ -28,15 +29,21 @@ from tests.test_trainer_helpers import (
 pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
 
 SEED = 314159265358979323846264338327950288
+PLAN_CHECK_COLUMNS = {"secret_ids", "hush_sampling_prob"}
 
 
-def build(tmp_path, n=8, *, plan=None, model=None, dataset=None, eval_dataset=None, **overrides):
+def build(tmp_path, n=8, *, plan=None, model=None, dataset=None, eval_dataset=None, attach=True, **overrides):
+    """A trainer on ``dataset`` (default: n token rows); ``attach``: a dataset with neither ``secret_ids``
+    nor ``hush_sampling_prob`` gets the plan attached (rows verifiable), as a user must do."""
     model = model or tiny_gpt2(seed=0)
     plan = plan or make_plan(np.full(n, 0.5), steps=overrides.get("max_steps", 2), noise_multiplier=1.0)
+    dataset = token_dataset(n) if dataset is None else dataset
+    if attach and isinstance(plan, ProtectionPlan) and not PLAN_CHECK_COLUMNS & set(dataset.column_names):
+        dataset = plan.attach(dataset)
     return SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, **overrides),
-        train_dataset=dataset or token_dataset(n),
+        train_dataset=dataset,
         eval_dataset=eval_dataset,
         data_collator=pad_collate,
         plan=plan,
@@ -158,7 +165,7 @@ def test_plan_must_fit_the_run_and_the_rows(tmp_path):
     ):
         build(tmp_path, plan=plan, expected_batch_size=5.0)
     with pytest.raises(ValueError, match="train_dataset has 9 rows but the plan covers 8 examples"):
-        build(tmp_path, plan=plan, dataset=token_dataset(9))
+        build(tmp_path, plan=plan, dataset=token_dataset(9), attach=False)
 
 
 def test_dataset_reordered_after_planning_is_refused(tmp_path):
@@ -258,7 +265,8 @@ def test_plain_trainer_with_attach_trains_exactly_like_secret_protection_trainer
         lr_scheduler_type="constant",
         dataloader_pin_memory=False,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=token_dataset(n), data_collator=pad_collate)
+    dataset = plan.attach(token_dataset(n))
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=pad_collate)
     callback = GhostClippingCallback.attach(trainer, plan, clip_norm=1.0, dp_seed=SEED)
     assert callback in trainer.callback_handler.callbacks
     trainer.train()
@@ -327,10 +335,10 @@ def test_plan_comes_from_exactly_one_of_secrets_file_plan_file_secrets_or_plan(t
     assert list(trainer.plan.secrets.num_examples) == [2] and trainer.plan.meets_targets
     assert trainer.train_dataset["secret_ids"] == [[0], [], [0], [], [], [], [], []]
     trainer.plan.save(tmp_path / "plan.json")
-    again = SecretProtectionTrainer(
+    again = SecretProtectionTrainer(  # a saved plan needs the rows it was made for: keep secret_ids
         model=tiny_gpt2(),
         args=dp_config(tmp_path / "b", plan_file=str(tmp_path / "plan.json"), **args),
-        train_dataset=dataset,
+        train_dataset=trainer.train_dataset,
         data_collator=pad_collate,
     )
     assert np.array_equal(again.plan.sampling_probs, trainer.plan.sampling_probs)
@@ -345,3 +353,86 @@ def test_plan_comes_from_exactly_one_of_secrets_file_plan_file_secrets_or_plan(t
         SecretProtectionTrainer(
             model=tiny_gpt2(), args=dp_config(tmp_path / "d", **args), train_dataset=dataset
         )
+
+
+def test_trainable_optimizer_parameter_outside_the_model_is_refused_before_any_step(tmp_path):
+    """A parameter the per-example loss uses but the model does not own would get no clipping, no noise."""
+    from hush_hf.trainer.losses import lm_per_example_loss
+
+    class TemperatureTrainer(SecretProtectionTrainer):
+        def compute_per_example_loss(self, model, inputs):
+            return lm_per_example_loss(model, inputs) * self.temperature
+
+    model, temperature = tiny_gpt2(), torch.nn.Parameter(torch.tensor(1.0))
+    optimizer = torch.optim.SGD([{"params": list(model.parameters())}, {"params": [temperature]}], lr=1.0)
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    trainer = TemperatureTrainer(
+        model=model,
+        args=dp_config(tmp_path),
+        train_dataset=plan.attach(token_dataset(8)),
+        data_collator=pad_collate,
+        plan=plan,
+        optimizers=(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)),
+    )
+    trainer.temperature = temperature
+    before = parameters(model)
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\['params'\]\[0\] \(shape \(\)\) is trainable"):
+        trainer.train()
+    assert temperature.item() == 1.0 and trainer.state.global_step == 0
+    assert all(torch.equal(value, before[name]) for name, value in parameters(model).items())
+    temperature.requires_grad_(False)  # frozen: nothing to protect, accepted
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def test_dataset_whose_rows_cannot_be_matched_to_the_plan_is_refused(tmp_path):
+    from hush_hf.trainer.plan_setup import check_plan_fits
+
+    n = 12
+    secret_ids = [[i % 3] for i in range(n)]
+    plan = make_plan(np.linspace(0.05, 0.6, n), steps=2, noise_multiplier=1.0, secret_ids=secret_ids)
+    match = "neither a 'secret_ids' nor a 'hush_sampling_prob' column .* plan.attach"
+    for dataset in (token_dataset(n), token_dataset(n).shuffle(seed=0)):  # same length: undetectable
+        with pytest.raises(ValueError, match=match):
+            build(tmp_path, n, plan=plan, dataset=dataset, attach=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, max_grad_norm=0.0, report_to=[], use_cpu=True
+    )
+    plain = Trainer(model=tiny_gpt2(), args=args, train_dataset=token_dataset(n), data_collator=pad_collate)
+    with pytest.raises(ValueError, match=match):
+        GhostClippingCallback.attach(plain, plan)
+    # Any map-style dataset of dict rows (not only datasets.Dataset) is checked by its secret_ids.
+    rows = [{"input_ids": [3, 4], "secret_ids": ids} for ids in secret_ids]
+    check_plan_fits(plan, steps=2, dataset=rows)
+    with pytest.raises(ValueError, match="'secret_ids' do not match the plan"):
+        check_plan_fits(plan, steps=2, dataset=rows[1:] + rows[:1])
+    with pytest.raises(ValueError, match=match):
+        check_plan_fits(plan, steps=2, dataset=[{"input_ids": [3, 4]}] * n)
+
+
+def test_train_dataset_replaced_after_the_trainer_was_built_is_checked_again(tmp_path):
+    n = 12
+    secret_ids = [[i % 3] for i in range(n)]
+    plan = make_plan(np.linspace(0.05, 0.6, n), steps=2, noise_multiplier=1.0, secret_ids=secret_ids)
+    tagged = token_dataset(n).add_column("secret_ids", secret_ids)
+    trainer = build(tmp_path, n, plan=plan, dataset=tagged)
+    trainer.train_dataset = tagged.shuffle(seed=0)
+    with pytest.raises(ValueError, match="'secret_ids' do not match the plan for .* secrets"):
+        trainer.train()
+    trainer.train_dataset = token_dataset(n)
+    with pytest.raises(ValueError, match="neither a 'secret_ids' nor a 'hush_sampling_prob' column"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_logging_that_reads_the_pre_noise_step_is_refused_at_train_time_too(tmp_path, monkeypatch):
+    trainer = build(tmp_path)
+    trainer.args.include_num_input_tokens_seen = "non_padding"  # changed after the config was checked
+    with pytest.raises(ValueError, match="include_num_input_tokens_seen='non_padding' is not supported"):
+        trainer.train()
+    trainer.args.include_num_input_tokens_seen = "no"
+    trainer.args.report_to = ["wandb"]  # the WandbCallback was not added: only the check runs
+    monkeypatch.setenv("WANDB_WATCH", "all")
+    with pytest.raises(ValueError, match="WANDB_WATCH='all' with report_to=\\['wandb'\\] is not supported"):
+        trainer.train()
+    assert trainer.state.global_step == 0

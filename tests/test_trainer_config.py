@@ -86,6 +86,11 @@ def test_hf_argument_parser_reads_the_dp_fields():
             {"push_to_hub": True, "hub_strategy": "checkpoint", "hub_model_id": "x/y"},
             "would upload checkpoints",
         ),
+        ({"include_num_input_tokens_seen": True}, "include_num_input_tokens_seen='all' is not supported"),
+        (
+            {"include_num_input_tokens_seen": "non_padding"},
+            "include_num_input_tokens_seen='non_padding' is not supported .* depends on which examples",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_field_and_value(overrides, match):
@@ -122,3 +127,14 @@ def test_plain_training_arguments_are_converted_with_batch_clipping_off():
     assert (config.max_grad_norm, config.per_device_train_batch_size, config.learning_rate) == (0.0, 3, 3e-4)
     with pytest.raises(ValueError, match="gradient_accumulation_steps must be 1, got 2"):
         as_secret_protection_config(TrainingArguments(**BASE, gradient_accumulation_steps=2))
+
+
+@pytest.mark.parametrize("watch", ["gradients", "all"])
+def test_wandb_watching_gradients_is_refused(monkeypatch, watch):
+    """wandb.watch hooks read the clipped gradient before the noise is added."""
+    monkeypatch.setenv("WANDB_WATCH", watch)
+    with pytest.raises(ValueError, match=f"WANDB_WATCH='{watch}' with report_to=.*wandb.* is not supported"):
+        SecretProtectionConfig(**{**BASE, "report_to": ["wandb"]})
+    SecretProtectionConfig(**BASE)  # no wandb: nothing watches
+    monkeypatch.setenv("WANDB_WATCH", "parameters")  # weights only: they are post-noise
+    SecretProtectionConfig(**{**BASE, "report_to": ["wandb"]})

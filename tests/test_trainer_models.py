@@ -19,8 +19,8 @@ from tests.test_trainer_helpers import (
     single_thread,  # noqa: F401  (autouse fixture)
     tiny_bert,
     tiny_gemma2,
-    token_dataset,
     tiny_gpt2,
+    token_dataset,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
@@ -56,14 +56,15 @@ class MaskingCollator:
 )
 def test_tiny_models_learn_under_dp(tmp_path, make_model, collator):
     n, steps = 24, 14
+    plan = make_plan(np.full(n, 0.5), steps=steps, noise_multiplier=0.5)
     trainer = SecretProtectionTrainer(
         model=make_model(seed=0),
         args=dp_config(
             tmp_path, max_steps=steps, per_device_train_batch_size=8, learning_rate=2e-2, optim="adamw_torch"
         ),
-        train_dataset=periodic_dataset(n),
+        train_dataset=plan.attach(periodic_dataset(n)),
         data_collator=collator,
-        plan=make_plan(np.full(n, 0.5), steps=steps, noise_multiplier=0.5),
+        plan=plan,
     )
     trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
@@ -176,12 +177,15 @@ def test_push_to_hub_uploads_the_card_with_the_protection_section(tmp_path, monk
 
     from hush_hf.planning import plan_protection
 
-    data = token_dataset(12, seed=3)
     secret_ids = [[0] if i % 3 == 0 else [] for i in range(12)]
+    data = token_dataset(12, seed=3).add_column("secret_ids", secret_ids)
     plan = plan_protection(secret_ids, np.array([1e-3]), np.array([0.2]), expected_batch_size=4, steps=2)
     trainer = SecretProtectionTrainer(
-        model=tiny_gpt2(), args=dp_config(tmp_path, hub_model_id="org/model"), train_dataset=data,
-        data_collator=pad_collate, plan=plan,
+        model=tiny_gpt2(),
+        args=dp_config(tmp_path, hub_model_id="org/model"),
+        train_dataset=data,
+        data_collator=pad_collate,
+        plan=plan,
     )
     trainer.train()
     uploaded = {}
@@ -190,7 +194,9 @@ def test_push_to_hub_uploads_the_card_with_the_protection_section(tmp_path, monk
         def upload_folder(self, folder_path, **kwargs):
             uploaded.update({p.name: p.read_bytes() for p in Path(folder_path).iterdir() if p.is_file()})
 
-    monkeypatch.setattr(trainer, "init_hf_repo", lambda **kwargs: setattr(trainer, "hub_model_id", "org/model"))
+    monkeypatch.setattr(
+        trainer, "init_hf_repo", lambda **kwargs: setattr(trainer, "hub_model_id", "org/model")
+    )
     monkeypatch.setattr(hf_trainer, "hf_api", lambda: FakeApi())
     trainer.push_to_hub()
     card = uploaded["README.md"].decode()

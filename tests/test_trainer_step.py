@@ -58,6 +58,7 @@ def test_update_equals_clipped_mean_gpt2(tmp_path, micro_batch):
     expected, norms = reference_clipped_mean(model, dataset, clip, n, causal=True)
     assert norms.min() > 10 * clip  # every example is clipped
     before = parameters(model)
+    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(
@@ -67,9 +68,9 @@ def test_update_equals_clipped_mean_gpt2(tmp_path, micro_batch):
             noise_multiplier=0.0,
             per_device_train_batch_size=micro_batch,
         ),
-        train_dataset=dataset,
+        train_dataset=plan.attach(dataset),
         data_collator=pad_collate,
-        plan=make_plan(np.ones(n), steps=1, noise_multiplier=1.0),
+        plan=plan,
         optimizers=sgd(model, lr=1.0),
     )
     trainer.train()
@@ -93,12 +94,13 @@ def test_update_equals_clipped_mean_bert_mlm(tmp_path):
     expected, norms = reference_clipped_mean(model, dataset, clip, n, causal=False)
     assert norms.min() > 10 * clip
     before = parameters(model)
+    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, max_steps=1, per_example_clip_norm=clip, noise_multiplier=0.0),
-        train_dataset=dataset,
+        train_dataset=plan.attach(dataset),
         data_collator=pad_collate,
-        plan=make_plan(np.ones(n), steps=1, noise_multiplier=1.0),
+        plan=plan,
         optimizers=sgd(model, lr=1.0),
     )
     trainer.train()
@@ -112,12 +114,13 @@ def test_divides_by_expected_not_drawn_batch_size(tmp_path):
     n, clip = 8, 1e-3
     dataset = token_dataset(n, seed=3)
     model = tiny_gpt2(seed=3).double()
+    plan = make_plan(np.full(n, 0.5), steps=1, noise_multiplier=1.0)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, max_steps=1, per_example_clip_norm=clip, noise_multiplier=0.0),
-        train_dataset=dataset,
+        train_dataset=plan.attach(dataset),
         data_collator=pad_collate,
-        plan=make_plan(np.full(n, 0.5), steps=1, noise_multiplier=1.0),
+        plan=plan,
         optimizers=sgd(model, lr=1.0),
     )
     before = parameters(model)

@@ -2,18 +2,22 @@
 
 A *word* is a maximal run of Unicode word characters (regex ``\\w+``: letters, digits and the
 underscore), taken from the text after NFKC normalisation and, unless case-sensitive, after Unicode
-case folding (``str.casefold``, the caseless-matching form of lower-casing). A phrase term matches a
-whole-word token sequence, so ``"cat"`` never matches ``"catalog"`` or ``"cat_food"``, and
-``"new york"`` matches ``"New-York"`` and ``"new, york"`` alike.
+case folding (``str.casefold``, the caseless-matching form of lower-casing), accent stripping
+(combining marks, Unicode categories ``Mn``/``Mc``/``Me``, removed after canonical decomposition) and
+removal of format characters (category ``Cf``: soft hyphen, zero-width space and joiners, byte-order
+mark, bidi controls). A phrase term matches a whole-word token sequence, so ``"cat"`` never matches
+``"catalog"`` or ``"cat_food"``, and ``"new york"`` matches ``"New-York"`` and ``"new, york"`` alike.
 
 Why normalise: a secret written with a compatibility character (``"ﬁnance"`` with the ``fi``
-ligature, full-width letters) or in another case (``"STRASSE"`` vs ``"straße"``) is the same secret;
-missing it would leave its examples untagged and unprotected. Normalising can only make more examples
-match (costing utility, never privacy).
+ligature, full-width letters), in another case (``"STRASSE"`` vs ``"straße"``), with or without
+accents (``"José"`` vs ``"Jose"``) or with an invisible soft hyphen inside it is the same secret to a
+reader, and to an uncased tokenizer (BERT-uncased strips accents and drops format characters before
+splitting words): missing it would leave its examples untagged and unprotected.
 
-Known limit: in scripts that use combining marks (e.g. Devanagari) ``\\w+`` splits a word at each
-mark, so a term becomes a phrase of its pieces. Text and terms are split the same way, so this
-over-matches rather than under-matches.
+Known limit: a mark or format character *inside* a word used to split it (``\\w`` does not match
+them); removing it joins the pieces, as an uncased tokenizer does, so a term that is only a piece of
+such a word (``"ab"`` in ``"ab\\u00adcd"``) no longer matches it. The case-sensitive mode keeps the
+text as written (NFKC only).
 """
 
 from __future__ import annotations
@@ -24,15 +28,23 @@ import unicodedata
 WORD_PATTERN = re.compile(r"\w+")
 
 
-def normalize_text(text: str, *, case_sensitive: bool = False) -> str:
-    """NFKC-normalise ``text`` and, unless ``case_sensitive``, case-fold it.
+def _is_dropped(char: str) -> bool:
+    """Combining marks (M*) and format characters (Cf): not seen by an uncased tokenizer."""
+    category = unicodedata.category(char)
+    return category[0] == "M" or category == "Cf"
 
-    Folding is done as NFKC(casefold(NFKC(text))) so that the result is stable when applied again
-    (case folding can produce characters that NFKC composes).
+
+def normalize_text(text: str, *, case_sensitive: bool = False) -> str:
+    """NFKC-normalise ``text`` and, unless ``case_sensitive``, case-fold it and strip marks and Cf.
+
+    Caseless form: NFC(strip(NFD(casefold(NFKC(text))))), where strip removes combining marks and
+    format characters. The result is stable when applied again: it has no marks left for NFC to
+    compose, and case folding and NFKC leave it unchanged.
     """
     text = unicodedata.normalize("NFKC", text)
     if not case_sensitive:
-        text = unicodedata.normalize("NFKC", text.casefold())
+        decomposed = unicodedata.normalize("NFD", text.casefold())
+        text = unicodedata.normalize("NFC", "".join(c for c in decomposed if not _is_dropped(c)))
     return text
 
 

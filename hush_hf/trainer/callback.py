@@ -80,6 +80,27 @@ def check_clippable(model: nn.Module, clip_norm: float) -> None:
     GhostClipper(model, clip_norm).remove()
 
 
+def check_optimizer_params(optimizer: Any, model_param_ids: set[int]) -> None:
+    """ValueError if the optimizer steps a trainable parameter that is not one of the model's.
+
+    The DP step clips and noises the gradients of the model's trainable parameters only; any other
+    parameter the optimizer holds (e.g. a temperature used by an overridden per-example loss) would
+    be updated with its raw, unclipped and noise-free gradient. Matched by identity.
+    """
+    if optimizer is None:
+        return
+    for g, group in enumerate(optimizer.param_groups):
+        for k, param in enumerate(group["params"]):
+            if param.requires_grad and id(param) not in model_param_ids:
+                raise ValueError(
+                    f"optimizer param_groups[{g}]['params'][{k}] (shape {tuple(param.shape)}) is trainable "
+                    "but is not one of the model's trainable parameters: the DP step clips and noises only "
+                    "the model's gradients, so it would be updated without clipping or noise. Make it a "
+                    "parameter of the model (in a layer ghost clipping supports), freeze it "
+                    "(requires_grad=False) or leave it out of the optimizer"
+                )
+
+
 class SkipEmptyCollator:
     """The user's collator, except that an empty draw collates to ``{}`` (a noise-only step)."""
 
@@ -136,6 +157,7 @@ class GhostClippingCallback(TrainerCallback):
         self._clipper: GhostClipper | None = None
         self._model: nn.Module | None = None
         self._params: list[nn.Parameter] = []
+        self._param_ids: set[int] = set()
         self._pending: tuple[int, int] | None = None  # (step, examples on this rank) awaiting noise
         self._drawn_since_log: list[int] = []
 
@@ -236,6 +258,7 @@ class GhostClippingCallback(TrainerCallback):
         """Before ``Trainer.train``: the secret seed (fresh, or the checkpoint's) and the start step."""
         if not self._installed:
             raise RuntimeError("install the GhostClippingCallback first (GhostClippingCallback.attach)")
+        check_dp_training_arguments(trainer.args)  # again: args and the environment may have changed
         if trial is not None:
             raise ValueError("hyperparameter search (trial=) is not supported with DP training")
         check_process_group_matches_launch()
@@ -303,6 +326,8 @@ class GhostClippingCallback(TrainerCallback):
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
         args = trainer.args
         dataset = trainer.train_dataset
+        # Again here: train_dataset may have been replaced since install().
+        check_plan_fits(self.plan, steps=args.max_steps, dataset=dataset)
         collate_fn = trainer.data_collator
         if isinstance(dataset, datasets.Dataset):
             dataset = trainer._remove_unused_columns(dataset, description="training")
@@ -398,10 +423,13 @@ class GhostClippingCallback(TrainerCallback):
                 f"Trainer starts at step {state.global_step} but the DP state is at step {self._start_step}"
             )
         self.finish_run()
+        params = [p for p in model.parameters() if p.requires_grad]
+        check_optimizer_params(kwargs.get("optimizer"), {id(p) for p in params})
         broadcast_module_state_(model)  # one model on every rank
         self._clipper = GhostClipper(model, self.clip_norm)
         self._model = model
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._params = params
+        self._param_ids = {id(p) for p in params}
         self._drawn_since_log = []
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any):
@@ -411,6 +439,7 @@ class GhostClippingCallback(TrainerCallback):
                 f"optimizer step {state.global_step} was not preceded by a DP training step; refusing to "
                 "apply gradients that were not clipped and noised"
             )
+        check_optimizer_params(kwargs.get("optimizer"), self._param_ids)  # param groups added mid-run
         step, count = self._pending
         self._pending = None
         ensure_grads_(self._params)

@@ -66,9 +66,10 @@ class SecretProtectionConfig(TrainingArguments):
     micro-batch, not the logical batch B; `gradient_accumulation_steps` must stay 1 (micro-batches are
     accumulated inside the DP step). Checked when the config is built: `fp16`, activation
     checkpointing, `torch_compile`, DeepSpeed, FSDP, `auto_find_batch_size`, `ignore_data_skip`,
-    `label_smoothing_factor`, a `train_sampling_strategy` other than `"random"` and pushing checkpoints
-    to the Hub are refused. The training loss and `dp_batch_size` that are logged are not noised:
-    keep logs private like the data.
+    `label_smoothing_factor`, a `train_sampling_strategy` other than `"random"`, pushing checkpoints
+    to the Hub, `include_num_input_tokens_seen` and `WANDB_WATCH=gradients|all` with wandb reporting
+    (they log statistics of the pre-noise step) are refused. The training loss and `dp_batch_size` that
+    are logged are not noised: keep logs private like the data.
     """
 
     # Parameters that control differential privacy

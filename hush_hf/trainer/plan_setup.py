@@ -11,6 +11,7 @@ import hashlib
 import logging
 import math
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,15 @@ def column(dataset: Any, name: str) -> Any:
 
 
 def column_names(dataset: Any) -> list[str]:
-    return list(getattr(dataset, "column_names", None) or [])
+    """A ``datasets.Dataset``'s columns; for another map-style dataset of dict rows, its first row's keys."""
+    names = getattr(dataset, "column_names", None)
+    if names:
+        return list(names)
+    if names is None and hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and len(dataset):
+        first = dataset[0]
+        if isinstance(first, Mapping):
+            return list(first.keys())
+    return []
 
 
 def tag_if_untagged(dataset: Any, secret_set: Any, *, text_column: str) -> Any:
@@ -125,7 +134,13 @@ def check_expected_batch_size(plan: ProtectionPlan, expected_batch_size: float |
 
 
 def check_plan_fits(plan: ProtectionPlan, *, steps: int, dataset: Any) -> None:
-    """ValueError unless the plan was made for this T and exactly these dataset rows."""
+    """ValueError unless the plan was made for this T and exactly these dataset rows.
+
+    The rows are verified against the plan through a ``hush_sampling_prob`` column (exact, per row;
+    added by ``plan.attach``) and/or the ``secret_ids`` column the plan was computed from (per-secret
+    counts and sums of rho). A dataset with neither is refused: only its length could be checked, and
+    a shuffled or filtered copy of the same length would silently train with other rows' rho.
+    """
     if plan.steps != steps:
         raise ValueError(f"max_steps={steps} but the plan is calibrated for steps={plan.steps}")
     if dataset is None or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
@@ -138,6 +153,15 @@ def check_plan_fits(plan: ProtectionPlan, *, steps: int, dataset: Any) -> None:
             f"train_dataset has {len(dataset)} rows but the plan covers {plan.num_examples} examples"
         )
     names = column_names(dataset)
+    if SAMPLING_PROB_COLUMN not in names and SECRET_IDS_COLUMN not in names:
+        raise ValueError(
+            f"train_dataset has neither a '{SECRET_IDS_COLUMN}' nor a '{SAMPLING_PROB_COLUMN}' column "
+            f"(columns: {names}), so its rows cannot be matched to the plan: a shuffled or filtered dataset "
+            "would silently get other examples' sampling probabilities. Keep the 'secret_ids' column the "
+            "plan was computed from (hush_hf.secrets.tag_dataset adds it; it never reaches the model), "
+            "or attach the plan in planning order with train_dataset = plan.attach(train_dataset), which "
+            f"adds '{SAMPLING_PROB_COLUMN}'"
+        )
     if SAMPLING_PROB_COLUMN in names:
         probs = np.asarray(column(dataset, SAMPLING_PROB_COLUMN), dtype=np.float64)
         differs = np.flatnonzero(probs != plan.sampling_probs)

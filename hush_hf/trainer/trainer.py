@@ -31,7 +31,9 @@ class SecretProtectionTrainer(Trainer):
     Give ``secrets=`` (a ``SecretSet`` or a secrets file; or ``args.secrets_file``) and the trainer tags
     ``train_dataset`` (unless it has a ``secret_ids`` column), solves the plan (LP weights, sampling
     probabilities, calibrated noise) for ``args.max_steps`` and B, and trains with it; or give
-    ``plan=`` (or ``args.plan_file``) computed beforehand for exactly this dataset. ``args`` may be a
+    ``plan=`` (or ``args.plan_file``) computed beforehand for exactly this dataset, which must then keep
+    its ``secret_ids`` column or carry the plan's ``hush_sampling_prob`` (``plan.attach(dataset)``) so
+    that every row can be matched to its sampling probability. ``args`` may be a
     plain ``TrainingArguments``: it becomes a :class:`SecretProtectionConfig` (batch clipping off).
 
     The plan columns (``secret_ids``, ``hush_weight``, ``hush_sampling_prob``) never reach the model.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Any
 
 from transformers import TrainingArguments
@@ -51,6 +52,7 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
     - ``label_smoothing_factor`` is not part of the per-example loss; a ``train_sampling_strategy``
       other than "random" would be ignored (the plan's sampler draws the batches).
     - LOMO and layer-wise optimizers update parameters during the backward pass, before the noise.
+    - Nothing logged may depend on the pre-noise step (see :func:`check_no_pre_noise_logging`).
     """
     ga = args.gradient_accumulation_steps
     if ga != 1:
@@ -112,6 +114,37 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
         raise ValueError(
             f"hub_strategy={args.hub_strategy!r} with push_to_hub would upload checkpoints, which hold "
             "the secret DP seed; use hub_strategy='end' or 'every_save'"
+        )
+    check_no_pre_noise_logging(args)
+
+
+WANDB_WATCH_GRADIENTS = ("gradients", "all")
+
+
+def check_no_pre_noise_logging(args: TrainingArguments) -> None:
+    """ValueError for logging that reads the batch or the gradient before the noise is added.
+
+    - ``include_num_input_tokens_seen`` logs the token count of every drawn batch: it depends on which
+      examples were sampled (and on their lengths), which the noise does not hide.
+    - ``WANDB_WATCH`` set to ``gradients`` or ``all`` with ``report_to`` including wandb: ``wandb.watch``
+      puts hooks on the parameters that log the clipped, not yet noised, gradients. (The environment
+      variable is read when training starts; this runs then too.)
+    """
+    tokens_seen = args.include_num_input_tokens_seen
+    if tokens_seen not in ("no", False, None):
+        raise ValueError(
+            f"include_num_input_tokens_seen={tokens_seen!r} is not supported with DP training: the logged "
+            "token count depends on which examples were sampled and on their lengths; set it to 'no'"
+        )
+    report_to = args.report_to
+    if isinstance(report_to, str):
+        report_to = [report_to]
+    watch = os.environ.get("WANDB_WATCH", "false")
+    if watch.strip().lower() in WANDB_WATCH_GRADIENTS and {"wandb", "all"} & set(report_to or ()):
+        raise ValueError(
+            f"environment variable WANDB_WATCH={watch!r} with report_to={list(report_to)!r} is not supported "
+            "with DP training: wandb.watch logs the gradients before the noise is added; unset WANDB_WATCH "
+            "or set it to 'false' or 'parameters'"
         )
 
 
