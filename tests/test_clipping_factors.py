@@ -16,6 +16,7 @@ from hush_hf.clipping.factors import (
     gram,
     inner,
     squared_norm_of_sum,
+    weighted_sum,
 )
 
 B, ROWS, COLS = 3, 7, 5
@@ -82,6 +83,16 @@ def test_squared_norm_of_sum_includes_cross_terms() -> None:
     torch.testing.assert_close(squared_norm_of_sum(uses).double(), expected)
     no_cross = sum(materialize(u).pow(2).flatten(1).sum(1) for u in uses)
     assert (no_cross - expected).abs().max() > 1e-3 * expected.max()
+
+
+@pytest.mark.parametrize("kind", [*GRAD_KINDS, "onehotxonehot"])
+def test_weighted_sum_matches_materialised(kind: str) -> None:
+    """sum_i w_i G_i (what the self-check rebuilds), repeated one-hot ids accumulating."""
+    g = torch.Generator().manual_seed(4)
+    grad = random_grad(kind, g, 9)  # 9 steps over 5-7 rows: ids repeat
+    weights = torch.rand(B, generator=g, dtype=torch.float64)
+    expected = torch.einsum("b,brk->rk", weights, materialize(grad))
+    torch.testing.assert_close(weighted_sum(grad, weights).double(), expected)
 
 
 def test_float32_inputs_are_computed_in_at_least_float32_and_half_is_upcast() -> None:

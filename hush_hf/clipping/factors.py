@@ -146,3 +146,36 @@ def squared_norm_of_sum(uses: Sequence[PerExampleGrad]) -> Tensor:
             total = term if total is None else total + term
     # Exact value is >= 0; rounding can leave a tiny negative only when the norm itself is ~0.
     return total.clamp_min(0.0)
+
+
+def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
+    """Dense factor vectors scaled by their example's weight, flattened to (b*T, n)."""
+    assert isinstance(f, DenseFactor)
+    values = f.values.to(dtype) * weights.to(dtype)[:, None, None]
+    return values.reshape(-1, values.shape[-1])
+
+
+def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
+    """``sum_i w_i G_i``, one parameter-sized tensor in at least float32 (no per-example tensor).
+
+    For an ``OuterSum`` this is ``sum_{i,t} w_i row_{i,t} col_{i,t}^T``: one (rows x b*T) @ (b*T x cols)
+    product for dense factors, a scatter-add of rows for a one-hot factor (an embedding's rows).
+    With ``w_i = c_i`` it is the clipped sum that the second backward adds to ``p.grad``.
+    """
+    if isinstance(g, Materialized):
+        dtype = compute_dtype(g.values)
+        w = weights.to(dtype).reshape(-1, *([1] * (g.values.dim() - 1)))
+        return (g.values.to(dtype) * w).sum(dim=0)
+    row, col = g.row, g.col
+    dtype = compute_dtype(*(f.values for f in (row, col) if isinstance(f, DenseFactor)))
+    device = weights.device
+    if isinstance(row, DenseFactor) and isinstance(col, DenseFactor):
+        return _weighted_rows(row, weights, dtype).T @ col.values.to(dtype).reshape(-1, col.size)
+    out = torch.zeros(row.size, col.size, dtype=dtype, device=device)
+    if isinstance(row, OneHotFactor) and isinstance(col, DenseFactor):
+        return out.index_add_(0, row.ids.reshape(-1), _weighted_rows(col, weights, dtype))
+    if isinstance(row, DenseFactor) and isinstance(col, OneHotFactor):
+        return out.index_add_(1, col.ids.reshape(-1), _weighted_rows(row, weights, dtype).T)
+    assert isinstance(row, OneHotFactor) and isinstance(col, OneHotFactor)
+    w = weights.to(dtype)[:, None].expand(row.ids.shape).reshape(-1)
+    return out.index_put_((row.ids.reshape(-1), col.ids.reshape(-1)), w, accumulate=True)

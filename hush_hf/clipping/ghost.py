@@ -16,11 +16,17 @@ engine keeps Opacus's design (forward hooks that record activations, a registry 
 keyed by exact type, two backward passes, hooks only, no wrapping) but records each layer call,
 gets all output gradients at once with one ``torch.autograd.grad`` (which skips the parameter
 gradients), and combines the uses of each parameter before taking the norm.
+
+What it refuses rather than under-clip: a parameter read outside its layer's call (the first call's
+self-check compares autograd's gradient with the one the norms describe, see
+``GhostClipper._self_check``), modules that couple the examples of a batch (BatchNorm, at
+construction), and rounding between the two passes (a clip margin, see ``CLIP_MARGINS``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 import weakref
 from collections import Counter
@@ -30,15 +36,45 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils.hooks import RemovableHandle
 
-from hush_hf.clipping.factors import PerExampleGrad, squared_norm_of_sum
+from hush_hf.clipping.factors import PerExampleGrad, squared_norm_of_sum, weighted_sum
 from hush_hf.clipping.registry import LayerRule, UnsupportedLayerError, aliases_for, rule_for
 
 logger = logging.getLogger(__name__)
 
 # Models that currently carry a GhostClipper's hooks (a second one would double-record every call).
 _ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+CLIP_MARGINS: dict[torch.dtype, float] = {
+    torch.bfloat16: 2.0**-6,
+    torch.float16: 2.0**-6,
+    torch.float32: 2.0**-20,
+    torch.float64: 2.0**-49,
+}
+"""Relative clip-norm margin by the narrowest floating dtype of the step: examples are clipped to
+C' = C * (1 - margin), so that the gradient actually applied, c_i g_i, stays within C.
+
+Why a margin: the norm of g_i comes from the first backward (factors in at least float32), the
+applied c_i g_i from the second backward, and the two round differently. The second pass scales
+every intermediate gradient by c_i before rounding it; with bf16/fp16 activations (autocast) or
+parameters each rounding is up to 2^-9 (bf16) relative. Measured here (tiny GPT-2, BERT, Gemma-2,
+2 to 12 layers, bf16 autocast, one example per batch, no margin): ||c_i g_i|| exceeded C by up to
+0.37% (about 2^-8); 2^-6 = 1.6% leaves 4x headroom. In float32 the excess was at most 6e-8 (2^-24);
+2^-20 leaves 16x. The margins are measured, not proven. The cost of the margin is clipping at most
+``margin`` more than asked (a slightly smaller signal, never a weaker guarantee).
+"""
+
+_CHECK_RTOL = 1e-4
+"""Self-check tolerance in float32+: per parameter, ||applied - rebuilt|| <= 1e-4 * sum_i ||c_i g_i||
+(measured gap: at most 3e-7)."""
+
+_CHECK_RTOL_REDUCED = 2.0**-4
+"""Self-check tolerance under bf16/fp16: the second backward's rounding alone made the applied gradient
+differ from the rebuilt one by up to 1.1% of sum_i ||c_i g_i|| (one example per batch; 0.4% with 8),
+on the models measured for ``CLIP_MARGINS``; 2^-4 = 6.25% leaves 5x headroom."""
 
 
 @dataclass(frozen=True)
@@ -65,14 +101,54 @@ class _Call:
     output_version: int
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """What the first backward found: norms and, while the self-check is pending, the factors."""
+
+    norms: Tensor  # (b,) float64
+    uses: dict[int, list[PerExampleGrad]]  # parameter id -> its recorded uses (empty once verified)
+    dtype: torch.dtype  # narrowest floating dtype of the step (activations, outputs, parameters, loss)
+
+    @property
+    def margin(self) -> float:
+        return CLIP_MARGINS[self.dtype]
+
+
 def _type_name(module: nn.Module) -> str:
     return type(module).__name__
 
 
+def _batch_coupling(module: nn.Module) -> str | None:
+    """Why ``module`` makes one example's output (or the model's state) depend on the others, or None.
+
+    Per-example clipping bounds each example's influence only if loss_i depends on example i alone
+    and the forward leaves nothing else behind. Batch norm normalises with statistics of the whole
+    batch in train mode (and SyncBatchNorm of every process's batch) and, like instance norm with
+    ``track_running_stats``, writes batch statistics into buffers that are saved with the model
+    without noise. Neither needs a trainable parameter, so the rule check alone does not see them.
+    GroupNorm, LayerNorm and InstanceNorm without running statistics are per example and fine.
+    """
+    if isinstance(module, _BatchNorm):
+        return (
+            "batch normalisation mixes the examples of a batch (batch statistics in train mode) and "
+            "stores batch statistics in its running-stat buffers"
+        )
+    if isinstance(module, _InstanceNorm) and module.track_running_stats:
+        return "track_running_stats=True stores statistics of the batch in buffers (saved without noise)"
+    return None
+
+
 def _plan_layers(model: nn.Module) -> list[_HookedLayer]:
-    """Every module that directly holds a trainable parameter must have a rule (or alias it)."""
+    """Every module that directly holds a trainable parameter must have a rule (or alias it); no module
+    may couple the examples of a batch (see ``_batch_coupling``)."""
     layers: dict[int, _HookedLayer] = {}
     for path, module in model.named_modules(remove_duplicate=False):
+        coupling = _batch_coupling(module)
+        if coupling is not None:
+            raise UnsupportedLayerError(
+                f"layer '{path or '<root>'}' ({_type_name(module)}) is not supported by per-example "
+                f"clipping: {coupling}; replace it (e.g. GroupNorm or LayerNorm) before training"
+            )
         own = [(n, p) for n, p in module._parameters.items() if p is not None and p.requires_grad]
         if not own:
             continue
@@ -114,10 +190,22 @@ class GhostClipper:
     the hooks off. Parameters with ``requires_grad=False`` at construction are ignored; changing the
     set of trainable parameters later is an error (build a new clipper). Every layer holding a
     trainable parameter must see the batch in dimension 0: pass (batch, seq) ``position_ids``.
-    loss_i must depend on example i only (true of transformers' LMs; BatchNorm-like layers have no
-    rule and are refused).
+    loss_i must depend on example i only (true of transformers' LMs); modules that couple the
+    examples of a batch or store batch statistics (BatchNorm, SyncBatchNorm, InstanceNorm with
+    running stats) are refused at construction, with or without trainable parameters.
     Norms are exact up to floating-point rounding (computed in at least float32, summed over
-    parameters in float64). Not supported: gradient checkpointing, layers recomputed in backward.
+    parameters in float64); examples are clipped to C * (1 - margin), with a rounding margin
+    (``CLIP_MARGINS``: 2^-20 in float32, 2^-6 under bf16/fp16) so the gradient actually applied stays
+    within C. Not supported: gradient checkpointing, layers recomputed in backward.
+
+    Self-check: the norms only count parameter uses that go through a hooked layer's call; a
+    parameter read directly (``h @ self.wte.weight.T``, ``F.linear(x, mod.weight)``) would get gradient
+    that no norm counted. So the first call that sees a nonzero gradient compares, for every trainable
+    parameter, the gradient autograd computes with the one rebuilt from the recorded factors, and
+    raises ``UnsupportedLayerError`` naming the parameter on a mismatch (``_self_check``); nothing of
+    that call reaches ``p.grad`` then. It costs, once, one parameter-sized product per weight (about
+    the weight-gradient part of a backward) and one extra gradient-sized buffer (in
+    ``per_example_norms`` also one extra backward): +30% on the first call of a 4-layer GPT-2 here.
     The norms are per-example statistics of private data: do not log them.
     """
 
@@ -133,7 +221,9 @@ class GhostClipper:
         self._model = model
         self._max_norm = float(max_norm)
         self._layers = _plan_layers(model)
-        self._trainable_ids = [id(p) for _, p in _trainable(model)]
+        self._params = _trainable(model)
+        self._trainable_ids = [id(p) for _, p in self._params]
+        self._verified = False  # the self-check (see class docstring) has passed once
         self._calls: list[_Call] = []
         self._forwards = 0
         self._handles: list[RemovableHandle] = [model.register_forward_pre_hook(self._count_forward)]
@@ -246,18 +336,16 @@ class GhostClipper:
         self._forwards = 0
 
     # ----------------------------------------------------------------------------- norms
-    def per_example_norms(self, per_example_loss: Tensor) -> Tensor:
-        """||g_i||_2 over all trainable parameters, shape (b,), float64, detached.
-
-        Leaves ``p.grad`` untouched; keeps the autograd graph (a later backward may reuse it).
-        """
+    def _first_pass(self, per_example_loss: Tensor) -> _Pass:
         calls, forwards = self._take_calls()
         self._check_usable()
         loss = self._check_loss(per_example_loss)
         b = loss.shape[0]
         self._check_calls(calls, forwards, b)
+        dtype = self._narrowest_dtype(calls, loss)
+        squared = torch.zeros(b, dtype=torch.float64, device=loss.device)
         if b == 0:
-            return torch.zeros(0, dtype=torch.float64, device=loss.device)
+            return _Pass(squared, {}, dtype)
         # d(sum_i loss_i)/d(output) of each call; row i is example i's own output gradient.
         # All at once, so the graph is traversed once; the parameter gradients are not computed.
         # Memory: every hooked layer's output gradient is alive until processed (about one more
@@ -276,20 +364,47 @@ class GhostClipper:
             grads = call.layer.rule.grads(call.layer.module, call.x, g)
             for name in call.layer.param_names:
                 uses.setdefault(id(call.layer.module._parameters[name]), []).append(grads[name])
-        squared = torch.zeros(b, dtype=torch.float64, device=loss.device)
         for per_use in uses.values():
             squared += squared_norm_of_sum(per_use).to(torch.float64)
         norms = squared.sqrt()
         bad = torch.nonzero(~torch.isfinite(norms)).flatten()
         if bad.numel():
             raise FloatingPointError(f"per-example gradient norm is not finite for example(s) {bad.tolist()}")
-        return norms
+        # The factors are only needed again by the self-check; otherwise free them now.
+        return _Pass(norms, uses if not self._verified else {}, dtype)
 
-    def clip_coefficients(self, norms: Tensor, dtype: torch.dtype) -> Tensor:
-        """c_i = min(1, C/||g_i||), rounded towards 0 in ``dtype`` so that ||c_i g_i|| never exceeds C
-        because of the cast (rounding up would add to the sensitivity the noise is calibrated to)."""
+    def _narrowest_dtype(self, calls: list[_Call], loss: Tensor) -> torch.dtype:
+        """The least precise floating dtype among the recorded activations and outputs, the trainable
+        parameters and the loss (bf16 under bf16 autocast): it sets the clip margin."""
+        tensors = [t for c in calls for t in (c.x, c.output)] + [p for _, p in self._params] + [loss]
+        dtypes = {t.dtype for t in tensors if t.is_floating_point()}
+        unknown = dtypes - set(CLIP_MARGINS)
+        if unknown:
+            raise ValueError(f"floating dtype(s) {sorted(map(str, unknown))} are not supported for clipping")
+        return max(dtypes, key=lambda d: torch.finfo(d).eps)
+
+    def per_example_norms(self, per_example_loss: Tensor) -> Tensor:
+        """||g_i||_2 over all trainable parameters, shape (b,), float64, detached.
+
+        Leaves ``p.grad`` untouched; keeps the autograd graph (a later backward may reuse it). The
+        first call of a clipper also runs the self-check (one extra backward of sum_i loss_i).
+        """
+        result = self._first_pass(per_example_loss)
+        if not self._verified and result.norms.numel():
+            ones = torch.ones_like(result.norms, dtype=per_example_loss.dtype)
+            rebuilt = self._rebuild(result, ones)
+            params = [p for _, p in self._params]
+            got = torch.autograd.grad(per_example_loss.sum(), params, retain_graph=True, allow_unused=True)
+            self._self_check(result, ones, rebuilt, {id(p): g for p, g in zip(params, got, strict=True)})
+        return result.norms
+
+    def clip_coefficients(self, norms: Tensor, dtype: torch.dtype, *, margin: float = 0.0) -> Tensor:
+        """c_i = min(1, C'/||g_i||) with C' = C * (1 - margin), rounded towards 0 in ``dtype`` so that
+        ||c_i g_i|| never exceeds C' because of the cast (rounding up would add to the sensitivity the
+        noise is calibrated to). ``clipped_backward`` passes the step's ``CLIP_MARGINS`` entry."""
+        target = self._max_norm * (1.0 - margin)
         norms = norms.to(torch.float64)
-        exact = torch.where(norms > self._max_norm, self._max_norm / norms, torch.ones_like(norms))
+        exact = torch.where(norms > target, target / norms, torch.ones_like(norms))
         cast = exact.to(dtype)
         rounded_up = cast.to(torch.float64) > exact
         return torch.where(rounded_up, torch.nextafter(cast, torch.zeros_like(cast)), cast)
@@ -298,14 +413,132 @@ class GhostClipper:
         """Adds ``sum_i min(1, C/||g_i||) g_i`` to ``p.grad`` (accumulating); returns the norms (float64).
 
         Two passes over the graph of one forward: norms (``per_example_norms``), then the backward of
-        ``sum_i c_i loss_i`` with c_i constant, whose gradient is exactly the clipped sum.
+        ``sum_i c_i loss_i`` with c_i constant, whose gradient is exactly the clipped sum. Examples are
+        clipped to C * (1 - margin) with the rounding margin of ``CLIP_MARGINS`` (2^-20 in float32,
+        2^-6 under bf16/fp16), so the applied c_i g_i stays within C. The first call runs the self-check.
         """
-        norms = self.per_example_norms(per_example_loss)
+        result = self._first_pass(per_example_loss)
+        norms = result.norms
         if norms.numel() == 0:
             return norms
-        coef = self.clip_coefficients(norms, per_example_loss.dtype)
-        (per_example_loss * coef).sum().backward()
+        coef = self.clip_coefficients(norms, per_example_loss.dtype, margin=result.margin)
+        if self._verified:
+            (per_example_loss * coef).sum().backward()
+            return norms
+        # Self-check: rebuild first (frees the factors), then take this call's gradient apart from
+        # what p.grad already held.
+        rebuilt = self._rebuild(result, coef)
+        params = [p for _, p in self._params]
+        held = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        try:
+            (per_example_loss * coef).sum().backward()
+            self._self_check(result, coef, rebuilt, {id(p): p.grad for p in params})
+        except BaseException:
+            for p, g in zip(params, held, strict=True):
+                p.grad = g  # nothing of a refused (or failed) call reaches p.grad
+            raise
+        for p, g in zip(params, held, strict=True):
+            if g is not None and p.grad is not None:
+                p.grad = g.add_(p.grad)
+            elif g is not None:
+                p.grad = g
         return norms
+
+    # ----------------------------------------------------------------------------- self-check
+    def _rebuild(self, result: _Pass, coef: Tensor) -> dict[int, Tensor]:
+        """``sum_i coef_i G_{i,p}`` from the recorded factors, for every parameter with a recorded use.
+
+        Built before the second backward and the factors freed at once, so the check holds one extra
+        gradient-sized copy rather than every layer's output gradient (the logits' included).
+        """
+        rebuilt: dict[int, Tensor] = {}
+        for _, p in self._params:
+            uses = result.uses.pop(id(p), [])
+            if uses:
+                dtype = torch.promote_types(p.dtype, torch.float32)
+                total = torch.zeros(p.shape, dtype=dtype, device=coef.device)
+                for use in uses:
+                    total += weighted_sum(use, coef).to(dtype).reshape(p.shape)
+                rebuilt[id(p)] = total
+        result.uses.clear()
+        return rebuilt
+
+    def _self_check(
+        self, result: _Pass, coef: Tensor, rebuilt: dict[int, Tensor], added: dict[int, Tensor | None]
+    ) -> None:
+        """Refuse when the gradient autograd computes differs from the one the norms were taken of.
+
+        ``added[id(p)]`` is the gradient of ``sum_i coef_i loss_i`` that autograd gives ``p``;
+        ``rebuilt[id(p)] = sum_i coef_i G_{i,p}`` comes from the recorded factors (``_rebuild``, with
+        ``factors.weighted_sum``: a parameter-sized product, no per-example gradient is formed). They
+        agree (to rounding) exactly when every use of every trainable parameter went through a hooked
+        call whose rule is right.
+        A parameter read directly -- ``h @ self.wte.weight.T``, ``F.linear(x, mod.weight)``,
+        DeBERTa's ``rel_embeddings.weight`` -- gets gradient that no norm counted, so its example
+        would be under-clipped: that is refused, naming the parameter. The tolerance is relative to
+        ``sum_i ||c_i g_i||`` (the scale of the whole clipped gradient, so that parameters whose
+        gradient is zero in exact arithmetic, e.g. attention key biases, do not trip it on rounding
+        noise), per parameter and over all parameters together: 1e-4 in float32 and wider, 2^-4
+        under bf16/fp16 (where the two passes round apart by ~1%), so with bf16 only a direct use
+        carrying more than ~6% of the gradient is seen; run the first step in float32 for the
+        sharper check.
+
+        Why a gradient comparison and not a check of how the forward reads parameters (e.g. a
+        ``TorchFunctionMode`` that flags parameters used outside their module's call): it sees every
+        use, including ones outside the model's forward (a loss computed from ``model.lm_head.weight``)
+        and rule bugs, and has no false alarms on harmless reads (``weight.dtype``, ``.shape``).
+        Limits: it runs once (on the first call whose examples have a nonzero gradient) and compares
+        one batch, so a direct use whose gradient is zero or below the tolerance in that batch (a
+        branch the first batch does not take, a zero-initialised gate) is not seen. A parameter whose
+        layer never ran (so nothing was recorded) is refused on any nonzero gradient.
+        """
+        total = float((coef.to(torch.float64) * result.norms).sum())
+        reduced = torch.finfo(result.dtype).bits < 32
+        rtol = _CHECK_RTOL_REDUCED if reduced else _CHECK_RTOL
+        gaps: list[tuple[str, float, bool]] = []  # (name, gap, recorded)
+        for name, p in self._params:
+            mine, got = rebuilt.get(id(p)), added.get(id(p))
+            if got is None:
+                gap = float(mine.norm()) if mine is not None else 0.0
+            else:
+                got = got.to(torch.promote_types(p.dtype, torch.float32))
+                gap = float((got - mine).norm() if mine is not None else got.norm())
+            gaps.append((name, gap, mine is not None))
+        overall = math.sqrt(sum(gap**2 for _, gap, _ in gaps))
+        # A parameter with no recorded use has, by the record, gradient 0: any gradient is a direct use.
+        bad = [(n, gap, rec) for n, gap, rec in gaps if not gap <= (rtol * total if rec else 0.0)]
+        if not bad and not overall <= rtol * total:
+            bad = [max(gaps, key=lambda item: item[1])]
+        if bad:
+            unrecorded = [n for n, _, rec in bad if not rec]
+            # Names only: the size of the gap is a statistic of the (private) batch.
+            listed = ", ".join(f"'{n}'" for n, _, _ in bad[:5])
+            more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+            hint = (
+                f" ({', '.join(repr(n) for n in unrecorded[:5])} got a gradient although the layer owning "
+                "it never ran)"
+                if unrecorded
+                else ""
+            )
+            raise UnsupportedLayerError(
+                f"self-check failed: the gradient autograd adds to trainable parameter(s) {listed}{more} "
+                f"differs from the per-example gradients the clip norms were computed from{hint}. Most "
+                "likely the parameter is used outside its module's forward (read directly, e.g. "
+                "`h @ module.weight.T`, `F.linear(x, module.weight)` or a relative-position table "
+                "`module.weight`), so that use is missing from the per-example norm and clipping would "
+                "not bound it by C; call the owning module instead, freeze the parameter, or register a "
+                "rule for the layer that uses it"
+                + (
+                    "; under bf16/fp16 it can also mean unusually large rounding: check the same model "
+                    "in float32"
+                    if reduced
+                    else "; less likely, low-precision arithmetic inside the model (rounding beyond 1e-4)"
+                )
+            )
+        if total > 0:
+            self._verified = True  # an all-zero gradient verifies nothing: check the next call
 
     # ----------------------------------------------------------------------------- lifecycle
     def remove(self) -> None:
