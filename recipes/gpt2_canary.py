@@ -1,0 +1,624 @@
+"""CRT's canary experiment (Zhao et al. 2022, Sec. 5): GPT-2 on dialogues, non-private vs DP-SGD vs hush_hf.
+
+    accelerate launch recipes/gpt2_canary.py            # offline default, <= 10 min on 2 CPU cores
+    accelerate launch recipes/gpt2_canary.py --smoke    # < 60 s (CI)
+    accelerate launch recipes/gpt2_canary.py --preset paper --model_name_or_path distilgpt2 \
+        --dataset_name <dialogue dataset> --text_column <column>
+
+Ten canaries "My ID is: <6 random digits>" are inserted 20 times each into the training dialogues
+(CRT, Sec. 5.1). Each canary is declared a secret with the prior of a blind guess, p = 1/|R| = 1e-6,
+and a target posterior r (``--canary_target``, default 1e-3). Three models are trained for the same
+T steps of expected batch size B:
+
+- ``non_private``: plain ``transformers.Trainer`` (shuffled batches of B, no clipping, no noise);
+- ``uniform_dp``: DP-SGD with uniform Poisson sampling (every example at rate B/n: the LP with a
+  constant c large enough to keep everything) and the noise the ``--accountant`` needs for every
+  canary's target;
+- ``hush_hf``: the LP weights (Hush eq. 1, c = ``--lp_c``) and the noise calibrated for them.
+
+Both DP models certify posterior <= r for every canary. Reported per model: test perplexity,
+canary exposure (Carlini et al. 2019: log2|R| - log2 rank; the max and mean over the 10 canaries,
+rank estimated from a skew-normal fit to ``--exposure_samples`` random candidates since |R| = 10^6),
+membership inference on the canaries (the 10 inserted canary texts against fresh random values of
+the same format, CRT A.5) and on ordinary examples (training vs held-out dialogues; loss attack).
+
+Presets: ``offline`` (default): the Chit Chat Challenge dialogues (7,168 chats; 1,000 training
+chats keep the run within 10 minutes on 2 CPU cores, so the 200 canary rows are 1 in 6 rows, which
+makes memorisation visible in a short run), a 2-layer GPT-2 of width 64 with the GPT-2 vocabulary
+built from its config (no weights offline), chats cut at 40 tokens, B = 32, T = 50. ``smoke``: 120
+chats, T = 4, B = 8. ``paper``: distilgpt2 (CRT's model) on ``--dataset_name``, B = 256, T = 1000.
+
+Outputs in ``--output_dir`` (default ``outputs/gpt2_canary``): ``results.json``, ``results.md``,
+``canaries.png``, ``plans/*.json`` and ``run.log``. The canary values are secrets: they are written
+nowhere (canaries are referred to by index), unless ``--save_canaries`` asks for the private file
+``canaries_PRIVATE.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import (
+    RESULTS_JSON,
+    RESULTS_MARKDOWN,
+    Stopwatch,
+    check_int,
+    check_number,
+    collate_batches,
+    describe_counts,
+    fmt,
+    markdown_table,
+    mean_token_loss,
+    new_figure,
+    no_preprocessing_lp_c,
+    parse_recipe_arguments,
+    recipe_logging,
+    refuse_recipe_owned_fields,
+    run_config,
+    save_figure,
+    write_json,
+)
+from tqdm.auto import tqdm
+
+RECIPE = "gpt2_canary"
+METHODS = ("non_private", "uniform_dp", "hush_hf")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "offline": {
+        "max_steps": 50,
+        "expected_batch_size": 32.0,
+        "per_device_train_batch_size": 32,
+        "learning_rate": 3e-3,
+        "logging_steps": 10,
+        "max_seq_length": 40,
+        "max_train_examples": 1000,
+        "max_test_examples": 200,
+        "exposure_samples": 1000,
+        "canary_nonmembers": 200,
+        "mia_examples": 150,
+    },
+    "smoke": {
+        "max_steps": 4,
+        "expected_batch_size": 8.0,
+        "per_device_train_batch_size": 8,
+        "learning_rate": 3e-3,
+        "logging_steps": 1,
+        "max_seq_length": 24,
+        "max_train_examples": 120,
+        "max_test_examples": 16,
+        "exposure_samples": 100,
+        "canary_nonmembers": 20,
+        "mia_examples": 16,
+        "model_width": 32,
+    },
+    "paper": {
+        "model_name_or_path": "distilgpt2",
+        "max_steps": 1000,
+        "expected_batch_size": 256.0,
+        "per_device_train_batch_size": 32,
+        "learning_rate": 5e-4,
+        "logging_steps": 50,
+        "max_seq_length": 128,
+        "max_test_examples": 2000,
+        "exposure_samples": 20000,
+        "canary_nonmembers": 1000,
+        "mia_examples": 1000,
+    },
+}
+
+logger = logging.getLogger("recipes.gpt2_canary")
+
+
+@dataclass
+class GPT2CanaryArguments:
+    """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
+
+    preset: str = field(default="offline", metadata={"help": "offline (default), smoke or paper."})
+    smoke: bool = field(default=False, metadata={"help": "Tiny run (< 60 s) for CI: same as --preset smoke."})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Hub dataset or local file; default: offline Chit Chat dialogues."}
+    )
+    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset_name to use."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the dialogue text."})
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A causal LM checkpoint (e.g. distilgpt2); default: small GPT-2 config."},
+    )
+    model_layers: int = field(default=2, metadata={"help": "Layers of the GPT-2 built from its config."})
+    model_width: int = field(default=64, metadata={"help": "Width of the GPT-2 built from its config."})
+    model_heads: int = field(
+        default=2, metadata={"help": "Attention heads of the GPT-2 built from its config."}
+    )
+    max_seq_length: int | None = field(default=None, metadata={"help": "Tokens per example (truncated)."})
+    max_train_examples: int | None = field(default=None, metadata={"help": "Training dialogues kept."})
+    test_fraction: float = field(default=0.1, metadata={"help": "Fraction of dialogues held out."})
+    max_test_examples: int | None = field(default=None, metadata={"help": "At most N test dialogues."})
+    num_canaries: int = field(default=10, metadata={"help": "Canaries inserted (CRT: 10)."})
+    canary_repetitions: int = field(default=20, metadata={"help": "Copies of each canary (CRT: 20)."})
+    canary_target: float = field(default=1e-3, metadata={"help": "Target posterior r of every canary."})
+    canary_seed: int = field(default=0, metadata={"help": "Seed of the canary values, positions and split."})
+    methods: list[str] = field(default_factory=lambda: list(METHODS), metadata={"help": "Models to train."})
+    exposure_samples: int | None = field(default=None, metadata={"help": "Candidates for the exposure fit."})
+    canary_nonmembers: int | None = field(
+        default=None, metadata={"help": "Fresh canary-format texts for the canary membership attack."}
+    )
+    mia_examples: int | None = field(
+        default=None, metadata={"help": "Training and held-out dialogues for the example membership attack."}
+    )
+    eval_batch_size: int = field(default=32, metadata={"help": "Batch size of evaluation and attacks."})
+    save_canaries: bool = field(
+        default=False,
+        metadata={"help": "Write the canary values to canaries_PRIVATE.json (keep it private)."},
+    )
+
+
+def validate(args: GPT2CanaryArguments, config: Any) -> None:
+    """ValueError naming the field and value for every bad choice, before any work."""
+    refuse_recipe_owned_fields(
+        config,
+        {
+            "noise_multiplier": "each DP model trains with its calibrated noise",
+            "secrets_file": "the canaries are the secrets",
+            "plan_file": "plans are computed for both DP models",
+        },
+    )
+    if args.preset == "paper" and args.dataset_name is None:
+        raise ValueError(
+            "preset='paper' needs --dataset_name (the offline default is the smaller chit-chat run)"
+        )
+    for name in (
+        "model_layers",
+        "model_width",
+        "model_heads",
+        "num_canaries",
+        "canary_repetitions",
+        "eval_batch_size",
+        "exposure_samples",
+        "canary_nonmembers",
+        "mia_examples",
+    ):
+        check_int(name, getattr(args, name), minimum=1)
+    check_int("max_seq_length", args.max_seq_length, minimum=12)
+    check_int("max_train_examples", args.max_train_examples, minimum=2, allow_none=True)
+    check_int("max_test_examples", args.max_test_examples, minimum=2, allow_none=True)
+    check_number("test_fraction", args.test_fraction, low=0.0, high=0.5)
+    check_number("canary_target", args.canary_target, low=1e-6, high=1.0 - 1e-12)
+    check_int("canary_seed", args.canary_seed, minimum=0)
+    if not args.methods or len(set(args.methods)) != len(args.methods) or set(args.methods) - set(METHODS):
+        raise ValueError(f"methods must be distinct names from {list(METHODS)}, got {args.methods!r}")
+    if config.expected_batch_size is None or config.expected_batch_size != int(config.expected_batch_size):
+        raise ValueError(
+            f"expected_batch_size must be a whole number here (the non-private model trains "
+            f"with batches of B), got {config.expected_batch_size!r}"
+        )
+
+
+# ----------------------------------------------------------------------------------- data
+def load_dialogues(args: GPT2CanaryArguments) -> tuple[Any, Any, str]:
+    """(train, test, description) with one ``text`` column; a seeded random split."""
+    if args.dataset_name is None:
+        from hush_hf.assets import chitchat_dialogues
+
+        corpus, source = chitchat_dialogues(), "Chit Chat Challenge dialogues (offline)"
+    else:
+        from hush_hf.data import load_text_dataset
+
+        corpus, source = load_text_dataset(args.dataset_name, split=args.dataset_split), args.dataset_name
+    if args.text_column not in corpus.column_names:
+        raise ValueError(
+            f"text_column={args.text_column!r} is not a column of the dataset "
+            f"(columns: {corpus.column_names})"
+        )
+    corpus = corpus.select_columns([args.text_column])
+    if args.text_column != "text":
+        corpus = corpus.rename_column(args.text_column, "text")
+    corpus = corpus.filter(lambda row: len(row["text"].split()) >= 4, desc="Dropping near-empty dialogues")
+    order = np.random.default_rng(args.canary_seed).permutation(len(corpus))
+    n_test = max(2, round(args.test_fraction * len(corpus)))
+    test = corpus.select(np.sort(order[:n_test])[: args.max_test_examples])
+    train = corpus.select(np.sort(order[n_test:])[: args.max_train_examples])
+    return train, test, source
+
+
+def insert_canary_secrets(args: GPT2CanaryArguments, train: Any) -> tuple[Any, list[Any], Any]:
+    """(train with canaries and ``secret_ids``, canaries, SecretSet): each canary is secret #k."""
+    from hush_hf.audit.canaries import canary_secret_records, insert_canaries, make_canaries
+    from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+
+    canaries = make_canaries(args.num_canaries, args.canary_repetitions, seed=args.canary_seed)
+    train, _ = insert_canaries(train, canaries, text_column="text", seed=args.canary_seed)
+    secrets = SecretSet.from_records(canary_secret_records(canaries, args.canary_target))
+    train = tag_dataset(train, tagger_for(secrets), text_column="text", num_secrets=len(secrets))
+    return train, canaries, secrets
+
+
+# ----------------------------------------------------------------------------------- planning
+def make_plans(
+    args: GPT2CanaryArguments, config: Any, secret_ids: Any, secrets: Any, sizes: np.ndarray, output_dir: Path
+) -> dict[str, Any]:
+    """The uniform DP-SGD plan (every w_i = 1) and the hush_hf plan (LP weights), both calibrated."""
+    from hush_hf.accounting import lp_budget
+    from hush_hf.planning.plan import plan_protection
+
+    budget = lp_budget(secrets.priors, secrets.targets, "kl" if config.accountant == "kl" else "tight")
+    lp_cs = {"uniform_dp": no_preprocessing_lp_c(sizes, budget), "hush_hf": config.lp_c}
+    plans = {}
+    for method in tqdm([m for m in ("uniform_dp", "hush_hf") if m in args.methods], desc="Planning"):
+        plans[method] = plan_protection(
+            secret_ids,
+            secrets.priors,
+            secrets.targets,
+            expected_batch_size=config.expected_batch_size,
+            steps=config.max_steps,
+            lp_c=lp_cs[method],
+            accountant=config.accountant,
+        )
+        plans[method].save(output_dir / "plans" / f"{method}.json")
+        logger.info(
+            "%s plan: retained weight %.3f, sigma %.4g",
+            method,
+            plans[method].retained_weight_fraction,
+            plans[method].noise_multiplier,
+        )
+    return plans
+
+
+# ----------------------------------------------------------------------------------- models
+def load_tokenizer(args: GPT2CanaryArguments) -> Any:
+    if args.model_name_or_path is None:
+        from hush_hf.assets import gpt2_tokenizer
+
+        return gpt2_tokenizer()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def build_model(args: GPT2CanaryArguments, tokenizer: Any, seed: int) -> Any:
+    from transformers import AutoModelForCausalLM, GPT2LMHeadModel, set_seed
+
+    set_seed(seed)  # the same initialisation for every method
+    if args.model_name_or_path is not None:
+        return AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    from hush_hf.assets import gpt2_small_config
+
+    config = gpt2_small_config(
+        len(tokenizer),
+        n_layer=args.model_layers,
+        n_embd=args.model_width,
+        n_head=args.model_heads,
+        n_positions=max(64, args.max_seq_length),
+    )
+    return GPT2LMHeadModel(config)
+
+
+def train_model(
+    method: str,
+    args: GPT2CanaryArguments,
+    config: Any,
+    plans: dict[str, Any],
+    *,
+    train: Any,
+    collator: Any,
+    tokenizer: Any,
+    output_dir: Path,
+) -> tuple[Any, dict[str, Any]]:
+    """Train one model; returns it and what the results record about the run."""
+    import time
+
+    from transformers import Trainer
+
+    from hush_hf.trainer import SecretProtectionTrainer
+
+    model = build_model(args, tokenizer, config.seed)
+    run_dir = output_dir / "runs" / method
+    if method == "non_private":
+        batch = int(config.expected_batch_size)
+        trainer = Trainer(
+            model=model,
+            args=run_config(config, run_dir, per_device_train_batch_size=batch),
+            train_dataset=train.remove_columns("secret_ids"),
+            data_collator=collator,
+        )
+        sigma = None
+    else:
+        trainer = SecretProtectionTrainer(
+            model=model,
+            args=run_config(config, run_dir),
+            train_dataset=train,
+            data_collator=collator,
+            plan=plans[method],
+        )
+        sigma = trainer.dp.noise_multiplier
+    start = time.perf_counter()
+    result = trainer.train()
+    return model, {
+        "noise_multiplier": sigma,
+        "train_loss": float(result.training_loss),
+        "train_seconds": time.perf_counter() - start,
+    }
+
+
+def attack(
+    model: Any,
+    args: GPT2CanaryArguments,
+    tokenizer: Any,
+    canaries: list[Any],
+    *,
+    test_batches: list[Any],
+    members: list[str],
+    nonmembers: list[str],
+    seed: int,
+) -> dict[str, Any]:
+    """Perplexity, canary exposure and the two membership attacks on one trained model."""
+    from hush_hf.audit.exposure import canary_exposures, summarize_exposures
+    from hush_hf.audit.membership import membership_attacks
+    from hush_hf.trainer.losses import lm_per_example_loss
+
+    model.eval()
+    loss = mean_token_loss(model, test_batches, lm_per_example_loss, causal=True)
+    exposures = summarize_exposures(
+        canary_exposures(
+            model,
+            tokenizer,
+            canaries,
+            method="skewnorm",
+            num_samples=args.exposure_samples,
+            batch_size=args.eval_batch_size,
+            seed=seed,
+        )
+    )
+    space = canaries[0].space
+    taken = {c.value for c in canaries}
+    fresh = [
+        v
+        for v in space.random_values(4 * args.canary_nonmembers, np.random.default_rng(seed + 1))
+        if v not in taken
+    ][: args.canary_nonmembers]
+    canary_mia = membership_attacks(
+        model,
+        tokenizer,
+        [c.text for c in canaries],
+        [space.text(v) for v in fresh],
+        batch_size=args.eval_batch_size,
+    )[0]
+    example_mia = membership_attacks(
+        model, tokenizer, members, nonmembers, max_length=args.max_seq_length, batch_size=args.eval_batch_size
+    )[0]
+    return {
+        "test_loss": loss,
+        "test_perplexity": math.exp(loss),
+        "exposure_max": exposures["inserted"]["max"],
+        "exposure_mean": exposures["inserted"]["mean"],
+        "exposure_max_possible": exposures["max_possible"],
+        "exposure_per_canary": [
+            {"canary": c["index"], "exposure": c["exposure"]} for c in exposures["canaries"]
+        ],
+        "canary_mia": canary_mia.to_json(),
+        "example_mia": example_mia.to_json(),
+    }
+
+
+# ----------------------------------------------------------------------------------- outputs
+def plot_results(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+    figure, axes = new_figure(1, 4, width=15, height=3.6)
+    names = [r["method"] for r in rows]
+    panels = [
+        ("test_perplexity", "test perplexity"),
+        ("exposure_max", "max canary exposure (bits)"),
+        ("canary_mia_auc", "canary membership AUC"),
+        ("example_mia_auc", "example membership AUC"),
+    ]
+    for ax, (key, label) in zip(axes.ravel(), panels, strict=True):
+        ax.bar(names, [r[key] for r in rows], color=["tab:red", "tab:gray", "tab:blue"][: len(rows)])
+        ax.set_title(label, fontsize=10)
+        ax.tick_params(axis="x", labelsize=8)
+        if key.endswith("auc"):
+            ax.axhline(0.5, color="black", linestyle=":", linewidth=1)
+            ax.set_ylim(0, 1)
+    figure.suptitle(title, fontsize=10)
+    return save_figure(figure, path)
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    header = [
+        "model",
+        "sigma",
+        "targets certified",
+        "test PPL",
+        "max exposure",
+        "mean exposure",
+        "canary MIA AUC",
+        "example MIA AUC",
+    ]
+    table = [
+        [
+            r["method"],
+            r["noise_multiplier"],
+            r["certified"],
+            r["test_perplexity"],
+            r["exposure_max"],
+            r["exposure_mean"],
+            r["canary_mia_auc"],
+            r["example_mia_auc"],
+        ]
+        for r in results["rows"]
+    ]
+    data, choices = results["data"], results["choices"]
+    lines = [
+        "# CRT canary experiment: GPT-2 on dialogues",
+        "",
+        f"Data: {data['source']}: {data['train_examples']} training rows "
+        f"({data['canary_rows']} canary copies), {data['test_examples']} test dialogues. "
+        f"{choices['num_canaries']} canaries x "
+        f"{choices['canary_repetitions']} copies, p = 1/|R| = {data['canary_prior']:.3g}, target r = "
+        f"{choices['canary_target']:g}.",
+        f"Training: B = {choices['expected_batch_size']:g}, T = {choices['max_steps']}, C = "
+        f"{choices['per_example_clip_norm']:g}, {choices['accountant']} accountant, hush_hf LP c = "
+        f"{choices['lp_c']:g}. Exposure: max possible {fmt(results['exposure_max_possible'])} bits, "
+        f"chance ~1.44 bits.",
+        "",
+        markdown_table(header, table),
+        "",
+        "![results](canaries.png)",
+        "",
+    ]
+    return "\n".join(lines + [f"- {note}" for note in results["notes"]]) + "\n"
+
+
+# ----------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
+    args, config = parse_recipe_arguments(GPT2CanaryArguments, PRESETS, recipe_name=RECIPE, argv=argv)
+    validate(args, config)
+    with recipe_logging(Path(config.output_dir), main_process=config.process_index == 0):
+        return run(args, config)
+
+
+def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
+    from transformers import DataCollatorForLanguageModeling
+
+    from hush_hf.planning.memberships import membership_matrix
+    from hush_hf.trainer.distributed import broadcast_object
+    from hush_hf.trainer.plan_setup import column
+
+    output_dir = Path(config.output_dir)
+    main_process = config.process_index == 0
+    watch = Stopwatch()
+    with watch("data and canaries"):
+        train_text, test_text, source = load_dialogues(args)
+        train_text, canaries, secrets = insert_canary_secrets(args, train_text)
+        secret_ids = column(train_text, "secret_ids")
+        sizes = np.asarray(membership_matrix(secret_ids, len(secrets)).sum(axis=1)).ravel()
+    with watch("planning"):
+        planned = make_plans(args, config, secret_ids, secrets, sizes, output_dir) if main_process else None
+        plans = broadcast_object(planned)
+    with watch("tokenizing"):
+        tokenizer = load_tokenizer(args)
+
+        def encode(batch: dict[str, list[str]]) -> dict[str, Any]:
+            return tokenizer(batch["text"], truncation=True, max_length=args.max_seq_length)
+
+        train = train_text.map(encode, batched=True, remove_columns=["text"], desc="Tokenizing")
+        test = test_text.map(encode, batched=True, remove_columns=["text"], desc="Tokenizing")
+        collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+        test_batches = collate_batches(test, collator, args.eval_batch_size)
+        canary_texts = {c.text for c in canaries}
+        rng = np.random.default_rng(args.canary_seed)
+        ordinary = [t for t in train_text["text"] if t not in canary_texts]
+        members = [ordinary[k] for k in np.sort(rng.permutation(len(ordinary))[: args.mia_examples])]
+        nonmembers = test_text["text"][: args.mia_examples]
+
+    rows = []
+    for method in tqdm(list(args.methods), desc="Models"):
+        with watch(f"training {method}"):
+            model, record = train_model(
+                method,
+                args,
+                config,
+                plans,
+                train=train,
+                collator=collator,
+                tokenizer=tokenizer,
+                output_dir=output_dir,
+            )
+        with watch(f"attacks {method}"):
+            found = attack(
+                model,
+                args,
+                tokenizer,
+                canaries,
+                test_batches=test_batches,
+                members=members,
+                nonmembers=nonmembers,
+                seed=args.canary_seed,
+            )
+        plan = plans.get(method)
+        rows.append(
+            {
+                "method": method,
+                **record,
+                "certified": plan is not None and plan.meets_targets,
+                "bound_over_target_max": None if plan is None else plan.summary()["bound_over_target_max"],
+                "retained_weight_fraction": None if plan is None else plan.retained_weight_fraction,
+                **found,
+                "canary_mia_auc": found["canary_mia"]["auc"],
+                "example_mia_auc": found["example_mia"]["auc"],
+            }
+        )
+        logger.info(
+            "%s: perplexity %.4g, max exposure %.3g bits, canary MIA AUC %.3f",
+            method,
+            found["test_perplexity"],
+            found["exposure_max"],
+            found["canary_mia"]["auc"],
+        )
+
+    notes = [
+        "Canaries are referred to by index; their values are secrets and are written nowhere"
+        + (" except canaries_PRIVATE.json." if args.save_canaries else "."),
+        "non_private trains with plain transformers.Trainer (no clipping, no noise); it has no guarantee.",
+        "uniform_dp samples every example at rate B/n (no LP); hush_hf samples by the LP weights. Both "
+        "calibrate sigma so that every canary's posterior bound is <= its target.",
+        f"Exposure is estimated from {args.exposure_samples} random candidates (skew-normal fit); "
+        "0 to ~1.44 bits is what an untrained model gets.",
+    ]
+    if args.model_name_or_path is None:
+        notes.append(
+            f"GPT-2 ({args.model_layers} layers, width {args.model_width}) is trained from its config "
+            "with the GPT-2 vocabulary: no pretrained weights offline."
+        )
+    results = {
+        "recipe": RECIPE,
+        "choices": {
+            **asdict(args),
+            "max_steps": config.max_steps,
+            "expected_batch_size": config.expected_batch_size,
+            "per_example_clip_norm": config.per_example_clip_norm,
+            "accountant": config.accountant,
+            "lp_c": config.lp_c,
+            "learning_rate": config.learning_rate,
+            "seed": config.seed,
+            "world_size": config.world_size,
+        },
+        "data": {
+            "source": source,
+            "train_examples": len(train),
+            "canary_rows": int(sizes.sum()),
+            "test_examples": len(test),
+            "canary_prior": float(secrets.priors[0]),
+            "examples_per_canary": describe_counts(sizes),
+        },
+        "exposure_max_possible": rows[0]["exposure_max_possible"] if rows else None,
+        "rows": rows,
+        "notes": notes,
+        "timings_seconds": {**watch.seconds, "total": watch.total()},
+        "files": [RESULTS_JSON, RESULTS_MARKDOWN, "canaries.png", "plans/", "run.log"],
+    }
+    if main_process:
+        plot_results(
+            rows,
+            output_dir / "canaries.png",
+            f"CRT canaries ({args.preset}): B={config.expected_batch_size:g}, T={config.max_steps}",
+        )
+        if args.save_canaries:
+            from hush_hf.audit.canaries import save_canaries
+
+            save_canaries(output_dir / "canaries_PRIVATE.json", canaries)
+        results["timings_seconds"]["total"] = watch.total()
+        write_json(output_dir / RESULTS_JSON, results)
+        (output_dir / RESULTS_MARKDOWN).write_text(results_markdown(results), encoding="utf-8")
+        logger.info("Results in %s (%.0f s)", output_dir, watch.total())
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+"""Recipes: each one's --smoke run in a subprocess (output files and their content), the shared helpers,
+and the masked-positions BERT head against an independent per-example reference.
+
+The smoke runs are the slow part (~30-50 s each on 2 cores, most of it imports and planning); one of
+them goes through ``accelerate launch --num_processes 1`` to prove the launch path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_recipes_helpers import (
+    ACCELERATE,
+    assert_files,
+    assert_no_secret_leaks,
+    recipe_module,
+    run_recipe,
+    single_thread,  # noqa: F401  (autouse fixture)
+)
+
+common = recipe_module("common")
+arxiv_mlm = recipe_module("arxiv_mlm")
+masked_positions = recipe_module("masked_positions")
+BertForMaskedPositionsLM = masked_positions.BertForMaskedPositionsLM
+labelled_positions = masked_positions.labelled_positions
+masked_positions_loss = masked_positions.masked_positions_loss
+
+
+# ------------------------------------------------------------------------------ arxiv_mlm (recipe 1)
+def test_arxiv_mlm_smoke_under_accelerate_launch(tmp_path):
+    out = tmp_path / "arxiv"
+    done = run_recipe(
+        ["recipes/arxiv_mlm.py", "--smoke", "--output_dir", str(out)],
+        launcher=[
+            str(ACCELERATE),
+            "launch",
+            "--num_processes",
+            "1",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        ],
+    )
+    assert_files(out, ["results.json", "results.md", "fig1.png", "run.log"])
+    results = json.loads((out / "results.json").read_text())
+    assert results["certified_for_this_run"] is True and results["warning"] is None
+    rows = {(r["setting"], r["c_exponent"]): r for r in results["rows"]}
+    assert set(rows) == {(s, k) for s in ("paper", "hush_hf") for k in (2, 4)}
+    kept = results["data"]["examples_with_a_secret"] / results["data"]["train_examples"]
+    for (setting, k), row in rows.items():
+        assert row["meets_targets"] is True and row["bound_over_target_max"] <= 1.0
+        assert 0 < row["retained_fraction"] <= kept + 1e-12
+        assert row["noise_multiplier_trained"] == row["noise_multiplier"]
+        for key in ("test_loss_no_noise", "test_loss_noise"):
+            if k == 4:  # trained
+                assert math.isfinite(row[key]) and 0 < row[key] < 20, (setting, k, key)
+            else:  # planned only
+                assert key not in row, (setting, k, key)
+    for k in (2, 4):
+        # The tight accountant certifies the same targets with less noise than the paper's KL route.
+        assert rows[("hush_hf", k)]["noise_multiplier"] < rows[("paper", k)]["noise_multiplier"]
+    # Relative units: c = 2^4 is the paper's "no preprocessing", every example with a secret kept.
+    for setting in ("paper", "hush_hf"):
+        assert rows[(setting, 4)]["retained_fraction"] == pytest.approx(kept, abs=1e-12)
+        assert rows[(setting, 2)]["retained_fraction"] < rows[(setting, 4)]["retained_fraction"]
+        assert rows[(setting, 2)]["noise_multiplier"] < rows[(setting, 4)]["noise_multiplier"]
+    # At c = 2^4 both settings train on the same sampling probabilities: one no-noise run serves both.
+    assert rows[("paper", 4)]["run_no_noise"] == rows[("hush_hf", 4)]["run_no_noise"]
+    assert len(results["runs"]) == 3
+    plans = sorted(p.name for p in (out / "plans").glob("*.json"))
+    assert plans == ["hush_hf_c+4.json", "paper_c+4.json"]  # the plans of the trained c
+    table = (out / "results.md").read_text()
+    assert "| 2^2 |" in table and "| 2^4 |" in table
+    assert "Training runs" in done.stderr  # progress bars
+    assert_no_secret_leaks(out, smoke_secret_words())
+
+
+def smoke_secret_words() -> set[str]:
+    """The secret words of the arxiv_mlm smoke preset, recomputed independently of the recipe's run."""
+    args, _ = common.parse_recipe_arguments(
+        arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="t", argv=["--smoke"]
+    )
+    train, _, _ = arxiv_mlm.load_corpus(args)
+    secrets = arxiv_mlm.choose_secrets(args, train)
+    assert len(secrets) == 20
+    return {s.name for s in secrets}
+
+
+def test_accounting_scale_trains_with_less_noise_and_says_so(tmp_path):
+    out = tmp_path / "scaled"
+    with pytest.warns(UserWarning, match="below the plan's calibrated"):
+        results = arxiv_mlm.main(
+            [
+                "--smoke",
+                "--output_dir",
+                str(out),
+                "--settings",
+                "paper",
+                "--c_exponents",
+                "4",
+                "--train_c_exponents",
+                "4",
+                "--accounting_scale",
+                "10",
+            ]
+        )
+    assert results["certified_for_this_run"] is False
+    (row,) = results["rows"]
+    assert row["noise_multiplier_trained"] == pytest.approx(row["noise_multiplier"] / 10, rel=1e-15)
+    assert {run["sigma"] for run in results["runs"]} == {0.0, row["noise_multiplier_trained"]}
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["certified_for_this_run"] is False
+    assert "HOLD ONLY FOR THE SIMULATED SETTING WITH A 10x LARGER BATCH" in saved["warning"]
+    assert (out / "results.md").read_text().startswith("> **WARNING: ACCOUNTING SCALE 10")
+    assert (out / "run.log").read_text().count("ACCOUNTING SCALE 10") >= 2  # at the start and the end
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--secret_band", "9", "3"], r"secret_band must be two int values lo <= hi, got \[9, 3\]"),
+        (["--train_c_exponents", "3"], r"train_c_exponents \[3\] are not in c_exponents=\[2, 4\]"),
+        (["--noise_multiplier", "1.0"], r"noise_multiplier=1\.0: this recipe sets noise_multiplier"),
+        (["--accounting_scale", "0.5"], r"accounting_scale must be >= 1 .*got 0\.5"),
+        (["--settings", "paper", "paper"], r"settings must be distinct names"),
+        (["--secret_selection", "tfidf"], r"secret_selection must be 'df' or 'rank', got 'tfidf'"),
+        (["--c_unit", "bits"], r"c_unit must be 'relative' or 'absolute', got 'bits'"),
+        (["--test_fraction", "0.9"], r"test_fraction must be a number in \(0, 0\.5\], got 0\.9"),
+    ],
+)
+def test_arxiv_mlm_refuses_bad_arguments_before_any_work(tmp_path, argv, match):
+    out = tmp_path / "never"
+    with pytest.raises(ValueError, match=match):
+        arxiv_mlm.main(["--smoke", "--output_dir", str(out), *argv])
+    assert not out.exists()
+
+
+def test_paper_preset_needs_a_dataset_and_takes_the_papers_settings(tmp_path):
+    with pytest.raises(ValueError, match="preset='paper' needs --dataset_name"):
+        arxiv_mlm.main(["--preset", "paper", "--output_dir", str(tmp_path / "never")])
+    args, config = common.parse_recipe_arguments(
+        arxiv_mlm.ArxivMLMArguments,
+        arxiv_mlm.PRESETS,
+        recipe_name="arxiv_mlm",
+        argv=["--preset", "paper", "--dataset_name", "arxiv.jsonl", "--max_steps", "7"],
+    )
+    assert (config.expected_batch_size, config.max_steps) == (2048.0, 7)  # explicit flags win over the preset
+    assert args.accounting_scale == 10.0 and args.model_name_or_path == arxiv_mlm.PAPER_MODEL
+    assert (args.secret_selection, args.secret_band) == ("rank", [50_000, 150_000])
+    assert args.c_exponents == args.train_c_exponents == list(range(-6, 5))
+    assert config.output_dir == "outputs/arxiv_mlm"
+
+
+def test_relative_c_unit_makes_c_16_keep_every_example():
+    sizes = np.array([50, 100, 0, 75])
+    budget = np.array([0.01, 0.004, 0.02, 0.016])
+    unit = arxiv_mlm.c_unit_for(sizes, budget, "relative")
+    capacity = 16 * unit * budget
+    assert np.all(capacity[sizes > 0] >= sizes[sizes > 0] * (1 - 1e-12))
+    assert np.isclose(capacity / np.maximum(sizes, 1), 1.0).sum() == 1  # the tightest secret binds exactly
+    assert arxiv_mlm.c_unit_for(sizes, budget, "absolute") == 1.0
+    with pytest.raises(ValueError, match="no training example contains any secret"):
+        arxiv_mlm.c_unit_for(np.zeros(3), budget[:3], "relative")
+
+
+# ------------------------------------------------------------------------------ masked-positions head
+def tiny_bert_pair(seed: int = 0):
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    reference = BertForMaskedLM(config).double()
+    model = BertForMaskedPositionsLM(config).double()
+    model.load_state_dict(reference.state_dict())
+    return reference, model
+
+
+def mlm_batch(seed: int = 0, b: int = 5, length: int = 12):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 50, (b, length), generator=generator)
+    attention = torch.ones(b, length, dtype=torch.long)
+    attention[1, 8:] = 0
+    labels = torch.full((b, length), -100)
+    masked = torch.rand(b, length, generator=generator) < 0.3
+    masked[2] = False  # an example with nothing to predict
+    masked[3, :] = True  # and one with every position
+    labels[masked] = ids[masked]
+    labels[1, 8:] = -100
+    return {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "position_ids": torch.arange(length).repeat(b, 1),
+        "labels": labels,
+    }
+
+
+def test_labelled_positions_puts_each_rows_labels_first_in_order():
+    labels = torch.tensor([[-100, 7, -100, 9], [5, -100, -100, -100], [-100, -100, -100, -100]])
+    positions, selected = labelled_positions(labels)
+    assert positions.tolist() == [[1, 3], [0, 1], [0, 1]]
+    assert selected.tolist() == [[7, 9], [5, -100], [-100, -100]]
+
+
+def test_masked_positions_head_gives_the_same_losses_and_per_example_gradients():
+    from hush_hf.clipping import GhostClipper
+    from hush_hf.trainer.losses import lm_per_example_loss
+
+    reference, model = tiny_bert_pair()
+    batch = mlm_batch()
+    expected = lm_per_example_loss(reference, dict(batch))
+    losses = masked_positions_loss(model, dict(batch))
+    torch.testing.assert_close(losses, expected, rtol=1e-12, atol=1e-12)
+    assert losses[2] == 0
+    # Independent reference: each example's gradient by its own backward pass on the plain BERT.
+    norms = []
+    for i in range(losses.shape[0]):
+        reference.zero_grad()
+        lm_per_example_loss(reference, {k: v[i : i + 1] for k, v in batch.items()}).sum().backward()
+        norms.append(torch.sqrt(sum((p.grad**2).sum() for p in reference.parameters() if p.grad is not None)))
+    clipper = GhostClipper(model, 1e9)
+    try:
+        ghost = clipper.per_example_norms(masked_positions_loss(model, dict(batch)))
+    finally:
+        clipper.remove()
+    torch.testing.assert_close(ghost, torch.stack(norms).to(ghost.dtype), rtol=1e-10, atol=1e-12)
+    assert ghost[2] == 0
+
+
+def test_masked_positions_model_scores_every_position_without_labels_and_hf_loss_with_them():
+    reference, model = tiny_bert_pair(1)
+    batch = mlm_batch(1)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    torch.testing.assert_close(model(**inputs).logits, reference(**inputs).logits)
+    expected = reference(**batch).loss.to(torch.float32)
+    torch.testing.assert_close(model(**batch).loss, expected, rtol=1e-6, atol=0)
+
+
+# ------------------------------------------------------------------------------ common helpers
+def test_mean_token_loss_is_the_corpus_token_mean_whatever_the_batching():
+    from hush_hf.trainer.losses import lm_per_example_loss
+
+    reference, model = tiny_bert_pair(2)
+    batch = mlm_batch(2, b=6)
+    with torch.no_grad():
+        expected = float(reference(**batch).loss)  # transformers: mean over all labelled tokens of the batch
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(6)]
+
+    def stack(features):
+        return {k: torch.stack([f[k] for f in features]) for k in features[0]}
+
+    for size in (1, 4, 6):
+        batches = common.collate_batches(rows, stack, size)
+        assert common.mean_token_loss(model, batches, masked_positions_loss, causal=False) == pytest.approx(
+            expected, rel=1e-9
+        )
+        assert common.mean_token_loss(reference, batches, lm_per_example_loss, causal=False) == pytest.approx(
+            expected, rel=1e-9
+        )
+
+
+def test_preset_defaults_apply_and_explicit_flags_win():
+    args, config = common.parse_recipe_arguments(
+        arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="arxiv_mlm", argv=[]
+    )
+    assert args.preset == "offline" and config.output_dir == "outputs/arxiv_mlm"
+    assert (config.max_steps, config.expected_batch_size, config.max_grad_norm) == (40, 32.0, 0.0)
+    assert config.report_to == [] and args.c_exponents == [-6, 0, 2, 4]
+    argv = ["--smoke", "--learning_rate", "0.5", "--c_exponents", "3"]
+    args, config = common.parse_recipe_arguments(
+        arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="arxiv_mlm", argv=argv
+    )
+    assert args.preset == "smoke" and config.output_dir == "outputs/arxiv_mlm_smoke"
+    assert (config.max_steps, config.learning_rate, args.c_exponents) == (3, 0.5, [3])
+    with pytest.raises(ValueError, match="--smoke conflicts with preset='paper'"):
+        common.parse_recipe_arguments(
+            arxiv_mlm.ArxivMLMArguments,
+            arxiv_mlm.PRESETS,
+            recipe_name="x",
+            argv=["--smoke", "--preset", "paper"],
+        )
+    with pytest.raises(ValueError, match="preset='huge' is not one of"):
+        common.parse_recipe_arguments(
+            arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="x", argv=["--preset", "huge"]
+        )
+
+
+def test_markdown_and_json_helpers():
+    table = common.markdown_table(["a", "b"], [[1.23456, None], [float("nan"), True]])
+    assert table.splitlines() == ["| a | b |", "|---|---|", "| 1.235 | — |", "| — | yes |"]
+    assert common.json_ready({"x": np.float64(1.5), "y": [np.int64(2), float("inf")], "p": Path("a")}) == {
+        "x": 1.5,
+        "y": [2, None],
+        "p": "a",
+    }
+
+
+# ------------------------------------------------------------------------------ launch configurations
+@pytest.mark.parametrize("variable", ["ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"])
+def test_fsdp_and_deepspeed_launches_are_refused_before_any_work(tmp_path, monkeypatch, variable):
+    monkeypatch.setenv(variable, "true")
+    out = tmp_path / "never"
+    with pytest.raises(
+        ValueError, match=rf"{variable}='true': .* not supported .*configs/accelerate/multi_gpu.yaml"
+    ):
+        arxiv_mlm.main(["--smoke", "--output_dir", str(out)])
+    assert not out.exists()
+    monkeypatch.setenv(variable, "false")
+    common.refuse_unsupported_launch()  # an explicit "false" is not a request for it
+
+
+def test_accelerate_configs_describe_the_launches_they_are_named_after():
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    folder = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+    expected = {"single_gpu.yaml": ("NO", 1), "multi_gpu.yaml": ("MULTI_GPU", 2), "fsdp.yaml": ("FSDP", 2)}
+    for name, (kind, processes) in expected.items():
+        config = ClusterConfig.from_yaml_file(folder / name)
+        assert (config.distributed_type.value, config.num_processes) == (kind, processes), name
+        assert config.mixed_precision == "no" and config.use_cpu is False
+    assert "REFUSES" in (folder / "fsdp.yaml").read_text()

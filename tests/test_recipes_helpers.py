@@ -1,0 +1,90 @@
+"""Shared helpers of the recipe tests: recipe modules, subprocess runs, checks for leaks (no tests here)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+PYTHON = sys.executable
+ACCELERATE = Path(sys.executable).with_name("accelerate")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def recipe_module(name: str) -> ModuleType:
+    """A module of recipes/ (a folder of scripts, not a package: they import each other as the
+    scripts do, e.g. ``from common import ...``, so the folder goes on ``sys.path``)."""
+    if str(RECIPES) not in sys.path:
+        sys.path.insert(0, str(RECIPES))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny models run fastest on one thread; with pytest -n 2 on 2 cores more threads only contend.
+    Autouse in every module that imports it; the previous setting is restored after each test."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def run_recipe(
+    args: list[str], *, launcher: list[str] | None = None, timeout: float = 170.0
+) -> subprocess.CompletedProcess:
+    """Run ``python <args>`` (or ``launcher + args``) from the repository root, offline, one thread."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    command = (launcher or [PYTHON]) + args
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-6000:]}")
+    return done
+
+
+def words_of(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.casefold()))
+
+
+def template_words() -> set[str]:
+    """Words the code itself writes (labels, notes, messages): no leak when a secret equals one."""
+    sources = [*RECIPES.glob("*.py"), *(ROOT / "hush_hf").rglob("*.py")]
+    return set().union(*(words_of(p.read_text(encoding="utf-8")) for p in sources))
+
+
+def output_texts(folder: Path) -> str:
+    """Every text file a recipe wrote (results, tables, plans, log)."""
+    return "\n".join(
+        p.read_text(encoding="utf-8", errors="replace")
+        for p in folder.rglob("*")
+        if p.is_file() and p.suffix in {".json", ".md", ".log", ".txt"}
+    )
+
+
+def assert_files(folder: Path, names: list[str]) -> None:
+    for name in names:
+        path = folder / name
+        assert path.is_file() and path.stat().st_size > 0, name
+        if name.endswith(".png"):
+            assert path.read_bytes()[:8] == PNG_MAGIC, name
+
+
+def assert_no_secret_leaks(folder: Path, secret_words: set[str]) -> None:
+    """No secret word appears in the outputs, except words the code itself writes."""
+    leaked = (words_of(output_texts(folder)) & {w.casefold() for w in secret_words}) - template_words()
+    assert not leaked, f"{len(leaked)} secret word(s) appear in the outputs"

@@ -1,0 +1,203 @@
+"""Recipes 2-4 (gpt2_canary, gemma2_pretrain, code_completion): each --smoke in a subprocess with its
+output files and their content checked, and the import-graph tagging of code_completion."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tests.test_recipes_helpers import (
+    assert_files,
+    assert_no_secret_leaks,
+    output_texts,
+    recipe_module,
+    run_recipe,
+    single_thread,  # noqa: F401  (autouse fixture)
+)
+
+code_completion = recipe_module("code_completion")
+
+
+# ------------------------------------------------------------------------------ gpt2_canary (recipe 2)
+def test_gpt2_canary_smoke(tmp_path):
+    from hush_hf.audit.canaries import make_canaries
+
+    out = tmp_path / "canary"
+    run_recipe(["recipes/gpt2_canary.py", "--smoke", "--output_dir", str(out)])
+    assert_files(
+        out,
+        [
+            "results.json",
+            "results.md",
+            "canaries.png",
+            "run.log",
+            "plans/uniform_dp.json",
+            "plans/hush_hf.json",
+        ],
+    )
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in results["rows"]}
+    assert list(rows) == ["non_private", "uniform_dp", "hush_hf"]
+    assert results["data"]["canary_rows"] == 10 * 20
+    assert results["data"]["canary_prior"] == pytest.approx(1e-6)
+    assert rows["non_private"]["noise_multiplier"] is None and rows["non_private"]["certified"] is False
+    for method in ("uniform_dp", "hush_hf"):
+        assert rows[method]["certified"] is True and rows[method]["bound_over_target_max"] <= 1.0
+    assert rows["uniform_dp"]["retained_weight_fraction"] == 1.0  # every example at rate B/n
+    # The LP caps the canaries' copies, so the same targets need less noise than uniform sampling.
+    assert 0 < rows["hush_hf"]["noise_multiplier"] < rows["uniform_dp"]["noise_multiplier"]
+    for row in rows.values():
+        assert math.isfinite(row["test_perplexity"]) and row["test_perplexity"] > 1
+        assert 0 <= row["exposure_mean"] <= row["exposure_max"] <= row["exposure_max_possible"]
+        assert len(row["exposure_per_canary"]) == 10
+        for attack in ("canary_mia", "example_mia"):
+            assert 0.0 <= row[attack]["auc"] <= 1.0
+    # The canary values are secrets: none may appear in any output.
+    texts = output_texts(out)
+    values = [c.value for c in make_canaries(10, 20, seed=0)]
+    assert not [v for v in values if v in texts]
+
+
+# ------------------------------------------------------------------------------ gemma2_pretrain (recipe 3)
+def test_gemma2_pretrain_smoke(tmp_path):
+    out = tmp_path / "gemma"
+    run_recipe(["recipes/gemma2_pretrain.py", "--smoke", "--output_dir", str(out)])
+    assert_files(out, ["results.json", "results.md", "fig2_fig3.png", "run.log"])
+    results = json.loads((out / "results.json").read_text())
+    rows = results["rows"]
+    assert [r["noise_multiplier"] for r in rows] == [0.0, 1e-3, 1e-2, 1e-1]
+    for row in rows:
+        assert math.isfinite(row["validation_loss"]) and 0 < row["validation_loss"] < math.log(256) + 1
+        assert [step for step, _ in row["validation_curve"]] == [3, 6]  # every eval_steps, up to T
+        assert 0.0 <= row["extractable_fraction"] <= 1.0 and 0.0 <= row["heldout_extractable_fraction"] <= 1.0
+        # 32 sequences, B = 8, T = 6: a sequence is in no batch with probability (1 - 1/4)^6, so even
+        # sigma = 0 certifies the posterior only up to 1 minus that (the plan's bound); nothing better.
+        assert 1 - 0.75**6 - 1e-6 <= row["posterior_bound_max"] <= 1.0
+    assert "| 0.1 |" in (out / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------ code_completion (recipe 4)
+def test_code_completion_smoke_keeps_module_names_out_of_the_outputs(tmp_path):
+    from hush_hf.assets import stdlib_sources
+
+    out = tmp_path / "code"
+    run_recipe(["recipes/code_completion.py", "--smoke", "--output_dir", str(out)])
+    assert_files(out, ["results.json", "results.md", "module_bounds.png", "run.log", "plans/hush_hf.json"])
+    results = json.loads((out / "results.json").read_text())
+    assert results["names_revealed"] is False
+    assert results["plan"]["meets_targets"] is True
+    modules = results["modules"]
+    assert len(modules) == results["data"]["secrets"] and all("module" not in row for row in modules)
+    sensitive = [row for row in modules if row["sensitive"]]
+    assert len(sensitive) == 1 and sensitive[0]["target"] == 1e-3
+    assert all(row["target"] == 1e-2 for row in modules if not row["sensitive"])
+    assert all(row["bound"] <= row["target"] for row in modules)
+    assert set(results["attacks"]) == {"non_private", "hush_hf"}
+    # Module names are the secrets. Dotted names are distinctive strings: none may appear at all;
+    # plain names may only where the code's own words coincide with them.
+    names = set(stdlib_sources(max_files=60)["module"])
+    texts = output_texts(out)
+    assert not [name for name in names if "." in name and name in texts]
+    assert_no_secret_leaks(out, names)
+
+
+def test_import_graph_counts_definitions_and_imports_not_mentions():
+    source = "\n".join(
+        [
+            '"""Mentions hashlib in a docstring: not an import."""',
+            "import os.path, json as j",
+            "from . import sibling",
+            "from ..pkg import helper",
+            "from .sub.mod import name",
+            "x = 'import ssl'  # import socket",
+        ]
+    )
+    names, parsed = code_completion.referenced_modules(source, "a.b.c", is_package=False)
+    assert parsed
+    assert names == {
+        "a",
+        "a.b",
+        "a.b.c",
+        "os",
+        "os.path",
+        "json",
+        "a.b.sibling",
+        "a.pkg",
+        "a.pkg.helper",
+        "a.b.sub",
+        "a.b.sub.mod",
+        "a.b.sub.mod.name",
+    }
+    package, _ = code_completion.referenced_modules(
+        "from . import x\nfrom .. import y", "a.b", is_package=True
+    )
+    assert package == {"a", "a.b", "a.b.x", "a.y"}
+
+
+def test_import_graph_falls_back_to_import_lines_when_ast_cannot_parse():
+    source = "import zipfile, tarfile as t\nfrom .util import go\nprint 'python 2'\n"
+    names, parsed = code_completion.referenced_modules(source, "pkg.mod", is_package=False)
+    assert not parsed
+    assert {"pkg.mod", "zipfile", "tarfile", "pkg.util", "pkg.util.go"} <= names
+
+
+def test_module_paths_and_length_matched_alternatives():
+    assert code_completion.module_of("email/mime/__init__.py") == ("email.mime", True)
+    assert code_completion.module_of("json/decoder.py") == ("json.decoder", False)
+    from hush_hf.assets import gpt2_tokenizer
+    from hush_hf.secrets import Secret
+
+    tokenizer = gpt2_tokenizer()
+    names = ["os", "re", "json", "asyncio.base_events", "email.mime.multipart", "ssl"]
+    secrets = [Secret(name=n, prior=1e-4, target_posterior=1e-2, terms=(n,)) for n in names]
+    chosen = code_completion.length_matched_alternatives(secrets, tokenizer, 2, seed=0)
+    length = {n: len(tokenizer(" " + n)["input_ids"]) for n in names}
+    for j, name in enumerate(names):
+        assert name not in chosen[j] and len(chosen[j]) == 2
+        nearest = sorted(abs(length[o] - length[name]) for o in names if o != name)[:2]
+        assert sorted(abs(length[o] - length[name]) for o in chosen[j]) == nearest
+
+
+def test_code_completion_refuses_bad_arguments_without_echoing_module_names(tmp_path):
+    out = tmp_path / "never"
+    with pytest.raises(ValueError, match=r"sensitive_modules\[1\] is not a dotted module name") as caught:
+        code_completion.main(
+            ["--smoke", "--output_dir", str(out), "--sensitive_modules", "base64", "top secret"]
+        )
+    assert "top secret" not in str(caught.value)
+    with pytest.raises(ValueError, match=r"sensitive_target=5e-05 must exceed prior=0\.0001"):
+        code_completion.main(["--smoke", "--output_dir", str(out), "--sensitive_target", "5e-5"])
+    assert not out.exists()
+    args, _ = code_completion.parse_recipe_arguments(
+        code_completion.CodeCompletionArguments,
+        code_completion.PRESETS,
+        recipe_name="x",
+        argv=["--reveal-secret-names"],
+    )
+    assert args.reveal_secret_names is True
+
+
+def test_module_rows_name_modules_only_when_asked():
+    from hush_hf.planning.plan import plan_protection
+
+    plan = plan_protection(
+        [[0], [1], [0, 1]],
+        np.full(2, 1e-4),
+        np.full(2, 1e-2),
+        expected_batch_size=0.3,
+        steps=2,
+        noise_multiplier=5.0,
+        accountant="kl",
+    )
+    attacks = {"hush_hf": {"per_secret": {1: {"rank": 1.0, "probability": 0.5, "candidates": 3}}}}
+    hidden = code_completion.module_rows(plan, None, {1}, attacks, None, None)
+    assert [set(row) >= {"secret", "bound", "target"} and "module" not in row for row in hidden] == [
+        True,
+        True,
+    ]
+    assert hidden[1]["rank_hush_hf"] == 1.0 and hidden[0]["rank_hush_hf"] is None and hidden[1]["sensitive"]
+    shown = code_completion.module_rows(plan, None, {1}, attacks, ["alpha", "beta"], ["f0", "f1"])
+    assert [(r["module"], r["fingerprint"]) for r in shown] == [("alpha", "f0"), ("beta", "f1")]
