@@ -27,10 +27,11 @@ Module names are the secrets: outputs name modules by index (and by a keyed fing
 ``--fingerprint_key_file``, see ``hush_hf.secrets.secret_fingerprint``), never by name, unless
 ``--reveal-secret-names`` is given. File paths would reveal module names too and are never written.
 
-Presets: ``offline`` (default): the first 2 sequences of 64 tokens of each of the ~730 non-test stdlib
-files, a 2-layer GPT-2 of width 64, B = 32, T = 60, within 10 minutes on 2 CPU cores. ``smoke``: 60
-files, T = 3. ``paper``: a larger run for a GPU (``--model_name_or_path`` for a pretrained code model,
-``--dataset_name`` for your own code with ``path``/``text`` columns).
+Presets: ``offline`` (default): the first 2 sequences of 48 tokens of each of the ~730 non-test stdlib
+files, a 2-layer GPT-2 of width 64, B = 32, T = 50, 20 ordinary modules attacked with 10 alternatives
+each, within 10 minutes on 2 CPU cores. ``smoke``: 60 files, T = 3. ``paper``: a larger run for a GPU
+(``--model_name_or_path`` for a pretrained code model, ``--dataset_name`` for your own code with
+``path`` and ``text`` columns), 20 alternatives per attacked module.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from common import (
     describe_counts,
     markdown_table,
     new_figure,
+    non_private_config,
     parse_recipe_arguments,
     recipe_logging,
     refuse_recipe_owned_fields,
@@ -69,14 +71,15 @@ IMPORT_LINE = re.compile(r"^\s*(?:from\s+([.\w]+)\s+import\s+(.+)|import\s+(.+))
 
 PRESETS: dict[str, dict[str, Any]] = {
     "offline": {
-        "max_steps": 60,
+        "max_steps": 50,
         "expected_batch_size": 32.0,
         "per_device_train_batch_size": 32,
         "learning_rate": 3e-3,
         "logging_steps": 10,
-        "block_size": 64,
+        "block_size": 48,
         "chunks_per_file": 2,
-        "num_probed_modules": 30,
+        "num_probed_modules": 20,
+        "num_alternatives": 10,
     },
     "smoke": {
         "max_steps": 3,
@@ -101,6 +104,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "block_size": 256,
         "chunks_per_file": 16,
         "num_probed_modules": 200,
+        "num_alternatives": 20,
         "model_layers": 6,
         "model_width": 512,
     },
@@ -142,8 +146,8 @@ class CodeCompletionArguments:
     num_probed_modules: int | None = field(
         default=None, metadata={"help": "Ordinary modules attacked (besides every sensitive one)."}
     )
-    num_alternatives: int = field(
-        default=20, metadata={"help": "Other module names each true name is ranked against."}
+    num_alternatives: int | None = field(
+        default=None, metadata={"help": "Other module names each true name is ranked against."}
     )
     reveal_secret_names: bool = field(
         default=False, metadata={"help": "Write module names into the outputs (they are the secrets)."}
@@ -394,7 +398,7 @@ def train_model(
     if method == "non_private":
         trainer = Trainer(
             model=model,
-            args=run_config(config, run_dir, per_device_train_batch_size=int(config.expected_batch_size)),
+            args=non_private_config(config, run_dir),
             train_dataset=train.remove_columns("secret_ids"),
             data_collator=collator,
         )

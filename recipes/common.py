@@ -66,7 +66,8 @@ def parse_recipe_arguments(
     from hush_hf.trainer import SecretProtectionConfig
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    first = HfArgumentParser(recipe_class)
+    # First pass: only the preset (help is left to the full parser, which lists every flag).
+    first = HfArgumentParser(recipe_class, add_help=False)
     (early,) = first.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)[:1]
     preset_name = "smoke" if early.smoke else early.preset
     if early.smoke and early.preset not in ("offline", "smoke"):
@@ -156,6 +157,13 @@ def check_pair(field: str, value: Any, *, kind: type, allow_none: bool = False) 
 def run_config(base: Any, output_dir: Path, **overrides: Any) -> Any:
     """A copy of the parsed ``SecretProtectionConfig`` for one training run (validated again)."""
     return dataclasses.replace(base, output_dir=str(output_dir), **overrides)
+
+
+def non_private_config(base: Any, output_dir: Path) -> Any:
+    """The run's arguments for a plain ``transformers.Trainer`` baseline: batches of B in total
+    (B / world_size per process), shuffled, no clipping, no noise."""
+    per_process = max(1, round(float(base.expected_batch_size) / base.world_size))
+    return run_config(base, output_dir, per_device_train_batch_size=per_process)
 
 
 # ------------------------------------------------------------------------------------ logging

@@ -56,6 +56,7 @@ from common import (
     mean_token_loss,
     new_figure,
     no_preprocessing_lp_c,
+    non_private_config,
     parse_recipe_arguments,
     recipe_logging,
     refuse_recipe_owned_fields,
@@ -321,10 +322,9 @@ def train_model(
     model = build_model(args, tokenizer, config.seed)
     run_dir = output_dir / "runs" / method
     if method == "non_private":
-        batch = int(config.expected_batch_size)
         trainer = Trainer(
             model=model,
-            args=run_config(config, run_dir, per_device_train_batch_size=batch),
+            args=non_private_config(config, run_dir),
             train_dataset=train.remove_columns("secret_ids"),
             data_collator=collator,
         )

@@ -95,6 +95,7 @@ def smoke_secret_words() -> set[str]:
     return {s.name for s in secrets}
 
 
+@pytest.mark.filterwarnings("ignore:noise_multiplier=0")
 def test_accounting_scale_trains_with_less_noise_and_says_so(tmp_path):
     out = tmp_path / "scaled"
     with pytest.warns(UserWarning, match="below the plan's calibrated"):
@@ -336,3 +337,20 @@ def test_accelerate_configs_describe_the_launches_they_are_named_after():
         assert (config.distributed_type.value, config.num_processes) == (kind, processes), name
         assert config.mixed_precision == "no" and config.use_cpu is False
     assert "REFUSES" in (folder / "fsdp.yaml").read_text()
+
+
+def test_launching_with_the_fsdp_config_is_refused_with_what_to_use_instead(tmp_path):
+    out = tmp_path / "never"
+    launcher = [
+        str(ACCELERATE),
+        "launch",
+        "--config_file",
+        "configs/accelerate/fsdp.yaml",
+        "--num_processes",
+        "1",
+    ]
+    with pytest.raises(AssertionError, match=r"FSDP is not supported with DP training .*multi_gpu\.yaml"):
+        run_recipe(
+            ["recipes/arxiv_mlm.py", "--smoke", "--output_dir", str(out)], launcher=launcher, timeout=120
+        )
+    assert not out.exists()
