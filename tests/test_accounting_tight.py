@@ -133,3 +133,14 @@ def test_monte_carlo_neyman_pearson_test_stays_below_the_bound():
     assert 0.05 < power < 0.9  # a regime where the test is informative
     assert power - 4 * power_se <= upper  # the bound holds
     assert lower <= power + 4 * power_se  # and is essentially attained by the Neyman-Pearson test
+
+
+def test_tiny_noise_gives_the_trivial_bound_instead_of_crashing():
+    # With sigma = 1e-3 all privacy-loss mass lies beyond the grid: the only valid bound is 1.
+    from hush_hf.planning import plan_protection
+
+    plan = plan_protection(
+        [[i] for i in range(128)], np.full(128, 1e-6), np.full(128, 1e-3), expected_batch_size=16,
+        steps=300, lp_c=1e12, accountant="tight", noise_multiplier=1e-3,
+    )
+    assert np.all(plan.secrets.bound == 1.0) and not plan.meets_targets

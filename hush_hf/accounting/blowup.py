@@ -82,6 +82,8 @@ class ComposedHockeyStick:
         """
         priors = np.asarray(priors, dtype=np.float64)
         gamma = np.exp(self.losses)
+        if gamma.size == 0:  # all mass beyond the loss grid (tiny sigma): only the trivial bound holds
+            return np.ones_like(priors)
         if gamma.size < 2:
             return np.minimum(gamma[0] * priors + self.deltas[0], 1.0)
         slope = -np.diff(self.deltas) / np.diff(gamma)
