@@ -16,14 +16,13 @@ divergence at every eps, and the T-fold composition of dominating PLDs dominates
 P is the mixture, so this is dp_accounting's REMOVE direction (mu_upper = the mixture,
 mu_lower = the Gaussian); the reference Q is independent of the secret.
 
-What is computed here rather than by ``from_mixture_gaussian_mechanism``: the one-step
-hockey-stick values delta_1(k d) that its connect-the-dots step needs. The library inverts the
-privacy loss with one scalar bisection per eps (0.3-0.8 s per PLD, and it always builds the ADD
-direction as well); here the threshold y(eps) with L(y) = e^eps is found by vectorised Newton,
-and delta_1 = sum_s pi_s Phi_bar(y - c_s) - (e^eps - pi_0) Phi_bar(y) (standard units), the same
-formula the library evaluates (tested equal to 1e-15). The library then builds the pessimistic
-PMF (``create_pmf_pessimistic_connect_dots_fixed_gap``) and composes it (``self_compose``).
-delta_T and the minimum over eps are read from the composed PMF with non-negative sums only.
+What is computed here rather than by ``from_mixture_gaussian_mechanism``: the one-step PMF. The
+library inverts the privacy loss with one scalar bisection per eps (0.3-0.8 s per PLD) and derives
+connect-the-dots masses from second differences of hockey-stick values, which loses the digits that
+rarely sampled secrets need. ``connect_dots.one_step_pmf`` builds the same masses from exact cell
+masses of P and Q, each an upper bound by construction (the jump of the loss at log P(S=0)
+included); the library composes them (``self_compose``). delta_T and the minimum over eps are read
+from the composed PMF with non-negative sums only.
 
 KL or exponential moments are never read off the PLD (unstable at this scale, Hush Sec. 5.1).
 """
@@ -35,8 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
-from scipy import signal, special
+from scipy import signal
 
+from hush_hf.accounting.connect_dots import grid_bounds, one_step_pmf
 from hush_hf.accounting.counts import CountDistributions
 from hush_hf.accounting.mixture import conditional_pmf
 
@@ -47,23 +47,19 @@ from hush_hf.accounting.mixture import conditional_pmf
 #: and 20000 (tests). At the reference point (E[S] / sigma = 0.067) d = 1e-3.
 LOSS_GRID_SCALE = 0.015
 MAX_LOSS_GRID_STEP = 5e-2
-MAX_ONE_STEP_POINTS = 200_000
-#: One-step mass beyond the loss grid, sent to +infinity (pessimistic): T times it is negligible.
-ONE_STEP_TAIL = 1e-25
-MAX_LOSS = 700.0  # exp() overflows beyond
+#: Cost cap: the grid is widened until the one-step loss range fits in this many points. Where that
+#: binds (rarely sampled secrets: E[S] << 1, loss range ~ c^2) the bound stays rigorous, only less tight.
+MAX_ONE_STEP_POINTS = 1 << 15
 #: Mass the library may truncate when composing; it is moved to +infinity (pessimistic).
 COMPOSITION_TAIL_MASS = 1e-15
-_NEWTON_TOLERANCE = 1e-12
-_MAX_NEWTON = 200
-_QUADRATURE_NODES = 4
-_DELTA_ALLOWANCE = 1e-12  # relative, covers quadrature and rounding error in the deltas
 _SEARCH_WINDOW = 16
 
 
 def loss_grid_step(pi: np.ndarray, sigma: float) -> float:
     """Privacy-loss grid width for S ~ ``pi`` at noise ``sigma`` (see LOSS_GRID_SCALE)."""
     scale = float(pi @ np.arange(pi.size)) / sigma
-    return min(LOSS_GRID_SCALE * scale, MAX_LOSS_GRID_STEP)
+    low, high = grid_bounds(pi, sigma)
+    return max(min(LOSS_GRID_SCALE * scale, MAX_LOSS_GRID_STEP), (high - low) / MAX_ONE_STEP_POINTS)
 
 
 @dataclass(frozen=True)
@@ -96,139 +92,18 @@ class ComposedHockeyStick:
         return np.minimum(values.min(axis=1), 1.0)
 
 
-def one_step_deltas(
-    pi: np.ndarray, tail_mass: float, sigma: float, step: float
-) -> tuple[int, np.ndarray, float]:
-    """delta_1(k step) for k = k_lo..k_hi: the hockey-stick divergence of one step, pessimistic tail.
-
-    ``pi`` is the pmf of S given S <= K; the mass ``tail_mass`` above K is treated as an infinite
-    privacy loss: H(P) <= (1 - tau) H(P') + tau for P = (1 - tau) P' + tau P_tail (convexity).
-    The grid spans the losses of all but ONE_STEP_TAIL of P's mass on each side (loss above the
-    top goes to +infinity, below the bottom is rounded up to it). ``step`` is enlarged if the grid
-    would exceed MAX_ONE_STEP_POINTS. Returns (k_lo, deltas, step).
-
-    Connect-the-dots turns deltas into probabilities by second differences divided by ~step, so
-    deltas need a small *relative* error. They are summed from the top:
-    delta(eps_i) = delta(eps_top) + sum_{j >= i} int_{eps_j}^{eps_j+1} e^eps Q(L > eps) d eps
-    (d delta / d eps = -e^eps Q(L > eps)), each integral by Gauss-Legendre (positive terms, no
-    cancellation; relative quadrature error < (step / (2 scale))^8 ~ 1e-17), and
-    delta(eps_top) <= P(L > eps_top) (an upper bound).
-    """
-    counts = np.arange(pi.size, dtype=np.float64)
-    pi0 = float(pi[0])
-    pos = (pi > 0) & (counts > 0)
-    weights, c = pi[pos], counts[pos] / sigma
-    log_w = np.log(weights)
-    y_hi, y_lo = _tail_point(weights, c, pi0, upper=True), _tail_point(weights, c, pi0, upper=False)
-    eps_hi = min(_loss(log_w, c, pi0, y_hi), MAX_LOSS)
-    eps_lo = max(_loss(log_w, c, pi0, y_lo), -MAX_LOSS)
-    step = max(step, (eps_hi - eps_lo) / MAX_ONE_STEP_POINTS)
-    k_lo = math.floor(eps_lo / step) - 1
-    k_hi = math.ceil(eps_hi / step) + 1
-    eps = np.arange(k_lo, k_hi + 1) * step
-    nodes, node_weights = np.polynomial.legendre.leggauss(_QUADRATURE_NODES)
-    points = (eps[:-1, None] + 0.5 * step * (1.0 + nodes[None, :])).ravel()
-    y = _threshold(log_w, c, pi0, np.append(points, eps[-1]), (y_lo, y_hi))
-    survival_q = np.where(np.isfinite(y), special.ndtr(-y), 1.0)  # Q(L > eps) = Q(Y > y(eps))
-    integrand = (np.exp(points) * survival_q[:-1]).reshape(-1, nodes.size)
-    pieces = 0.5 * step * integrand @ node_weights
-    y_top = y[-1]
-    top = float(pi0 * special.ndtr(-y_top) + (weights * special.ndtr(c - y_top)).sum())  # P(L > top)
-    deltas = top + np.concatenate([np.cumsum(pieces[::-1])[::-1], [0.0]])
-    deltas = np.minimum(deltas * (1.0 + _DELTA_ALLOWANCE), 1.0)
-    return k_lo, (1.0 - tail_mass) * deltas + tail_mass, step
-
-
-def _threshold(
-    log_w: np.ndarray, c: np.ndarray, pi0: float, eps: np.ndarray, y_range: tuple[float, float]
-) -> np.ndarray:
-    """y(eps) with L(y) = e^eps in standard units (-inf where eps <= log pi0: every y qualifies).
-
-    Newton starts from an interpolation of m on a coarse grid over ``y_range``.
-    """
-    y = np.full(eps.size, -np.inf)
-    active = eps > math.log(pi0) if pi0 > 0 else np.ones(eps.size, dtype=bool)
-    e = eps[active]
-    # Solve log sum_{s>=1} pi_s exp(c_s y - c_s^2/2) = log(e^eps - pi0) =: t; convex, increasing.
-    t = e + np.log1p(-pi0 * np.exp(-e)) if pi0 > 0 else e
-    coarse = np.linspace(y_range[0] - 1.0, y_range[1] + 1.0, 2049)
-    start = np.interp(t, _log_sum(log_w, c, coarse), coarse)
-    y[active] = _newton_threshold(log_w, c, t, start)
-    return y
-
-
-def _loss(log_w: np.ndarray, c: np.ndarray, pi0: float, y: float) -> float:
-    """The privacy loss log L(y) (standard units)."""
-    rest = float(_log_sum(log_w, c, y)[0])
-    return float(np.logaddexp(math.log(pi0), rest)) if pi0 > 0 else rest
-
-
-def _tail_point(weights: np.ndarray, c: np.ndarray, pi0: float, upper: bool) -> float:
-    """y with P(Y > y) <= ONE_STEP_TAIL (upper) or P(Y < y) <= ONE_STEP_TAIL, by bisection."""
-    def mass(y: float) -> float:
-        if upper:
-            return float(pi0 * special.ndtr(-y) + (weights * special.ndtr(c - y)).sum())
-        return float(pi0 * special.ndtr(y) + (weights * special.ndtr(y - c)).sum())
-
-    lo, hi = (0.0, float(c.max()) + 40.0) if upper else (-40.0, float(c.max()))
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        small = mass(mid) <= ONE_STEP_TAIL
-        if upper:
-            hi, lo = (mid, lo) if small else (hi, mid)
-        else:
-            lo, hi = (mid, hi) if small else (lo, mid)
-    return hi if upper else lo
-
-
-def _log_sum(log_w: np.ndarray, c: np.ndarray, y: np.ndarray | float) -> np.ndarray:
-    y = np.atleast_1d(np.asarray(y, dtype=np.float64))
-    a = log_w[None, :] + c[None, :] * y[:, None] - 0.5 * c[None, :] ** 2
-    peak = a.max(axis=1)
-    return peak + np.log(np.exp(a - peak[:, None]).sum(axis=1))
-
-
-def _newton_threshold(
-    log_w: np.ndarray, c: np.ndarray, target: np.ndarray, start: np.ndarray | None = None
-) -> np.ndarray:
-    """y with m(y) = target, m(y) = log sum_s w_s exp(c_s y - c_s^2 / 2), by Newton's method.
-
-    m is convex and increasing: from any start the first step lands right of the root and the
-    iterates then decrease monotonically to it (the default start, the largest single-term
-    inverse, is already right of it). Stops when the step is negligible or m(y) equals the target
-    to rounding (an error dy in y changes a hockey-stick value only by O(dy^2)).
-    """
-    y = np.min((target[:, None] - log_w[None, :] + 0.5 * c[None, :] ** 2) / c[None, :], axis=1)
-    if start is not None:
-        y = np.minimum(start, y)
-    moving = np.arange(y.size)
-    rounding = 8 * np.finfo(float).eps * (1.0 + np.abs(target))
-    for _ in range(_MAX_NEWTON):
-        ym, cm = y[moving], c[None, :]
-        a = log_w[None, :] + cm * ym[:, None] - 0.5 * cm**2
-        peak = a.max(axis=1)
-        e = np.exp(a - peak[:, None])
-        total = e.sum(axis=1)
-        residual = peak + np.log(total) - target[moving]
-        change = residual / ((e * cm).sum(axis=1) / total)
-        y[moving] = ym - change
-        small_step = np.abs(change) <= _NEWTON_TOLERANCE * (1.0 + np.abs(ym))
-        done = small_step | (np.abs(residual) <= rounding[moving])
-        moving = moving[~done]
-        if moving.size == 0:
-            return y
-    raise RuntimeError("threshold inversion did not converge")  # pragma: no cover
-
-
 def composed_hockey_stick(
     pi: np.ndarray, tail_mass: float, sigma: float, steps: int, step: float | None = None
 ) -> ComposedHockeyStick:
-    """delta_T on the loss grid for one distribution of S (``pi`` = pmf given S <= K)."""
+    """delta_T on the loss grid for one distribution of S (``pi`` = pmf given S <= K).
+
+    The one-step PMF dominates the exact connect-the-dots PMF point by point (``connect_dots``), so
+    its T-fold convolution (dp_accounting's FFT self-composition, truncated tails sent to +inf)
+    over-estimates every hockey-stick value of the T-fold product pair.
+    """
     step = loss_grid_step(pi, sigma) if step is None else step
-    k_lo, deltas, step = one_step_deltas(pi, tail_mass, sigma, step)
-    k_hi = k_lo + deltas.size - 1
-    one_step = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(step, k_lo, k_hi, deltas)
-    dense = one_step.to_dense_pmf()
+    one = one_step_pmf(pi, tail_mass, sigma, step)
+    dense = pld_pmf.DensePLDPmf(step, one.k_lo, one.masses, one.infinity, pessimistic_estimate=True)
     composed = dense.self_compose(steps, COMPOSITION_TAIL_MASS) if steps > 1 else dense
     lower, probs, infinity_mass = _dense_arrays(composed)
     return _hockey_stick_from_pmf(lower, probs, infinity_mass, step, steps)
