@@ -8,9 +8,15 @@ import sys
 
 from hush_hf.cli import audit as audit_command
 from hush_hf.cli import plan as plan_command
+from hush_hf.cli import redact as redact_command
 from hush_hf.cli import report as report_command
 
-COMMANDS = {"plan": plan_command, "audit": audit_command, "report": report_command}
+COMMANDS = {
+    "plan": plan_command,
+    "audit": audit_command,
+    "report": report_command,
+    "redact": redact_command,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
@@ -39,6 +40,7 @@ from hush_hf.clipping import GhostClipper
 from hush_hf.planning.plan import ProtectionPlan
 from hush_hf.sampling import WeightedPoissonSampler, draw_dp_seed
 from hush_hf.sampling.seeds import check_dp_seed
+from hush_hf.trainer.crt import CrtBatchSampler, CrtSchedule, build_schedule
 from hush_hf.trainer.distributed import (
     all_reduce_sum_,
     broadcast_module_state_,
@@ -120,7 +122,9 @@ class GhostClippingCallback(TrainerCallback):
     with a loud warning that the certified targets do not hold. ``dp_seed``: the secret seed of the
     sampling and noise; None (recommended) draws 128 bits from the OS at train start. Anyone who
     knows it can subtract the noise. ``per_example_loss(model, inputs) -> Tensor[b]``: default
-    mean token cross-entropy per example (masked or causal LM).
+    mean token cross-entropy per example (masked or causal LM). ``crt_schedule``,
+    ``crt_public_column``, ``crt_public_batch_size``: the CRT mode (see
+    :class:`~hush_hf.trainer.SecretProtectionConfig` and :mod:`hush_hf.trainer.crt`).
 
     With a plain ``Trainer`` (``max_grad_norm=0``, ``max_steps=T``)::
 
@@ -136,8 +140,15 @@ class GhostClippingCallback(TrainerCallback):
         noise_multiplier: float | None = None,
         dp_seed: int | None = None,
         per_example_loss: PerExampleLoss | None = None,
+        crt_schedule: str = "off",
+        crt_public_column: str = "crt_public",
+        crt_public_batch_size: int | None = None,
     ) -> None:
         self.plan = load_plan(plan)
+        self.crt_schedule, self.crt_public_column = crt_schedule, crt_public_column
+        self.crt_public_batch_size = crt_public_batch_size
+        self.crt: CrtSchedule | None = None  # built against the data in install()
+        self._public_rows = np.zeros(0, dtype=np.int64)
         check_positive("clip_norm", clip_norm)
         self.clip_norm = float(clip_norm)
         check_noise_multiplier(noise_multiplier)
@@ -158,7 +169,7 @@ class GhostClippingCallback(TrainerCallback):
         self._model: nn.Module | None = None
         self._params: list[nn.Parameter] = []
         self._param_ids: set[int] = set()
-        self._pending: tuple[int, int] | None = None  # (step, examples on this rank) awaiting noise
+        self._pending: tuple[int, int, bool] | None = None  # (step, examples on this rank, public)
         self._drawn_since_log: list[int] = []
 
     def __repr__(self) -> str:  # no seed
@@ -214,6 +225,8 @@ class GhostClippingCallback(TrainerCallback):
         self.noise_multiplier = resolve_noise_multiplier(
             self.plan, self._requested_noise, secret_ids=secret_ids
         )
+        if self.crt_schedule != "off":
+            self._setup_crt(dataset, secret_ids)
         if route_methods:
             self._route_methods(trainer)
         trainer.add_callback(self)
@@ -229,6 +242,57 @@ class GhostClippingCallback(TrainerCallback):
             self.noise_multiplier,
             self.plan.num_examples,
         )
+
+    def _setup_crt(self, dataset: Any, secret_ids: Any) -> None:
+        """The public rows (verified to hold no tagged secret) and the CRT step schedule."""
+        name = self.crt_public_column
+        if name not in column_names(dataset):
+            raise ValueError(
+                f"crt_schedule={self.crt_schedule!r} needs a bool column {name!r} marking the public rows "
+                "(hush_hf.crt.redact_dataset adds 'crt_public'); train_dataset has none"
+            )
+        if secret_ids is None:
+            raise ValueError(
+                f"crt_schedule={self.crt_schedule!r} needs the '{SECRET_IDS_COLUMN}' column to verify that "
+                "no public row holds a tagged secret; keep the column the plan was computed from"
+            )
+        flags = list(column(dataset, name))
+        for row, flag in enumerate(flags):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"column {name!r} must hold bools; row {row} has a {type(flag).__name__}")
+            if flag and len(secret_ids[row]):
+                raise ValueError(
+                    f"row {row} is marked public ({name}=True) but holds {len(secret_ids[row])} tagged "
+                    "secret(s): public steps train without noise, so it must be private"
+                )
+        public = np.flatnonzero(np.asarray(flags, dtype=bool))
+        batch = self.crt_public_batch_size or max(1, round(self.plan.expected_batch_size))
+        self.crt_public_batch_size = batch
+        self._public_rows = public
+        self.crt = build_schedule(
+            self.crt_schedule,
+            private_steps=self.plan.steps,
+            num_public=int(public.size),
+            num_private=len(flags) - int(public.size),
+            public_batch_size=batch,
+            expected_batch_size=self.plan.expected_batch_size,
+        )
+        if not public.size:
+            loud_warning(f"CRT mode: no row is public ({name}), so every step is a DP step")
+        logger.info(
+            "CRT mode (%s): %d public rows, %d public steps of %d rows around the %d DP steps",
+            self.crt_schedule,
+            public.size,
+            self.crt.public_steps,
+            batch,
+            self.crt.private_steps,
+        )
+
+    def training_values(self, values: tuple) -> tuple:
+        """``Trainer.set_initial_training_values`` under CRT mode: max_steps = all optimizer steps."""
+        if self.crt is None:
+            return values
+        return (*values[:-1], self.crt.total_steps)
 
     def _route_methods(self, trainer: Trainer) -> None:
         original_train, original_log = trainer.train, trainer.log
@@ -252,6 +316,8 @@ class GhostClippingCallback(TrainerCallback):
         trainer.training_step = training_step
         trainer._get_grad_norm = no_grad_norm
         trainer.log = log
+        original_values = trainer.set_initial_training_values
+        trainer.set_initial_training_values = lambda *a, **k: self.training_values(original_values(*a, **k))
 
     # ------------------------------------------------------------------------- one run
     def prepare_run(self, trainer: Trainer, resume_from_checkpoint: str | bool | None, trial: Any) -> None:
@@ -274,6 +340,8 @@ class GhostClippingCallback(TrainerCallback):
                 raise ValueError(
                     f"no checkpoint found in output_dir {trainer.args.output_dir!r} to resume from"
                 )
+        if checkpoint and self.crt is not None:
+            raise ValueError("resuming a CRT-mode run (crt_schedule) from a checkpoint is not supported")
         if checkpoint:
             saved, saved_plan = load_run_state(checkpoint)
             if not same_sampling(saved_plan, self.plan):
@@ -331,7 +399,8 @@ class GhostClippingCallback(TrainerCallback):
         collate_fn = trainer.data_collator
         if isinstance(dataset, datasets.Dataset):
             dataset = trainer._remove_unused_columns(dataset, description="training")
-            dataset = dataset.remove_columns([c for c in PLAN_COLUMNS if c in dataset.column_names])
+            dropped = (*PLAN_COLUMNS, self.crt_public_column) if self.crt is not None else PLAN_COLUMNS
+            dataset = dataset.remove_columns([c for c in dropped if c in dataset.column_names])
         else:
             collate_fn = trainer._get_collator_with_removed_columns(collate_fn, description="training")
         rank, world_size = rank_and_world_size()
@@ -347,6 +416,16 @@ class GhostClippingCallback(TrainerCallback):
             num_replicas=world_size,
             rank=rank,
         )
+        if self.crt is not None:
+            sampler = CrtBatchSampler(
+                sampler,
+                self.crt,
+                self._public_rows,
+                public_batch_size=self.crt_public_batch_size,
+                seed=args.seed,
+                num_replicas=world_size,
+                rank=rank,
+            )
         workers = args.dataloader_num_workers
         return DataLoader(
             dataset,
@@ -380,6 +459,10 @@ class GhostClippingCallback(TrainerCallback):
             p.grad = None
         self._clipper.reset()
         inputs = {k: v for k, v in inputs.items() if k not in PLAN_COLUMNS}
+        if self.crt is not None:
+            inputs.pop(self.crt_public_column, None)
+            if self.crt.is_public(step):
+                return self._public_step(trainer, model, inputs)
         loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
         count = 0
         with trainer.accelerator.no_sync(model):
@@ -394,7 +477,26 @@ class GhostClippingCallback(TrainerCallback):
                 self._clipper.clipped_backward(losses)
                 loss_sum += losses.detach().sum().to(torch.float64)
                 count += rows
-        self._pending = (step, count)
+        self._pending = (step, count, False)
+        mean = loss_sum / count if count else torch.tensor(math.nan, dtype=torch.float64, device=args.device)
+        return mean.to(torch.float32)
+
+    def _public_step(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
+        """CRT public step: the plain backward of this rank's summed loss (no clipping, no noise); the
+        sum is reduced over ranks and divided by the public batch size in ``on_pre_optimizer_step``."""
+        args, module = trainer.args, self._model
+        loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
+        count = 0
+        with trainer.accelerator.no_sync(model):
+            for micro in split_micro_batches(inputs, args.per_device_train_batch_size):
+                batch = model_inputs(module, micro, args.device)
+                with trainer.compute_loss_context_manager():
+                    losses = self.per_example_loss(module, batch)
+                self._clipper.reset()  # the hooks recorded this forward; a public step does not clip
+                losses.sum().backward()
+                loss_sum += losses.detach().sum().to(torch.float64)
+                count += batch_size(micro)
+        self._pending = (trainer.state.global_step, count, True)
         mean = loss_sum / count if count else torch.tensor(math.nan, dtype=torch.float64, device=args.device)
         return mean.to(torch.float32)
 
@@ -440,9 +542,12 @@ class GhostClippingCallback(TrainerCallback):
                 "apply gradients that were not clipped and noised"
             )
         check_optimizer_params(kwargs.get("optimizer"), self._param_ids)  # param groups added mid-run
-        step, count = self._pending
+        step, count, public = self._pending
         self._pending = None
         ensure_grads_(self._params)
+        if public:
+            self._finish_public_step(count)
+            return
         _, world_size = rank_and_world_size()
         if world_size > 1:
             all_reduce_sum_([p.grad for p in self._params])
@@ -455,11 +560,23 @@ class GhostClippingCallback(TrainerCallback):
             clip_norm=self.clip_norm,
             expected_batch_size=self.plan.expected_batch_size,
             dp_seed=self._dp_seed,
-            step=step,
+            step=step if self.crt is None else int(self.crt.private_index[step]),
         )
         check_replicas_agree([p.grad for p in self._params])
         self._drawn_since_log.append(count)
         self._steps_run = step + 1
+
+    def _finish_public_step(self, count: int) -> None:
+        """CRT public step: the summed gradient of all ranks divided by the rows drawn (a mean)."""
+        _, world_size = rank_and_world_size()
+        if world_size > 1:
+            all_reduce_sum_([p.grad for p in self._params])
+            drawn = torch.tensor([float(count)], dtype=torch.float64, device=self._params[0].device)
+            all_reduce_sum_([drawn])
+            count = int(drawn.item())
+        with torch.no_grad():
+            for p in self._params:
+                p.grad.div_(max(count, 1))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """Write the seed, step and plan into the checkpoint Trainer just saved (main process only)."""

@@ -57,6 +57,22 @@ class SecretProtectionConfig(TrainingArguments):
         lp_c (`float`, *optional*, defaults to `1.0`):
             The LP constant c (Hush, eq. 1): smaller c keeps less data and needs less noise.
 
+        > Parameters of the CRT mode (Confidentially Redacted Training, CRT Alg. 1)
+
+        crt_schedule (`str`, *optional*, defaults to `"off"`):
+            `"off"`: every step is a DP step. `"alternate_epochs"` (CRT Alg. 1): an epoch of public steps,
+            then `max(1, round(n_private / B))` DP steps, repeated until the T DP steps are taken;
+            `"interleave"`: one public step before every DP step. A public step is an ordinary step (mean
+            loss gradient, no clipping, no noise) on rows whose `crt_public_column` is true; those rows must
+            have no tagged secret (checked). The T DP steps are exactly those of a run without CRT mode and
+            every per-secret bound of the plan still holds (why: `hush_hf.trainer.crt`). `max_steps` stays
+            T; the run takes T + (public steps) optimizer steps and the learning-rate schedule spans them
+            all. Resuming a CRT run from a checkpoint is not supported.
+        crt_public_column (`str`, *optional*, defaults to `"crt_public"`):
+            Bool column marking public rows (`hush_hf.crt.redact_dataset` adds it).
+        crt_public_batch_size (`int` or `None`, *optional*, defaults to `None`):
+            Rows per public step (all processes together); `None`: `round(B)`.
+
     Defaults that differ from [`~transformers.TrainingArguments`]:
         max_grad_norm (`float`, defaults to `0.0`):
             Batch-gradient clipping is off (and must stay off): clipping is per example.
@@ -122,6 +138,24 @@ class SecretProtectionConfig(TrainingArguments):
         metadata={"help": "LP constant c of the plan (Hush eq. 1)."},
     )
 
+    # CRT mode
+    crt_schedule: str = field(
+        default="off",
+        metadata={
+            "help": "CRT mode: off, alternate_epochs (CRT Alg. 1) or interleave; public steps train rows of "
+            "crt_public_column without clipping or noise.",
+            "choices": ["off", "alternate_epochs", "interleave"],
+        },
+    )
+    crt_public_column: str = field(
+        default="crt_public",
+        metadata={"help": "Bool column marking the public rows (hush_hf.crt.redact_dataset adds it)."},
+    )
+    crt_public_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Rows per public step (default: round(B))."},
+    )
+
     # Defaults that differ from TrainingArguments
     max_grad_norm: float = field(
         default=0.0,
@@ -145,6 +179,13 @@ class SecretProtectionConfig(TrainingArguments):
             raise ValueError("give secrets_file or plan_file, not both")
         if self.dp_seed is not None:
             check_dp_seed(self.dp_seed)
+        from hush_hf.trainer.crt import CRT_SCHEDULES
+
+        if self.crt_schedule not in CRT_SCHEDULES:
+            raise ValueError(f"crt_schedule must be one of {CRT_SCHEDULES}, got {self.crt_schedule!r}")
+        size = self.crt_public_batch_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"crt_public_batch_size must be None or an integer >= 1, got {size!r}")
 
     # The seed never leaves the process through the config: logs, reporting integrations and
     # training_args.bin all see it redacted.

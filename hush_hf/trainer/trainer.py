@@ -88,6 +88,9 @@ class SecretProtectionTrainer(Trainer):
             noise_multiplier=args.noise_multiplier,
             dp_seed=args.dp_seed,
             per_example_loss=self.compute_per_example_loss,
+            crt_schedule=args.crt_schedule,
+            crt_public_column=args.crt_public_column,
+            crt_public_batch_size=args.crt_public_batch_size,
         )
         self.dp.install(self, route_methods=False)
 
@@ -159,6 +162,10 @@ class SecretProtectionTrainer(Trainer):
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
     ) -> Tensor:
         return self.dp.training_step(self, model, inputs)
+
+    def set_initial_training_values(self, *args: Any, **kwargs: Any) -> tuple:
+        # CRT mode: the run takes the T DP steps plus the public steps.
+        return self.dp.training_values(super().set_initial_training_values(*args, **kwargs))
 
     def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> None:
         # Trainer computes this before on_pre_optimizer_step, i.e. from the pre-noise gradient.
