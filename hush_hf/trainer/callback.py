@@ -256,13 +256,13 @@ class GhostClippingCallback(TrainerCallback):
                 f"crt_schedule={self.crt_schedule!r} needs the '{SECRET_IDS_COLUMN}' column to verify that "
                 "no public row holds a tagged secret; keep the column the plan was computed from"
             )
-        flags = list(column(dataset, name))
+        flags, ids = (_as_list(column(dataset, name)), _as_list(secret_ids))
         for row, flag in enumerate(flags):
             if not isinstance(flag, (bool, np.bool_)):
                 raise ValueError(f"column {name!r} must hold bools; row {row} has a {type(flag).__name__}")
-            if flag and len(secret_ids[row]):
+            if flag and ids[row]:
                 raise ValueError(
-                    f"row {row} is marked public ({name}=True) but holds {len(secret_ids[row])} tagged "
+                    f"row {row} is marked public ({name}=True) but holds {len(ids[row])} tagged "
                     "secret(s): public steps train without noise, so it must be private"
                 )
         public = np.flatnonzero(np.asarray(flags, dtype=bool))
@@ -586,6 +586,11 @@ class GhostClippingCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.finish_run()
+
+
+def _as_list(values: Any) -> list[Any]:
+    """A column as Python values (Arrow arrays from ``column`` included)."""
+    return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
 
 
 def no_grad_norm(model: nn.Module, grad_norm: Any = None) -> None:
