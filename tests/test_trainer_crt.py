@@ -192,3 +192,13 @@ def test_config_rejects_unknown_schedule(tmp_path):
         dp_config(tmp_path, crt_schedule="sometimes")
     with pytest.raises(ValueError, match="crt_public_batch_size must be None or an integer >= 1"):
         dp_config(tmp_path, crt_public_batch_size=0)
+
+
+def test_saved_card_states_the_crt_run_and_confidentiality(tmp_path):
+    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS)
+    trainer, _ = trainer_for(
+        tmp_path, tiny_gpt2(), crt_dataset(), plan, 1, crt_schedule="interleave", crt_recall=0.9
+    )
+    paths = trainer.write_protection_artifacts(tmp_path / "out")
+    card = paths["card"].read_text()
+    assert "CRT mode (`interleave`): 2 public rows" in card and "-Bayesian confidentiality" in card

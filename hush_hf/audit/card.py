@@ -16,6 +16,7 @@ from hush_hf.audit.report import (
     build_privacy_report,
     check_attacks,
     check_clip_norm,
+    crt_lines,
     guarantee_lines,
     void_warning,
     write_privacy_report,
@@ -97,6 +98,8 @@ def protection_section(report: Mapping[str, Any]) -> str:
             "### Numbers", "",
             *guarantee_lines(report),
         ]
+    if report.get("crt"):
+        lines += ["", "### Redaction (CRT)", "", *crt_lines(report["crt"])]
     lines += ["", "### Audit", ""]
     lines += _audit_lines(report.get("attacks") or {})
     lines += ["", "Full report: `privacy_report.md` / `privacy_report.json`; plan: `hush_plan.json`.",
@@ -157,20 +160,22 @@ def build_model_card(report: Mapping[str, Any], *, model_name: str | None = None
 
 def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: float,
                                report: Mapping[str, Any] | None = None, model_name: str | None = None,
-                               noise_multiplier: float | None = None) -> dict[str, Path]:
+                               noise_multiplier: float | None = None,
+                               crt: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """Write README.md (card), hush_plan.json, privacy_report.json/.md and plots into ``output_dir``.
 
     What ``SecretProtectionTrainer.save_model``/``push_to_hub`` call beside the weights. ``clip_norm``
     is the trainer's ``per_example_clip_norm``; ``noise_multiplier`` the sigma it actually trained
     with when not the plan's (below the plan's, the card says the bounds do NOT hold); ``report`` is
-    a ``run_audit`` result (or its attacks). An existing README.md keeps its content; the Secret
+    a ``run_audit`` result (or its attacks); ``crt`` a CRT section (``hush_hf.crt.crt_section``). An
+    existing README.md keeps its content; the Secret
     protection section is added or replaced.
     """
     clip_norm = check_clip_norm(clip_norm)
     attacks = check_attacks(report)
     output_dir = Path(output_dir)
     privacy_report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
-                                          noise_multiplier=noise_multiplier)  # validates before writing
+                                          noise_multiplier=noise_multiplier, crt=crt)  # validates first
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {"plan": plan.save(output_dir / PLAN_FILE)}
     paths.update(write_privacy_report(privacy_report, output_dir, plan=plan))

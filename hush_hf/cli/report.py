@@ -14,6 +14,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-norm", type=float, default=None, help="C used in training")
     parser.add_argument("--noise-multiplier", type=float, default=None, help="sigma used in training")
     parser.add_argument("--model-name", default=None)
+    crt = parser.add_argument_group("CRT confidentiality for secrets no tagger marks (CRT Thm. 8.3)")
+    crt.add_argument("--crt-recall", type=float, default=None, help="measured recall of the redaction policy")
+    crt.add_argument(
+        "--crt-conservative-recall", type=float, default=None, help="recall of pi_c (default: --crt-recall)"
+    )
+    crt.add_argument("--crt-delta", type=float, default=1e-5, help="delta of the per-example (eps, delta)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
         clip_norm=args.clip_norm,
         noise_multiplier=args.noise_multiplier,
         model_name=args.model_name,
+        crt_recall=args.crt_recall,
+        crt_conservative_recall=args.crt_conservative_recall,
+        crt_delta=args.crt_delta,
     )
     for name, path in paths.items():
         print(f"{name}: {path}")

@@ -6,7 +6,7 @@ private rows with DP steps (``SecretProtectionConfig(crt_schedule=...)``, lines 
 ``bayesian_confidentiality`` is Prop. 6 / Thm. 8.3.
 """
 
-from hush_hf.crt.confidentiality import bayesian_confidentiality
+from hush_hf.crt.confidentiality import bayesian_confidentiality, crt_section, example_epsilon
 from hush_hf.crt.dedup import DedupReport, dedup_dataset, occurrence_counts, sentence_spans
 from hush_hf.crt.policies import POLICY_NAMES, Policy, build_policies, secrets_policy
 from hush_hf.crt.redaction import (
@@ -30,6 +30,8 @@ __all__ = [
     "SecretSpanFinder",
     "Span",
     "bayesian_confidentiality",
+    "crt_section",
+    "example_epsilon",
     "build_policies",
     "check_mask_token",
     "dedup_dataset",

@@ -31,3 +31,71 @@ def bayesian_confidentiality(
     infinite = math.isinf(epsilon)
     eps = (math.inf if gamma > 0 else 0.0) if infinite else math.log1p(gamma * math.expm1(epsilon))
     return eps, min(1.0, gamma * delta + delta_2)
+
+
+def example_epsilon(max_sampling_prob: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    """eps at ``delta`` of one example in T DP steps: the Poisson-subsampled Gaussian mechanism at the
+    largest sampling probability, composed T times, from a pessimistic privacy-loss distribution
+    (dp_accounting's ``PLDAccountant``; an upper bound up to its stated discretisation). ``inf`` for
+    sigma = 0. This is the (eps, delta) of CRT Thm. 8 for an occurrence of a secret no tagger marks.
+    """
+    from dp_accounting import dp_event, pld
+
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if noise_multiplier == 0:
+        return math.inf
+    if max_sampling_prob == 0:
+        return 0.0
+    accountant = pld.PLDAccountant(value_discretization_interval=1e-3)
+    step = dp_event.GaussianDpEvent(float(noise_multiplier))
+    if max_sampling_prob < 1:
+        step = dp_event.PoissonSampledDpEvent(float(max_sampling_prob), step)
+    accountant.compose(dp_event.SelfComposedDpEvent(step, int(steps)))
+    return float(accountant.get_epsilon(delta))
+
+
+def crt_section(
+    plan: object,
+    *,
+    recall: float | None,
+    conservative_recall: float | None = None,
+    delta: float = 1e-5,
+    noise_multiplier: float | None = None,
+    training: dict | None = None,
+) -> dict:
+    """The report's CRT section (JSON-ready): CRT Thm. 8.3 for the secrets the taggers do not mark.
+
+    ``recall``: the measured recall 1 - gamma of the redaction policies pi on the kind of secret
+    meant (None: not measured, and no confidentiality is stated); ``conservative_recall``: that of the
+    policy deciding the public rows (pi_c; default ``recall``: the public set was decided by pi alone).
+    eps is :func:`example_epsilon` for one occurrence at the plan's largest sampling probability and
+    the sigma training used. ``training``: counts of a CRT-mode run (schedule, public_rows,
+    public_steps), shown as given.
+    """
+    sigma = plan.noise_multiplier if noise_multiplier is None else float(noise_multiplier)
+    section = {"recall": None, "steps": plan.steps, "training": dict(training or {})}
+    if recall is None:
+        return section
+    recall = _check_share("recall", recall)
+    conservative = (
+        recall if conservative_recall is None else _check_share("conservative_recall", conservative_recall)
+    )
+    rho = float(plan.sampling_probs.max(initial=0.0))
+    eps = example_epsilon(rho, sigma, plan.steps, delta)
+    conf_eps, conf_delta = bayesian_confidentiality(
+        eps, delta, recall=recall, conservative_recall=conservative
+    )
+    finite = math.isfinite(eps)  # JSON has no infinity: an unbounded eps is recorded as None
+    section.update(
+        unbounded=not finite,
+        recall=recall,
+        conservative_recall=conservative,
+        delta=delta,
+        max_sampling_prob=rho,
+        noise_multiplier=sigma,
+        example_epsilon=eps if finite else None,
+        confidentiality_epsilon=conf_eps if math.isfinite(conf_eps) else None,
+        confidentiality_delta=conf_delta,
+    )
+    return section

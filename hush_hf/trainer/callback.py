@@ -179,6 +179,11 @@ class GhostClippingCallback(TrainerCallback):
         )
 
     @property
+    def public_rows(self) -> np.ndarray:
+        """CRT mode: the indices of the public rows (empty otherwise)."""
+        return self._public_rows
+
+    @property
     def expected_batch_size(self) -> float:
         return self.plan.expected_batch_size
 

@@ -72,6 +72,13 @@ class SecretProtectionConfig(TrainingArguments):
             Bool column marking public rows (`hush_hf.crt.redact_dataset` adds it).
         crt_public_batch_size (`int` or `None`, *optional*, defaults to `None`):
             Rows per public step (all processes together); `None`: `round(B)`.
+        crt_recall (`float` or `None`, *optional*, defaults to `None`):
+            The measured recall (1 - false-negative rate gamma) of the redaction policies on the secrets
+            they are meant to find. Given, the privacy report and model card state CRT's Bayesian
+            confidentiality log(1 + gamma (e^eps - 1)) for secrets no tagger marks (CRT Prop. 6, Thm. 8.3);
+            hush_hf cannot check the number.
+        crt_conservative_recall (`float` or `None`, *optional*, defaults to `None`):
+            Recall of the policy that decided the public rows (pi_c); `None`: `crt_recall`.
 
     Defaults that differ from [`~transformers.TrainingArguments`]:
         max_grad_norm (`float`, defaults to `0.0`):
@@ -156,6 +163,15 @@ class SecretProtectionConfig(TrainingArguments):
         metadata={"help": "Rows per public step (default: round(B))."},
     )
 
+    crt_recall: float | None = field(
+        default=None,
+        metadata={"help": "Measured recall of the redaction policies (report/card: CRT confidentiality)."},
+    )
+    crt_conservative_recall: float | None = field(
+        default=None,
+        metadata={"help": "Measured recall of the policy deciding the public rows (default: crt_recall)."},
+    )
+
     # Defaults that differ from TrainingArguments
     max_grad_norm: float = field(
         default=0.0,
@@ -186,6 +202,11 @@ class SecretProtectionConfig(TrainingArguments):
         size = self.crt_public_batch_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"crt_public_batch_size must be None or an integer >= 1, got {size!r}")
+        for name in ("crt_recall", "crt_conservative_recall"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 <= value <= 1):
+                raise ValueError(f"{name} must be None or a number in [0, 1], got {value!r}")
 
     # The seed never leaves the process through the config: logs, reporting integrations and
     # training_args.bin all see it redacted.

@@ -200,5 +200,27 @@ class SecretProtectionTrainer(Trainer):
             self.plan,
             clip_norm=self.args.per_example_clip_norm,
             noise_multiplier=self.dp.noise_multiplier,
-            **kwargs,
+            **{"crt": self.crt_report_section(), **kwargs},
+        )
+
+    def crt_report_section(self) -> dict[str, Any] | None:
+        """The report's CRT section: the CRT-mode counts and, with ``crt_recall``, CRT Thm. 8.3."""
+        args, crt = self.args, self.dp.crt
+        if crt is None and args.crt_recall is None:
+            return None
+        from hush_hf.crt import crt_section
+
+        training = {}
+        if crt is not None:
+            training = {
+                "schedule": args.crt_schedule,
+                "public_rows": int(self.dp.public_rows.size),
+                "public_steps": crt.public_steps,
+            }
+        return crt_section(
+            self.plan,
+            recall=args.crt_recall,
+            conservative_recall=args.crt_conservative_recall,
+            noise_multiplier=self.dp.noise_multiplier,
+            training=training,
         )
