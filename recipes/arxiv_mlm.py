@@ -37,7 +37,8 @@ Presets (every value can be overridden by its flag):
   {2^-6, 2^0, 2^4} trained (with and without noise: 11 runs, as the no-noise run at c = 2^4 is the
   same in both settings). Chosen to finish within 10 minutes on 2 CPU cores: a run takes ~20 s (a
   step ~0.015 CPU-seconds per example with the head at the masked positions only, see
-  ``masked_positions``) and a plan of the tight accountant 10 s to 3 min (2 planning processes); at
+  ``hush_hf.trainer.masked_positions``) and a plan of the tight accountant 10 s to 3 min (2 planning
+  processes); at
   small c the tight plans coincide (the LP solution scales with c), hence no 2^-3 by default.
 - ``smoke``: 600 paragraphs, 20 secrets, T = 3, B = 8, two values of c (one trained); under a minute (CI).
 - ``paper``: the paper's full settings for a GPU: ``--dataset_name`` (required; e.g. arXiv abstracts),
@@ -447,8 +448,9 @@ def load_tokenizer(args: ArxivMLMArguments) -> Any:
 
 def build_model(args: ArxivMLMArguments, tokenizer: Any, seed: int) -> Any:
     """BERT with the head at the masked positions: from the checkpoint, else BERT-Tiny from its config."""
-    from masked_positions import BertForMaskedPositionsLM
     from transformers import AutoConfig, set_seed
+
+    from hush_hf.trainer.masked_positions import BertForMaskedPositionsLM
 
     set_seed(seed)  # the same initialisation in every run
     if args.model_name_or_path is None:
@@ -496,7 +498,7 @@ def train_and_test(
     """Train one model with ``plan`` at noise ``sigma`` (0 = none); return its test loss and timings."""
     import time
 
-    from masked_positions import MaskedPositionsTrainer, masked_positions_loss
+    from hush_hf.trainer.masked_positions import MaskedPositionsTrainer, masked_positions_loss
 
     model = build_model(args, tokenizer, config.seed)
     run_dir = output_dir / "runs" / name
@@ -680,7 +682,7 @@ def run(args: ArxivMLMArguments, config: Any) -> dict[str, Any]:
         )
         test_batches = collate_batches(test, eval_collator, args.eval_batch_size)
 
-    from masked_positions import masked_positions_loss
+    from hush_hf.trainer.masked_positions import masked_positions_loss
 
     init_model = build_model(args, tokenizer, config.seed)
     init_loss = mean_token_loss(init_model, test_batches, masked_positions_loss, causal=False)

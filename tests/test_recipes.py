@@ -15,6 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+from hush_hf.trainer.masked_positions import (
+    BertForMaskedPositionsLM,
+    labelled_positions,
+    masked_positions_loss,
+)
 from tests.test_recipes_helpers import (
     ACCELERATE,
     assert_files,
@@ -26,10 +31,6 @@ from tests.test_recipes_helpers import (
 
 common = recipe_module("common")
 arxiv_mlm = recipe_module("arxiv_mlm")
-masked_positions = recipe_module("masked_positions")
-BertForMaskedPositionsLM = masked_positions.BertForMaskedPositionsLM
-labelled_positions = masked_positions.labelled_positions
-masked_positions_loss = masked_positions.masked_positions_loss
 
 
 # ------------------------------------------------------------------------------ arxiv_mlm (recipe 1)

@@ -8,6 +8,11 @@ exactly the same per-example losses and gradients while keeping the batch in dim
 per-example clipping needs. transformers has no option for this (``logits_to_keep`` exists only
 for causal LMs), hence this small subclass; the weights and ``state_dict`` are ``BertForMaskedLM``'s,
 so ``from_pretrained`` loads any BERT MLM checkpoint into it.
+
+Use: ``model = BertForMaskedPositionsLM.from_pretrained(...)`` (or from a ``BertConfig``), train with
+:class:`MaskedPositionsTrainer` (or pass ``per_example_loss=masked_positions_loss`` to
+``GhostClippingCallback.attach``) and a ``DataCollatorForLanguageModeling``. Measured in the arxiv_mlm
+recipe: 4-5x faster per DP step than ``BertForMaskedLM`` with BERT-Tiny, same per-example gradients.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from transformers import BertForMaskedLM
 from transformers.modeling_outputs import MaskedLMOutput
 
 from hush_hf.clipping import per_example_lm_loss
-from hush_hf.trainer import SecretProtectionTrainer
+from hush_hf.trainer.trainer import SecretProtectionTrainer
 
 IGNORE_INDEX = -100
 
