@@ -101,16 +101,24 @@ def _widen(line: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-def credential_spans(text: str) -> list[Span]:
-    """detect-secrets' default plugins on each line; each reported value widened to its token."""
-    from detect_secrets.settings import default_settings, get_plugins
+class CredentialDetector:
+    """detect-secrets' default plugins on each line; each reported value widened to its token.
 
-    spans = []
-    with default_settings():
-        plugins = list(get_plugins())
+    The plugins are built once, under detect-secrets' default settings (their limits, e.g. the
+    entropy thresholds, are read when they are built).
+    """
+
+    def __init__(self) -> None:
+        from detect_secrets.settings import default_settings, get_plugins
+
+        with default_settings():
+            self.plugins = list(get_plugins())
+
+    def __call__(self, text: str) -> list[Span]:
+        spans = []
         offset = 0
         for number, line in enumerate(text.splitlines(keepends=True), start=1):
-            for plugin in plugins:
+            for plugin in self.plugins:
                 for found in plugin.analyze_line(filename="redact.txt", line=line, line_number=number) or ():
                     value = found.secret_value
                     if not value:
@@ -119,7 +127,7 @@ def credential_spans(text: str) -> list[Span]:
                         start, end = _widen(line, m.start(), m.end())
                         spans.append(Span(offset + start, offset + end, "credentials"))
             offset += len(line)
-    return spans
+        return spans
 
 
 DETECTORS: dict[str, Callable[[], Callable[[str], list[Span]]]] = {
@@ -128,6 +136,6 @@ DETECTORS: dict[str, Callable[[], Callable[[str], list[Span]]]] = {
     "credit_card": lambda: credit_card_spans,
     "iban": lambda: iban_spans,
     "ip": lambda: ip_spans,
-    "credentials": lambda: credential_spans,
+    "credentials": CredentialDetector,
 }
 PII = ("email", "phone", "credit_card", "iban", "ip")
