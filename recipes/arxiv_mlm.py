@@ -67,6 +67,7 @@ import numpy as np
 from common import (
     RESULTS_JSON,
     RESULTS_MARKDOWN,
+    RecipeArguments,
     Stopwatch,
     check_int,
     check_number,
@@ -79,9 +80,8 @@ from common import (
     mean_token_loss,
     new_figure,
     no_preprocessing_lp_c,
-    parse_recipe_arguments,
     plan_many,
-    recipe_logging,
+    recipe_main,
     refuse_recipe_owned_fields,
     run_config,
     save_figure,
@@ -156,16 +156,13 @@ logger = logging.getLogger("recipes.arxiv_mlm")
 
 
 @dataclass
-class ArxivMLMArguments:
+class ArxivMLMArguments(RecipeArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
-    preset: str = field(default="offline", metadata={"help": "offline (default), smoke or paper."})
-    smoke: bool = field(default=False, metadata={"help": "Tiny run (< 60 s) for CI: same as --preset smoke."})
     dataset_name: str | None = field(
         default=None,
         metadata={"help": "Hub dataset or local file (json/jsonl/csv/parquet/txt); default: offline ACLSum."},
     )
-    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset_name to use."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text."})
     group_column: str | None = field(
         default=None,
@@ -629,10 +626,7 @@ def results_markdown(results: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    args, config = parse_recipe_arguments(ArxivMLMArguments, PRESETS, recipe_name=RECIPE, argv=argv)
-    validate(args, config)
-    with recipe_logging(Path(config.output_dir), main_process=config.process_index == 0):
-        return run(args, config)
+    return recipe_main(ArxivMLMArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run, argv=argv)
 
 
 def run(args: ArxivMLMArguments, config: Any) -> dict[str, Any]:

@@ -47,6 +47,7 @@ import numpy as np
 from common import (
     RESULTS_JSON,
     RESULTS_MARKDOWN,
+    RecipeArguments,
     Stopwatch,
     check_int,
     check_number,
@@ -54,8 +55,7 @@ from common import (
     markdown_table,
     new_figure,
     non_private_config,
-    parse_recipe_arguments,
-    recipe_logging,
+    recipe_main,
     refuse_recipe_owned_fields,
     run_config,
     save_figure,
@@ -114,16 +114,13 @@ logger = logging.getLogger("recipes.code_completion")
 
 
 @dataclass
-class CodeCompletionArguments:
+class CodeCompletionArguments(RecipeArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
-    preset: str = field(default="offline", metadata={"help": "offline (default), smoke or paper."})
-    smoke: bool = field(default=False, metadata={"help": "Tiny run (< 60 s) for CI: same as --preset smoke."})
     dataset_name: str | None = field(
         default=None,
         metadata={"help": "Your code: a dataset with 'path' and 'text' columns; default: stdlib."},
     )
-    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset_name to use."})
     max_files: int | None = field(default=None, metadata={"help": "Keep the first N files."})
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "A causal LM checkpoint; default: a small GPT-2 from its config."}
@@ -589,10 +586,9 @@ def results_markdown(results: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    args, config = parse_recipe_arguments(CodeCompletionArguments, PRESETS, recipe_name=RECIPE, argv=argv)
-    validate(args, config)
-    with recipe_logging(Path(config.output_dir), main_process=config.process_index == 0):
-        return run(args, config)
+    return recipe_main(
+        CodeCompletionArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run, argv=argv
+    )
 
 
 def run(args: CodeCompletionArguments, config: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import numbers
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,36 @@ logger = logging.getLogger("recipes")
 
 
 # ------------------------------------------------------------------------------------ arguments
+@dataclass
+class RecipeArguments:
+    """The fields every recipe has; each recipe's argument dataclass extends it (and may redefine
+    ``dataset_name`` for its own help text). Training arguments are those of SecretProtectionConfig."""
+
+    preset: str = field(default="offline", metadata={"help": "offline (default), smoke or paper."})
+    smoke: bool = field(default=False, metadata={"help": "Tiny run (< 60 s) for CI: same as --preset smoke."})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Hub dataset or local file; default: the recipe's offline corpus."}
+    )
+    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset_name to use."})
+
+
+def recipe_main(
+    recipe_class: type,
+    presets: Mapping[str, Mapping[str, Any]],
+    *,
+    recipe_name: str,
+    validate: Callable[[Any, Any], None],
+    run: Callable[[Any, Any], dict[str, Any]],
+    argv: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The one entry point of every recipe: parse (:func:`parse_recipe_arguments`), ``validate`` before
+    any work, then ``run`` with the recipe's logging; returns what ``results.json`` holds."""
+    args, config = parse_recipe_arguments(recipe_class, presets, recipe_name=recipe_name, argv=argv)
+    validate(args, config)
+    with recipe_logging(Path(config.output_dir), main_process=config.process_index == 0):
+        return run(args, config)
+
+
 def parse_recipe_arguments(
     recipe_class: type,
     presets: Mapping[str, Mapping[str, Any]],

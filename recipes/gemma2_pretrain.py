@@ -47,13 +47,13 @@ import numpy as np
 from common import (
     RESULTS_JSON,
     RESULTS_MARKDOWN,
+    RecipeArguments,
     Stopwatch,
     check_int,
     check_number,
     markdown_table,
     new_figure,
-    parse_recipe_arguments,
-    recipe_logging,
+    recipe_main,
     refuse_recipe_owned_fields,
     run_config,
     save_figure,
@@ -116,15 +116,12 @@ logger = logging.getLogger("recipes.gemma2_pretrain")
 
 
 @dataclass
-class Gemma2PretrainArguments:
+class Gemma2PretrainArguments(RecipeArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
-    preset: str = field(default="offline", metadata={"help": "offline (default), smoke or paper."})
-    smoke: bool = field(default=False, metadata={"help": "Tiny run (< 60 s) for CI: same as --preset smoke."})
     dataset_name: str | None = field(
         default=None, metadata={"help": "Hub dataset or local file; default: offline ACLSum paragraphs."}
     )
-    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset_name to use."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text."})
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "A tokenizer (e.g. google/gemma-2-2b); default: UTF-8 bytes."}
@@ -435,10 +432,9 @@ def results_markdown(results: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    args, config = parse_recipe_arguments(Gemma2PretrainArguments, PRESETS, recipe_name=RECIPE, argv=argv)
-    validate(args, config)
-    with recipe_logging(Path(config.output_dir), main_process=config.process_index == 0):
-        return run(args, config)
+    return recipe_main(
+        Gemma2PretrainArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run, argv=argv
+    )
 
 
 def run(args: Gemma2PretrainArguments, config: Any) -> dict[str, Any]:

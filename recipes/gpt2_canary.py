@@ -1,6 +1,7 @@
 """CRT's canary experiment (Zhao et al. 2022, Sec. 5): GPT-2 on dialogues, non-private vs DP-SGD vs hush_hf.
 
-    accelerate launch recipes/gpt2_canary.py            # offline default, <= 10 min on 2 CPU cores
+    accelerate launch recipes/gpt2_canary.py            # offline default (all arms; see below)
+    accelerate launch recipes/gpt2_canary.py --methods non_private uniform_dp hush_hf  # <= 10 min, 2 CPUs
     accelerate launch recipes/gpt2_canary.py --smoke    # < 60 s (CI)
     accelerate launch recipes/gpt2_canary.py --preset paper --model_name_or_path distilgpt2 \
         --dataset_name <dialogue dataset> --text_column <column>
@@ -16,20 +17,38 @@ T steps of expected batch size B:
   canary's target;
 - ``hush_hf``: the LP weights (Hush eq. 1, c = ``--lp_c``) and the noise calibrated for them.
 
+CRT arms (CRT Fig. 3), once per false-negative rate gamma in ``--gammas`` (default 0, 0.1, 0.3, 0.5):
+the redaction policy pi knows only the first (1 - gamma) share of the canaries (it misses the rest on
+purpose) and masks their copies with the tokenizer's EOS token; the conservative policy pi_c (any
+six-digit number: every canary) decides the private rows.
+
+- ``non_private_redacted``: plain ``Trainer`` on Redact_pi(D) (no dedup, no clipping, no noise);
+- ``crt``: CRT Alg. 1: Dedup (exact rows and repeated sentences), Redact_pi, then ordinary steps on
+  the public rows interleaved with DP-SGD steps (uniform sampling) at the noise of ``uniform_dp``;
+- ``hush_hf_crt``: the same data with hush_hf's CRT mode: the LP plan for the canaries that pi missed
+  (tagged by their values, as the secrets file would) and ordinary public steps in between.
+
 Both DP models certify posterior <= r for every canary. Reported per model: test perplexity,
 canary exposure (Carlini et al. 2019: log2|R| - log2 rank; the max and mean over the 10 canaries,
 rank estimated from a skew-normal fit to ``--exposure_samples`` random candidates since |R| = 10^6),
 membership inference on the canaries (the 10 inserted canary texts against fresh random values of
 the same format, CRT A.5) and on ordinary examples (training vs held-out dialogues; loss attack).
 
+Run time: the three arms without redaction take <= 10 minutes on 2 CPU cores with the offline
+preset; the CRT arms add 3 runs per gamma (two of them 2T steps), about 1.2x those three runs per
+gamma as measured on the smoke preset (2-core CPU, shared), so the full offline default (4 gammas)
+takes about 6x as long (estimated, not yet measured). ``--gammas 0 0.5`` halves the CRT part.
+
 Presets: ``offline`` (default): the Chit Chat Challenge dialogues (7,168 chats; 1,000 training
 chats keep the run within 10 minutes on 2 CPU cores, so the 200 canary rows are 1 in 6 rows, which
 makes memorisation visible in a short run), a 2-layer GPT-2 of width 64 with the GPT-2 vocabulary
 built from its config (no weights offline), chats cut at 40 tokens, B = 32, T = 50. ``smoke``: 120
-chats, T = 4, B = 8. ``paper``: distilgpt2 (CRT's model) on ``--dataset_name``, B = 256, T = 1000.
+chats, T = 4, B = 8, the CRT arms at gamma = 0.5 only. ``paper``: distilgpt2 (CRT's model) on
+``--dataset_name``, B = 256, T = 1000.
 
 Outputs in ``--output_dir`` (default ``outputs/gpt2_canary``): ``results.json``, ``results.md``,
-``canaries.png``, ``plans/*.json`` and ``run.log``. The canary values are secrets: they are written
+``canaries.png``, ``crt_fig3.png`` (exposure and perplexity against gamma), ``plans/*.json`` and
+``run.log``. The canary values are secrets: they are written
 nowhere (canaries are referred to by index), unless ``--save_canaries`` asks for the private file
 ``canaries_PRIVATE.json``.
 """
@@ -46,6 +65,7 @@ import numpy as np
 from common import (
     RESULTS_JSON,
     RESULTS_MARKDOWN,
+    RecipeArguments,
     Stopwatch,
     check_int,
     check_number,
@@ -57,8 +77,7 @@ from common import (
     new_figure,
     no_preprocessing_lp_c,
     non_private_config,
-    parse_recipe_arguments,
-    recipe_logging,
+    recipe_main,
     refuse_recipe_owned_fields,
     run_config,
     save_figure,
@@ -67,7 +86,10 @@ from common import (
 from tqdm.auto import tqdm
 
 RECIPE = "gpt2_canary"
-METHODS = ("non_private", "uniform_dp", "hush_hf")
+BASE_METHODS = ("non_private", "uniform_dp", "hush_hf")
+CRT_METHODS = ("non_private_redacted", "crt", "hush_hf_crt")  # one run per gamma
+METHODS = BASE_METHODS + CRT_METHODS
+SIX_DIGITS = r"(?<!\d)\d{6}(?!\d)"  # pi_c: every canary of the default space
 
 PRESETS: dict[str, dict[str, Any]] = {
     "offline": {
@@ -96,6 +118,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "canary_nonmembers": 20,
         "mia_examples": 16,
         "model_width": 32,
+        "gammas": [0.5],
     },
     "paper": {
         "model_name_or_path": "distilgpt2",
@@ -116,15 +139,12 @@ logger = logging.getLogger("recipes.gpt2_canary")
 
 
 @dataclass
-class GPT2CanaryArguments:
+class GPT2CanaryArguments(RecipeArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
-    preset: str = field(default="offline", metadata={"help": "offline (default), smoke or paper."})
-    smoke: bool = field(default=False, metadata={"help": "Tiny run (< 60 s) for CI: same as --preset smoke."})
     dataset_name: str | None = field(
         default=None, metadata={"help": "Hub dataset or local file; default: offline Chit Chat dialogues."}
     )
-    dataset_split: str = field(default="train", metadata={"help": "Split of --dataset_name to use."})
     text_column: str = field(default="text", metadata={"help": "Column holding the dialogue text."})
     model_name_or_path: str | None = field(
         default=None,
@@ -144,6 +164,11 @@ class GPT2CanaryArguments:
     canary_target: float = field(default=1e-3, metadata={"help": "Target posterior r of every canary."})
     canary_seed: int = field(default=0, metadata={"help": "Seed of the canary values, positions and split."})
     methods: list[str] = field(default_factory=lambda: list(METHODS), metadata={"help": "Models to train."})
+    gammas: list[float] = field(
+        default_factory=lambda: [0.0, 0.1, 0.3, 0.5],
+        metadata={"help": "False-negative rates of the redaction policy (CRT arms, CRT Fig. 3)."},
+    )
+    crt_dedup: bool = field(default=True, metadata={"help": "CRT arms: dedup rows and sentences (Alg. 1)."})
     exposure_samples: int | None = field(default=None, metadata={"help": "Candidates for the exposure fit."})
     canary_nonmembers: int | None = field(
         default=None, metadata={"help": "Fresh canary-format texts for the canary membership attack."}
@@ -192,6 +217,12 @@ def validate(args: GPT2CanaryArguments, config: Any) -> None:
     check_int("canary_seed", args.canary_seed, minimum=0)
     if not args.methods or len(set(args.methods)) != len(args.methods) or set(args.methods) - set(METHODS):
         raise ValueError(f"methods must be distinct names from {list(METHODS)}, got {args.methods!r}")
+    if not args.gammas or any(not isinstance(g, float) or not 0 <= g < 1 for g in args.gammas):
+        raise ValueError(f"gammas must be numbers in [0, 1), got {args.gammas!r}")
+    if config.crt_schedule != "off":
+        raise ValueError(
+            f"crt_schedule={config.crt_schedule!r}: this recipe sets the CRT mode of its CRT arms"
+        )
     if config.expected_batch_size is None or config.expected_batch_size != int(config.expected_batch_size):
         raise ValueError(
             f"expected_batch_size must be a whole number here (the non-private model trains "
@@ -249,7 +280,10 @@ def make_plans(
     budget = lp_budget(secrets.priors, secrets.targets, "kl" if config.accountant == "kl" else "tight")
     lp_cs = {"uniform_dp": no_preprocessing_lp_c(sizes, budget), "hush_hf": config.lp_c}
     plans = {}
-    for method in tqdm([m for m in ("uniform_dp", "hush_hf") if m in args.methods], desc="Planning"):
+    wanted = [m for m in ("uniform_dp", "hush_hf") if m in args.methods]
+    if "crt" in args.methods and "uniform_dp" not in wanted:
+        wanted.insert(0, "uniform_dp")  # CRT's DP-SGD steps use uniform_dp's noise
+    for method in tqdm(wanted, desc="Planning"):
         plans[method] = plan_protection(
             secret_ids,
             secrets.priors,
@@ -266,6 +300,75 @@ def make_plans(
             plans[method].retained_weight_fraction,
             plans[method].noise_multiplier,
         )
+    return plans
+
+
+# ----------------------------------------------------------------------------------- CRT arms
+def redacted_train(
+    args: GPT2CanaryArguments,
+    train_text: Any,
+    canaries: list[Any],
+    secrets: Any,
+    gamma: float,
+    *,
+    mask: str,
+    crt: bool,
+) -> tuple[Any, dict[str, Any]]:
+    """Training rows for a CRT arm at false-negative rate gamma, and what was done to them.
+
+    pi masks the copies of the first (1 - gamma) share of the canaries; with ``crt``: Dedup first
+    (``--crt_dedup``) and pi_c (any six-digit number) marks the private rows (column ``crt_public``).
+    The rows are tagged with every canary (``secret_ids``): only the ones pi missed are still there.
+    """
+    import re
+
+    from hush_hf.audit.canaries import canary_secret_records
+    from hush_hf.crt import Policy, dedup_dataset, redact_dataset, secrets_policy
+    from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+
+    known = len(canaries) - round(gamma * len(canaries))
+    data = train_text.remove_columns("secret_ids")
+    record: dict[str, Any] = {"gamma": gamma, "canaries_missed": len(canaries) - known}
+    if crt and args.crt_dedup:
+        data, dedup = dedup_dataset(data, mask_token=mask)
+        record["dedup_rows_removed"] = dedup.rows_in - dedup.rows_out
+        record["dedup_sentences_masked"] = dedup.sentences_masked
+    policies = []
+    if known:
+        known_secrets = SecretSet.from_records(canary_secret_records(canaries[:known], args.canary_target))
+        policies.append(secrets_policy(known_secrets))
+    pattern = re.compile(SIX_DIGITS)
+    conservative = [Policy("six_digits", lambda t: [m.span() for m in pattern.finditer(t)])] if crt else []
+    if policies or conservative:
+        data, report = redact_dataset(data, policies, conservative_policies=conservative, mask_token=mask)
+        data = data.remove_columns("crt_masked_spans")
+        record.update(public_rows=report.public_rows, private_rows=report.private_rows)
+        if not crt:
+            data = data.remove_columns("crt_public")
+    data = tag_dataset(data, tagger_for(secrets), text_column="text", num_secrets=len(secrets))
+    return data, record
+
+
+def crt_plans(
+    args: GPT2CanaryArguments, config: Any, data: Any, secrets: Any, output_dir: Path, gamma: float
+) -> dict[str, Any]:
+    """Plans of the CRT arms on the redacted rows: ``crt`` uniform (every w_i = 1), ``hush_hf_crt`` the LP."""
+    from hush_hf.planning.plan import plan_protection
+    from hush_hf.trainer.plan_setup import column
+
+    plans = {}
+    for method, lp_c in (("crt", 1e6), ("hush_hf_crt", config.lp_c)):  # c = 1e6 keeps every example
+        if method in args.methods:
+            plans[method] = plan_protection(
+                column(data, "secret_ids"),
+                secrets.priors,
+                secrets.targets,
+                expected_batch_size=config.expected_batch_size,
+                steps=config.max_steps,
+                lp_c=lp_c,
+                accountant=config.accountant,
+            )
+            plans[method].save(output_dir / "plans" / f"{method}_gamma{gamma:g}.json")
     return plans
 
 
@@ -302,17 +405,18 @@ def build_model(args: GPT2CanaryArguments, tokenizer: Any, seed: int) -> Any:
 
 
 def train_model(
-    method: str,
     args: GPT2CanaryArguments,
     config: Any,
-    plans: dict[str, Any],
+    plan: Any,
     *,
     train: Any,
     collator: Any,
     tokenizer: Any,
-    output_dir: Path,
+    run_dir: Path,
+    **dp_overrides: Any,
 ) -> tuple[Any, dict[str, Any]]:
-    """Train one model; returns it and what the results record about the run."""
+    """Train one model (``plan=None``: plain ``Trainer``, no clipping or noise); returns it and what the
+    results record about the run. ``dp_overrides``: SecretProtectionConfig fields (CRT mode, sigma)."""
     import time
 
     from transformers import Trainer
@@ -320,8 +424,7 @@ def train_model(
     from hush_hf.trainer import SecretProtectionTrainer
 
     model = build_model(args, tokenizer, config.seed)
-    run_dir = output_dir / "runs" / method
-    if method == "non_private":
+    if plan is None:
         trainer = Trainer(
             model=model,
             args=non_private_config(config, run_dir),
@@ -332,10 +435,10 @@ def train_model(
     else:
         trainer = SecretProtectionTrainer(
             model=model,
-            args=run_config(config, run_dir),
+            args=run_config(config, run_dir, **dp_overrides),
             train_dataset=train,
             data_collator=collator,
-            plan=plans[method],
+            plan=plan,
         )
         sigma = trainer.dp.noise_multiplier
     start = time.perf_counter()
@@ -428,6 +531,34 @@ def plot_results(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     return save_figure(figure, path)
 
 
+def fig3_series(rows: list[dict[str, Any]], gammas: list[float], key: str) -> dict[str, list[Any]]:
+    """Per arm, ``key`` at each gamma (arms without redaction repeat their one value)."""
+    series: dict[str, list[Any]] = {}
+    for method in METHODS:
+        found = [r for r in rows if r["method"] == method]
+        if found:
+            by_gamma = {r["gamma"]: r[key] for r in found}
+            series[method] = [by_gamma.get(g, by_gamma.get(None)) for g in gammas]
+    return series
+
+
+def plot_fig3(rows: list[dict[str, Any]], gammas: list[float], path: Path) -> Path:
+    """CRT Fig. 3: max canary exposure, and test perplexity, against the policy's false-negative rate."""
+    figure, axes = new_figure(1, 2, width=11, height=3.8)
+    for ax, (key, label) in zip(
+        axes.ravel(),
+        [("exposure_max", "max canary exposure (bits)"), ("test_perplexity", "test perplexity")],
+        strict=True,
+    ):
+        for method, values in fig3_series(rows, gammas, key).items():
+            style = "-o" if method in CRT_METHODS else "--"
+            ax.plot(gammas, values, style, label=method)
+        ax.set_xlabel("false-negative rate gamma of the redaction policy")
+        ax.set_title(label, fontsize=10)
+    axes[0, 0].legend(fontsize=8)
+    return save_figure(figure, path)
+
+
 def results_markdown(results: dict[str, Any]) -> str:
     header = [
         "model",
@@ -471,16 +602,30 @@ def results_markdown(results: dict[str, Any]) -> str:
         "![results](canaries.png)",
         "",
     ]
+    if results["crt"]:
+        gammas = results["choices"]["gammas"]
+        header = ["model", *[f"gamma = {g:g}" for g in gammas]]
+        for key, title in (
+            ("exposure_max", "Max canary exposure (bits)"),
+            ("test_perplexity", "Test perplexity"),
+        ):
+            series = fig3_series(results["rows"], gammas, key)
+            lines += [
+                f"### {title} against gamma (CRT Fig. 3)",
+                "",
+                markdown_table(header, [[m, *v] for m, v in series.items()]),
+                "",
+            ]
+        lines += ["![CRT Fig. 3](crt_fig3.png)", ""]
     return "\n".join(lines + [f"- {note}" for note in results["notes"]]) + "\n"
 
 
 # ----------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    args, config = parse_recipe_arguments(GPT2CanaryArguments, PRESETS, recipe_name=RECIPE, argv=argv)
-    validate(args, config)
-    with recipe_logging(Path(config.output_dir), main_process=config.process_index == 0):
-        return run(args, config)
+    return recipe_main(
+        GPT2CanaryArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run, argv=argv
+    )
 
 
 def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
@@ -517,18 +662,19 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
         members = [ordinary[k] for k in np.sort(rng.permutation(len(ordinary))[: args.mia_examples])]
         nonmembers = test_text["text"][: args.mia_examples]
 
-    rows = []
-    for method in tqdm(list(args.methods), desc="Models"):
+    def train_and_attack(
+        method: str, plan: Any, data: Any, run_dir: Path, gamma: float | None = None, **overrides: Any
+    ) -> None:
         with watch(f"training {method}"):
             model, record = train_model(
-                method,
                 args,
                 config,
-                plans,
-                train=train,
+                plan,
+                train=data,
                 collator=collator,
                 tokenizer=tokenizer,
-                output_dir=output_dir,
+                run_dir=run_dir,
+                **overrides,
             )
         with watch(f"attacks {method}"):
             found = attack(
@@ -541,10 +687,10 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
                 nonmembers=nonmembers,
                 seed=args.canary_seed,
             )
-        plan = plans.get(method)
         rows.append(
             {
                 "method": method,
+                "gamma": gamma,
                 **record,
                 "certified": plan is not None and plan.meets_targets,
                 "bound_over_target_max": None if plan is None else plan.summary()["bound_over_target_max"],
@@ -555,12 +701,57 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
             }
         )
         logger.info(
-            "%s: perplexity %.4g, max exposure %.3g bits, canary MIA AUC %.3f",
+            "%s%s: perplexity %.4g, max exposure %.3g bits, canary MIA AUC %.3f",
             method,
+            "" if gamma is None else f" (gamma {gamma:g})",
             found["test_perplexity"],
             found["exposure_max"],
             found["canary_mia"]["auc"],
         )
+
+    rows: list[dict[str, Any]] = []
+    for method in tqdm([m for m in args.methods if m in BASE_METHODS], desc="Models"):
+        train_and_attack(method, plans.get(method), train, output_dir / "runs" / method)
+
+    crt_methods = [m for m in args.methods if m in CRT_METHODS]
+    crt_records = []
+    mask = tokenizer.eos_token  # a token the tokenizer knows: the mask of Redact and Dedup
+
+    def tokenized(data: Any) -> Any:
+        return data.map(encode, batched=True, remove_columns=["text"], desc="Tokenizing")
+
+    for gamma in tqdm(args.gammas if crt_methods else [], desc="CRT gammas"):
+        with watch("CRT data and plans"):
+            redacted = crt_data = None
+            if "non_private_redacted" in crt_methods:
+                redacted, record = redacted_train(
+                    args, train_text, canaries, secrets, gamma, mask=mask, crt=False
+                )
+                crt_records.append({"arm": "non_private_redacted", **record})
+                redacted = tokenized(redacted)
+            gamma_plans: dict[str, Any] = {}
+            if {"crt", "hush_hf_crt"} & set(crt_methods):
+                crt_data, record = redacted_train(
+                    args, train_text, canaries, secrets, gamma, mask=mask, crt=True
+                )
+                crt_records.append({"arm": "crt", **record})
+                planned = (
+                    crt_plans(args, config, crt_data, secrets, output_dir, gamma) if main_process else None
+                )
+                gamma_plans = broadcast_object(planned)
+                crt_data = tokenized(crt_data)
+        for method in crt_methods:
+            run_dir = output_dir / "runs" / f"{method}_gamma{gamma:g}"
+            if method == "non_private_redacted":
+                train_and_attack(method, None, redacted, run_dir, gamma)
+                continue
+            plan = gamma_plans[method]
+            overrides: dict[str, Any] = {"crt_schedule": "interleave"}
+            if method == "crt":  # CRT's DP-SGD: the noise of uniform_dp (at least what this plan needs)
+                overrides["noise_multiplier"] = max(
+                    plan.noise_multiplier, plans["uniform_dp"].noise_multiplier
+                )
+            train_and_attack(method, plan, crt_data, run_dir, gamma, **overrides)
 
     notes = [
         "Canaries are referred to by index; their values are secrets and are written nowhere"
@@ -575,6 +766,15 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
         notes.append(
             f"GPT-2 ({args.model_layers} layers, width {args.model_width}) is trained from its config "
             "with the GPT-2 vocabulary: no pretrained weights offline."
+        )
+    if crt_methods:
+        notes.append(
+            "CRT arms (CRT Fig. 3): pi misses the last gamma share of the canaries on purpose and masks the "
+            "copies of the others with the EOS token; crt and hush_hf_crt dedup first"
+            + (" (exact rows, repeated sentences)" if args.crt_dedup else " (off: --crt_dedup false)")
+            + ", mark rows with a six-digit number private (pi_c) and interleave one ordinary public step "
+            "(no clipping, no noise) before each DP step, so they take 2T optimizer steps. crt's DP steps "
+            "use uniform sampling and uniform_dp's noise; hush_hf_crt plans for the canaries pi missed."
         )
     results = {
         "recipe": RECIPE,
@@ -599,13 +799,17 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
         },
         "exposure_max_possible": rows[0]["exposure_max_possible"] if rows else None,
         "rows": rows,
+        "crt": crt_records,
         "notes": notes,
         "timings_seconds": {**watch.seconds, "total": watch.total()},
-        "files": [RESULTS_JSON, RESULTS_MARKDOWN, "canaries.png", "plans/", "run.log"],
+        "files": [RESULTS_JSON, RESULTS_MARKDOWN, "canaries.png", "plans/", "run.log"]
+        + (["crt_fig3.png"] if crt_methods else []),
     }
     if main_process:
+        if crt_methods:
+            plot_fig3(rows, args.gammas, output_dir / "crt_fig3.png")
         plot_results(
-            rows,
+            [r for r in rows if r["gamma"] is None],
             output_dir / "canaries.png",
             f"CRT canaries ({args.preset}): B={config.expected_batch_size:g}, T={config.max_steps}",
         )

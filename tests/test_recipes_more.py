@@ -26,7 +26,8 @@ def test_gpt2_canary_smoke(tmp_path):
     from hush_hf.audit.canaries import make_canaries
 
     out = tmp_path / "canary"
-    run_recipe(["recipes/gpt2_canary.py", "--smoke", "--output_dir", str(out)])
+    # Six arms (three CRT arms at gamma = 0.5): ~2.5x the three-arm run, hence the longer timeout.
+    run_recipe(["recipes/gpt2_canary.py", "--smoke", "--output_dir", str(out)], timeout=600.0)
     assert_files(
         out,
         [
@@ -36,11 +37,28 @@ def test_gpt2_canary_smoke(tmp_path):
             "run.log",
             "plans/uniform_dp.json",
             "plans/hush_hf.json",
+            "crt_fig3.png",
+            "plans/crt_gamma0.5.json",
+            "plans/hush_hf_crt_gamma0.5.json",
         ],
     )
     results = json.loads((out / "results.json").read_text())
-    rows = {r["method"]: r for r in results["rows"]}
+    rows = {r["method"]: r for r in results["rows"] if r["gamma"] is None}
     assert list(rows) == ["non_private", "uniform_dp", "hush_hf"]
+    crt_rows = {r["method"]: r for r in results["rows"] if r["gamma"] is not None}
+    assert list(crt_rows) == ["non_private_redacted", "crt", "hush_hf_crt"]
+    assert {r["gamma"] for r in crt_rows.values()} == {0.5}
+    # pi misses 5 of the 10 canaries; dedup leaves one row per canary; pi_c makes every canary row private.
+    crt_data = {r["arm"]: r for r in results["crt"]}
+    assert crt_data["crt"]["canaries_missed"] == 5 and crt_data["crt"]["dedup_rows_removed"] >= 190
+    assert crt_rows["crt"]["noise_multiplier"] == rows["uniform_dp"]["noise_multiplier"]
+    assert crt_rows["non_private_redacted"]["noise_multiplier"] is None
+    for row in (crt_rows["crt"], crt_rows["hush_hf_crt"]):
+        assert row["certified"] is True
+    markdown = (out / "results.md").read_text()
+    assert (
+        "Max canary exposure (bits) against gamma (CRT Fig. 3)" in markdown and "| gamma = 0.5 |" in markdown
+    )
     assert results["data"]["canary_rows"] == 10 * 20
     assert results["data"]["canary_prior"] == pytest.approx(1e-6)
     assert rows["non_private"]["noise_multiplier"] is None and rows["non_private"]["certified"] is False
@@ -49,7 +67,7 @@ def test_gpt2_canary_smoke(tmp_path):
     assert rows["uniform_dp"]["retained_weight_fraction"] == 1.0  # every example at rate B/n
     # The LP caps the canaries' copies, so the same targets need less noise than uniform sampling.
     assert 0 < rows["hush_hf"]["noise_multiplier"] < rows["uniform_dp"]["noise_multiplier"]
-    for row in rows.values():
+    for row in [*rows.values(), *crt_rows.values()]:
         assert math.isfinite(row["test_perplexity"]) and row["test_perplexity"] > 1
         assert 0 <= row["exposure_mean"] <= row["exposure_max"] <= row["exposure_max_possible"]
         assert len(row["exposure_per_canary"]) == 10
@@ -171,7 +189,7 @@ def test_code_completion_refuses_bad_arguments_without_echoing_module_names(tmp_
     with pytest.raises(ValueError, match=r"sensitive_target=5e-05 must exceed prior=0\.0001"):
         code_completion.main(["--smoke", "--output_dir", str(out), "--sensitive_target", "5e-5"])
     assert not out.exists()
-    args, _ = code_completion.parse_recipe_arguments(
+    args, _ = recipe_module("common").parse_recipe_arguments(
         code_completion.CodeCompletionArguments,
         code_completion.PRESETS,
         recipe_name="x",
