@@ -202,3 +202,31 @@ def test_saved_card_states_the_crt_run_and_confidentiality(tmp_path):
     paths = trainer.write_protection_artifacts(tmp_path / "out")
     card = paths["card"].read_text()
     assert "CRT mode (`interleave`): 2 public rows" in card and "-Bayesian confidentiality" in card
+
+
+def test_public_rows_are_checked_again_when_train_dataset_is_replaced(tmp_path):
+    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=1.0, secret_ids=SECRET_IDS)
+    trainer, _ = trainer_for(tmp_path, tiny_gpt2(), crt_dataset(), plan, 1, crt_schedule="interleave")
+    trainer.train_dataset = crt_dataset([False, True, False, True, True, False])
+    with pytest.raises(ValueError, match=r"row 1 is marked public"):
+        trainer.train()
+
+
+def test_plain_trainer_with_attach_runs_the_crt_schedule(tmp_path):
+    from transformers import Trainer
+
+    from hush_hf.trainer import GhostClippingCallback
+
+    plan = make_plan(np.full(6, 0.5), steps=2, noise_multiplier=1.0, secret_ids=SECRET_IDS)
+    model = tiny_gpt2()
+    trainer = Trainer(
+        model=model,
+        args=dp_config(tmp_path, max_steps=2),
+        train_dataset=crt_dataset(),
+        data_collator=pad_collate,
+        optimizers=sgd(model, lr=0.1),
+    )
+    callback = GhostClippingCallback.attach(trainer, plan, dp_seed=1234, crt_schedule="interleave")
+    trainer.train()
+    assert callback.crt.total_steps == trainer.state.global_step == 4
+    assert len([h for h in trainer.state.log_history if "dp_batch_size" in h]) == 2

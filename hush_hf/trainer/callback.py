@@ -401,6 +401,10 @@ class GhostClippingCallback(TrainerCallback):
         dataset = trainer.train_dataset
         # Again here: train_dataset may have been replaced since install().
         check_plan_fits(self.plan, steps=args.max_steps, dataset=dataset)
+        if self.crt_schedule != "off":  # and its public rows with it
+            names = column_names(dataset)
+            ids = column(dataset, SECRET_IDS_COLUMN) if SECRET_IDS_COLUMN in names else None
+            self._setup_crt(dataset, ids)
         collate_fn = trainer.data_collator
         if isinstance(dataset, datasets.Dataset):
             dataset = trainer._remove_unused_columns(dataset, description="training")
