@@ -261,6 +261,8 @@ def test_hush_redact_cli_end_to_end(tmp_path, capsys):
     report = json.loads((tmp_path / "out.jsonl.redaction.json").read_text())
     assert report["dedup"]["exact_duplicates"] == [[1, 0]]
     assert report["redaction"]["public_rows"] == 1
+    # CRT Prop. 7: the secret is in 2 rows, 2 sentences, 1 distinct sentence (indices and counts only).
+    assert report["secret_occurrences"] == {"rows": [2], "sentences": [2], "unique": [1]}
     text = (tmp_path / "out.jsonl.redaction.json").read_text() + capsys.readouterr().out
     assert "Falcon" not in text and "jane" not in text
 

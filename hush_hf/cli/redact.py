@@ -104,6 +104,15 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     dataset = load_text_dataset(args.dataset, split=args.split)
     report: dict = {"input_rows": len(dataset)}
+    if secret_set is not None:  # CRT Prop. 7: what dedup leaves of each secret (indices and counts only)
+        from hush_hf.crt import occurrence_counts
+
+        counts = occurrence_counts(dataset, secret_set, text_column=args.text_column)
+        report["secret_occurrences"] = {key: value.tolist() for key, value in counts.items()}
+        repeated = int((counts["sentences"] > counts["unique"]).sum())
+        print(
+            f"secrets: {repeated} of {len(secret_set)} repeat a sentence (counted once after dedup)"
+        )
     if not args.no_dedup or args.near_dup is not None:
         dataset, dedup = dedup_dataset(
             dataset,
