@@ -308,7 +308,11 @@ def test_attach_refuses_a_trainer_that_would_leak_or_miscount(tmp_path):
         trainer.train()
 
 
-def test_model_with_an_unsupported_trainable_layer_is_refused_before_planning(tmp_path):
+def test_model_with_an_unsupported_trainable_layer_is_refused_before_planning(tmp_path, monkeypatch):
+    from hush_hf.clipping import rules_generic
+
+    monkeypatch.setattr(rules_generic, "GENERIC_MAX_PARAMS", 8)  # the conv's 52 values: too many
+
     class ConvLM(torch.nn.Module):
         def __init__(self):
             super().__init__()

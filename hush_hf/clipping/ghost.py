@@ -41,7 +41,16 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils.hooks import RemovableHandle
 
 from hush_hf.clipping.factors import PerExampleGrad, squared_norm_of_sum, weighted_sum
-from hush_hf.clipping.registry import LayerRule, UnsupportedLayerError, aliases_for, rule_for
+from hush_hf.clipping.registry import (
+    LayerRule,
+    RecordedCall,
+    UnsupportedLayerError,
+    aliases_for,
+    folds_batch,
+    refusal_for,
+    rule_for,
+)
+from hush_hf.clipping.rules_generic import GENERIC_RULE, own_trainable
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +92,7 @@ class _HookedLayer:
     module: nn.Module
     rule: LayerRule
     param_names: tuple[str, ...]
+    folded: bool = False  # may see the batch folded into rows, batch-major (see registry.register_batch_fold)
 
     @property
     def label(self) -> str:
@@ -94,7 +104,7 @@ class _Call:
     """What one call of a hooked layer saw in the forward pass."""
 
     layer: _HookedLayer
-    x: Tensor  # input as the layer's op used it (detached)
+    x: Tensor | RecordedCall  # input as the layer's op used it (detached), or the whole call
     x_source: Tensor  # the input as passed (detached; shares the version counter)
     x_version: int
     output: Tensor  # kept attached: the first pass differentiates w.r.t. it
@@ -142,35 +152,51 @@ def _plan_layers(model: nn.Module) -> list[_HookedLayer]:
     """Every module that directly holds a trainable parameter must have a rule (or alias it); no module
     may couple the examples of a batch (see ``_batch_coupling``)."""
     layers: dict[int, _HookedLayer] = {}
+    folding = [path for path, module in model.named_modules() if folds_batch(type(module))]
     for path, module in model.named_modules(remove_duplicate=False):
+        refusal = refusal_for(type(module))
+        reason = refusal(module) if refusal is not None else None
+        if reason is not None:
+            raise UnsupportedLayerError(f"layer '{path or '<root>'}' ({_type_name(module)}): {reason}")
         coupling = _batch_coupling(module)
         if coupling is not None:
             raise UnsupportedLayerError(
                 f"layer '{path or '<root>'}' ({_type_name(module)}) is not supported by per-example "
                 f"clipping: {coupling}; replace it (e.g. GroupNorm or LayerNorm) before training"
             )
-        own = [(n, p) for n, p in module._parameters.items() if p is not None and p.requires_grad]
+        own = own_trainable(module)
         if not own:
             continue
         where = f"'{path or '<root>'}' ({_type_name(module)})"
         rule = rule_for(type(module))
-        if rule is not None:
-            reason = rule.check(module) if rule.check is not None else None
-            if reason is not None:
-                raise UnsupportedLayerError(f"layer {where} is not supported: {reason}")
-            if id(module) not in layers:
-                layers[id(module)] = _HookedLayer(path, module, rule, tuple(n for n, _ in own))
-            continue
-        aliases = aliases_for(type(module))
-        aliased = aliases.aliases if aliases is not None else {}
-        uncovered = [n for n, p in own if n not in aliased or module.get_parameter(aliased[n]) is not p]
-        if uncovered:
-            raise UnsupportedLayerError(
-                f"layer {where} holds trainable parameter(s) {uncovered} but hush_hf.clipping has no "
-                f"per-example gradient rule for {_type_name(module)}; freeze them (requires_grad=False) "
-                "or register a rule with hush_hf.clipping.register_norm_rule"
-            )
+        if rule is None:
+            aliases = aliases_for(type(module))
+            aliased = aliases.aliases if aliases is not None else {}
+            unused = aliases is not None and aliases.unused_otherwise
+            if all(n in aliased and (unused or module.get_parameter(aliased[n]) is p) for n, p in own):
+                # Counted through the submodule that uses them, or (untied) never read by the forward:
+                # no gradient, which the first call's self-check confirms.
+                continue
+            # No registered rule: torch.func on the layer's own forward (small parameters only).
+            rule = GENERIC_RULE
+        reason = rule.check(module) if rule.check is not None else None
+        if reason is not None:
+            raise UnsupportedLayerError(f"layer {where} is not supported: {reason}")
+        if id(module) not in layers:
+            folded = any(path.startswith(f + ".") for f in folding)
+            layers[id(module)] = _HookedLayer(path, module, rule, tuple(n for n, _ in own), folded)
     return list(layers.values())
+
+
+def _fold_factor(call: _Call, batch: int) -> int | None:
+    """n when a call of a batch-folding layer saw (batch * n, ...) rows in and out, else None."""
+    x, out = call.x_source, call.output
+    if not isinstance(call.x, Tensor) or batch == 0 or x.dim() < 2 or out.dim() < 2:
+        return None
+    n = x.shape[0] // batch
+    if n < 1 or x.shape[0] != batch * n or out.shape[0] != batch * n:
+        return None
+    return n
 
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -226,6 +252,7 @@ class GhostClipper:
         self._verified = False  # the self-check (see class docstring) has passed once
         self._calls: list[_Call] = []
         self._forwards = 0
+        self._paused = False  # rules replaying a layer (generic path) must not be recorded
         self._handles: list[RemovableHandle] = [model.register_forward_pre_hook(self._count_forward)]
         for layer in self._layers:
             hook = partial(self._record, layer)
@@ -242,13 +269,16 @@ class GhostClipper:
 
     # ----------------------------------------------------------------------------- hooks
     def _count_forward(self, module: nn.Module, args: Any) -> None:
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and not self._paused:
             self._forwards += 1
 
     def _record(
         self, layer: _HookedLayer, module: nn.Module, args: tuple, kwargs: dict, output: Any
-    ) -> None:
-        if not torch.is_grad_enabled():
+    ) -> Any:
+        if not torch.is_grad_enabled() or self._paused:
+            return
+        if layer.rule.records_call:
+            self._record_call(layer, args, kwargs, output)
             return
         inputs = [*args, *kwargs.values()]
         if len(inputs) != 1 or not isinstance(inputs[0], Tensor) or not isinstance(output, Tensor):
@@ -266,6 +296,29 @@ class GhostClipper:
             # The op multiplies the autocast-dtype copy; the weight gradient is built from it.
             x = x.to(torch.get_autocast_dtype(device_type))
         self._calls.append(_Call(layer, x, source, source._version, output, output._version))
+        if layer.rule.protects_output:
+            # The model modifies this output in place (Falcon: ``mlp_output += attention_output``); it
+            # continues with a copy, so the recorded output keeps the value autograd differentiates.
+            return output.clone()
+        return None
+
+    def _record_call(self, layer: _HookedLayer, args: tuple, kwargs: dict, output: Any) -> None:
+        """Record every argument of a call (rules with ``records_call``, e.g. the generic path)."""
+
+        def detach(value: Any) -> Any:
+            return value.detach() if isinstance(value, Tensor) else value
+
+        device = output.device.type if isinstance(output, Tensor) else "cpu"
+        autocast = (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
+        call = RecordedCall(
+            tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}, autocast
+        )
+        primary = call.primary
+        if primary is None or not isinstance(output, Tensor):
+            raise ValueError(f"{layer.label} must be called with a batch-first tensor and return one tensor")
+        if not output.requires_grad:
+            return
+        self._calls.append(_Call(layer, call, primary, primary._version, output, output._version))
 
     # ----------------------------------------------------------------------------- checks
     def _check_usable(self) -> None:
@@ -322,8 +375,11 @@ class GhostClipper:
                     f"the input or output of {c.layer.label} was modified in place after it ran; "
                     "its per-example gradient cannot be recovered"
                 )
-            if c.x.dim() == 0 or c.x.shape[0] != batch or c.output.dim() == 0 or c.output.shape[0] != batch:
-                seen = c.x.shape[0] if c.x.dim() else "a scalar"
+            x = c.x_source
+            if c.layer.folded and _fold_factor(c, batch) is not None:
+                continue  # (batch * n) rows, batch-major: unfolded in _first_pass
+            if x.dim() == 0 or x.shape[0] != batch or c.output.dim() == 0 or c.output.shape[0] != batch:
+                seen = x.shape[0] if x.dim() else "a scalar"
                 raise ValueError(
                     f"{c.layer.label} ran on a batch of {seen} but per_example_loss has {batch} "
                     "entries; every layer with trainable parameters must see the batch in dimension 0 "
@@ -361,7 +417,14 @@ class GhostClipper:
             g, out_grads[k] = out_grads[k], None  # free each output gradient once used
             if g is None:
                 continue  # output not used by the loss: zero gradient
-            grads = call.layer.rule.grads(call.layer.module, call.x, g)
+            x = call.x
+            if isinstance(x, Tensor) and x.shape[0] != b:  # a folded call, checked in _check_calls
+                x, g = x.reshape(b, -1, *x.shape[1:]), g.reshape(b, -1, *g.shape[1:])
+            self._paused = True
+            try:
+                grads = call.layer.rule.grads(call.layer.module, x, g)
+            finally:
+                self._paused = False
             for name in call.layer.param_names:
                 uses.setdefault(id(call.layer.module._parameters[name]), []).append(grads[name])
         for per_use in uses.values():
@@ -376,7 +439,8 @@ class GhostClipper:
     def _narrowest_dtype(self, calls: list[_Call], loss: Tensor) -> torch.dtype:
         """The least precise floating dtype among the recorded activations and outputs, the trainable
         parameters and the loss (bf16 under bf16 autocast): it sets the clip margin."""
-        tensors = [t for c in calls for t in (c.x, c.output)] + [p for _, p in self._params] + [loss]
+        tensors = [t for c in calls for t in (c.x, c.x_source, c.output) if isinstance(t, Tensor)]
+        tensors += [p for _, p in self._params] + [loss]
         dtypes = {t.dtype for t in tensors if t.is_floating_point()}
         unknown = dtypes - set(CLIP_MARGINS)
         if unknown:

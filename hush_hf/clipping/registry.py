@@ -7,8 +7,13 @@ parameter, so a rule never needs to know whether its weight is tied.
 
 Types are matched exactly, never by ``isinstance``: a subclass that overrides ``forward`` (e.g.
 Gemma-2's scaled word embedding, a ``nn.Embedding``) has a different gradient and must have its own
-rule. Classes of optional libraries (transformers) are registered by qualified name, so that
-registering them imports nothing; a lookup by name still checks the class object itself.
+rule. Two verified exceptions (``rule_for``): a subclass that does not override ``forward`` (it runs
+the parent's very function) uses the parent's rule, and a class whose ``forward`` is the same code
+over the same base classes as a registered class's (transformers copies modules between models, e.g.
+Gemma-3's scaled word embedding is Gemma-2's) uses that class's rule. Classes of optional libraries
+(transformers) are registered by qualified name, so that registering them imports nothing; a lookup
+by name still checks the class object itself. Layers with no rule fall back to the generic
+torch.func path (``rules_generic``) when their own parameters are small.
 """
 
 from __future__ import annotations
@@ -38,11 +43,37 @@ class LayerRule:
     ``check(module)``: a reason string if this instance's configuration is unsupported, else None.
     ``casts_input_under_autocast``: the layer's op runs in the autocast dtype (matmul-like), so the
     recorded input is cast the same way to reproduce the gradient autograd actually computes.
+    ``records_call``: the rule gets a :class:`RecordedCall` (every argument of the call) instead of
+    the single input ``x`` (layers called with several inputs, the generic path).
+    ``protects_output``: the model modifies this layer's output in place, so the model continues
+    with a copy and the recorded output stays intact.
     """
 
     grads: GradRule
     check: ConfigCheck | None = None
     casts_input_under_autocast: bool = False
+    records_call: bool = False
+    protects_output: bool = False
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """Every argument of one layer call (tensors detached), and the autocast state it ran under.
+
+    ``primary`` is the first batch-first tensor argument: the engine checks its batch size and
+    in-place changes like the single input of an ordinary rule.
+    """
+
+    args: tuple
+    kwargs: Mapping[str, object]
+    autocast: tuple[str, object] | None  # (device_type, dtype) when autocast was on
+
+    @property
+    def primary(self) -> Tensor | None:
+        for value in (*self.args, *self.kwargs.values()):
+            if isinstance(value, Tensor) and value.dim() > 0:
+                return value
+        return None
 
 
 @dataclass(frozen=True)
@@ -55,6 +86,9 @@ class ParamAliases:
     """
 
     aliases: Mapping[str, str] = field(default_factory=dict)
+    unused_otherwise: bool = False
+    """When the parameter is not identical to the submodule's (untied), the container's forward never
+    reads it (verified by reading that forward): it gets no gradient and needs no rule."""
 
 
 _RULES: dict[type | str, LayerRule] = {}
@@ -74,13 +108,14 @@ def register_norm_rule(
     *targets: type | str,
     check: ConfigCheck | None = None,
     casts_input_under_autocast: bool = False,
+    protects_output: bool = False,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
 
     keys = _keys(targets)
 
     def decorator(grads: GradRule) -> GradRule:
-        rule = LayerRule(grads, check, casts_input_under_autocast)
+        rule = LayerRule(grads, check, casts_input_under_autocast, protects_output=protects_output)
         for key in keys:
             _RULES[key] = rule
         return grads
@@ -88,10 +123,12 @@ def register_norm_rule(
     return decorator
 
 
-def register_param_aliases(target: type | str, aliases: Mapping[str, str]) -> None:
+def register_param_aliases(
+    target: type | str, aliases: Mapping[str, str], *, unused_otherwise: bool = False
+) -> None:
     """Declare that ``target``'s own parameters are the named submodule parameters (see ParamAliases)."""
     for key in _keys((target,)):
-        _ALIASES[key] = ParamAliases(dict(aliases))
+        _ALIASES[key] = ParamAliases(dict(aliases), unused_otherwise)
 
 
 def _lookup(table: Mapping[type | str, object], layer_type: type) -> object | None:
@@ -105,13 +142,96 @@ def _lookup(table: Mapping[type | str, object], layer_type: type) -> object | No
     return table[name] if getattr(owner, layer_type.__qualname__, None) is layer_type else None
 
 
-def rule_for(layer_type: type) -> LayerRule | None:
-    """The rule registered for exactly this type, or None."""
+def _exact_rule(layer_type: type) -> LayerRule | None:
     found = _lookup(_RULES, layer_type)
     return found if isinstance(found, LayerRule) else None
+
+
+def _registered_classes() -> list[type]:
+    """Registered layer classes that exist (name-registered ones only once their module is imported)."""
+    classes = []
+    for key in _RULES:
+        if isinstance(key, type):
+            classes.append(key)
+            continue
+        module_name, _, qualname = key.rpartition(".")
+        owner = sys.modules.get(module_name)
+        found = getattr(owner, qualname, None) if owner is not None else None
+        if isinstance(found, type):
+            classes.append(found)
+    return classes
+
+
+def _same_code(f: object, h: object) -> bool:
+    """Same bytecode, constants and names: the two functions compute the same thing on the same object."""
+    a, b = getattr(f, "__code__", None), getattr(h, "__code__", None)
+    if a is None or b is None:
+        return False
+    fields = ("co_code", "co_consts", "co_names", "co_varnames", "co_argcount", "co_kwonlyargcount")
+    return all(getattr(a, n) == getattr(b, n) for n in fields)
+
+
+def rule_for(layer_type: type) -> LayerRule | None:
+    """The rule for this type, or None: its own registered rule; else the rule of the nearest
+    registered ancestor whose ``forward`` it inherits unchanged (the same function object); else the
+    rule of a registered class whose ``forward`` has the same code and the same base classes (so
+    ``super()`` resolves alike). Anything else (an overridden forward) gets no inherited rule."""
+    found = _exact_rule(layer_type)
+    if found is not None:
+        return found
+    forward = getattr(layer_type, "forward", None)
+    for ancestor in layer_type.__mro__[1:]:
+        rule = _exact_rule(ancestor)
+        if rule is not None:
+            if getattr(ancestor, "forward", None) is forward:
+                return rule
+            break
+    for registered in _registered_classes():
+        if registered.__mro__[1:] == layer_type.__mro__[1:] and _same_code(
+            registered.__dict__.get("forward"), layer_type.__dict__.get("forward")
+        ):
+            return _exact_rule(registered)
+    return None
 
 
 def aliases_for(layer_type: type) -> ParamAliases | None:
     """The parameter aliases declared for exactly this container type, or None."""
     found = _lookup(_ALIASES, layer_type)
     return found if isinstance(found, ParamAliases) else None
+
+
+_FOLDS: set[type | str] = set()
+
+
+def register_batch_fold(target: type | str) -> None:
+    """Declare that layers inside ``target`` may see the batch folded into rows, batch-major.
+
+    Some models reshape a (batch, seq, d) tensor to (batch * seq, d) before their feed-forward
+    layers (OPT's decoder layer: ``hidden_states.reshape(-1, d)``). Row r then belongs to example
+    r // seq, and the engine unfolds such calls to (batch, seq, d) before applying a rule. Declared
+    per container type after reading its forward, never guessed: a (seq * batch) layout would mix
+    examples.
+    """
+    for key in _keys((target,)):
+        _FOLDS.add(key)
+
+
+def folds_batch(layer_type: type) -> bool:
+    """Whether ``register_batch_fold`` declared exactly this container type."""
+    return _lookup({k: True for k in _FOLDS}, layer_type) is True
+
+
+_REFUSALS: dict[type | str, ConfigCheck] = {}
+
+
+def register_refusal(target: type | str, check: ConfigCheck) -> None:
+    """``check(module)`` returns why per-example gradients of this container's (trainable) parameters
+    cannot be exact (and what to do instead), or None; the engine refuses at construction."""
+    for key in _keys((target,)):
+        _REFUSALS[key] = check
+
+
+def refusal_for(layer_type: type) -> ConfigCheck | None:
+    """The refusal check registered for exactly this type, or None."""
+    found = _lookup(_REFUSALS, layer_type)
+    return found if callable(found) else None

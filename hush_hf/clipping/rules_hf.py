@@ -1,5 +1,7 @@
 """Per-example gradient rules for Hugging Face layers (transformers 5): GPT-2 ``Conv1D``, Gemma-2's
-scaled word embedding and RMSNorm, and BERT's MLM-head bias alias.
+scaled word embedding and RMSNorm, Falcon's Linear, BERT's MLM-head bias alias and OPT's folded
+feed-forward. Other models' norms and learned positions take the generic path (``rules_generic``);
+classes whose forward is a registered class's code share its rule (``registry.rule_for``).
 
 Registered by qualified class name, so importing this module does not import transformers.
 """
@@ -9,12 +11,18 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from hush_hf.clipping.factors import DenseFactor, Materialized, OuterSum, PerExampleGrad, compute_dtype
-from hush_hf.clipping.registry import register_norm_rule, register_param_aliases
+from hush_hf.clipping.registry import (
+    register_batch_fold,
+    register_norm_rule,
+    register_param_aliases,
+    register_refusal,
+)
 from hush_hf.clipping.rules_torch import (
     as_sequence,
     bias_grad,
     embedding_config_problem,
     embedding_outer_sum,
+    linear_grads,
 )
 
 
@@ -48,6 +56,49 @@ def gemma2_rms_norm_grads(layer: nn.Module, x: Tensor, g: Tensor) -> dict[str, P
 
 
 # BertLMPredictionHead holds ``bias`` itself but only uses it as ``decoder.bias`` (the same Parameter).
+# Untied (tie_word_embeddings=False, transformers 5) it keeps its own ``bias``, which forward never reads.
 register_param_aliases(
-    "transformers.models.bert.modeling_bert.BertLMPredictionHead", {"bias": "decoder.bias"}
+    "transformers.models.bert.modeling_bert.BertLMPredictionHead",
+    {"bias": "decoder.bias"},
+    unused_otherwise=True,
 )
+# RoBERTa's and XLM-R's LM heads likewise: forward is dense, gelu, layer_norm, decoder; ``bias`` unread.
+for _head in ("roberta.modeling_roberta.RobertaLMHead", "xlm_roberta.modeling_xlm_roberta.XLMRobertaLMHead"):
+    register_param_aliases(f"transformers.models.{_head}", {"bias": "decoder.bias"}, unused_otherwise=True)
+
+
+@register_norm_rule(
+    "transformers.models.falcon.modeling_falcon.FalconLinear",
+    casts_input_under_autocast=True,
+    protects_output=True,
+)
+def falcon_linear_grads(layer: nn.Linear, x: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
+    """FalconLinear overrides forward as ``x @ W.T (+ b)``: the map of nn.Linear, so nn.Linear's rule.
+    Falcon adds the attention output into the MLP's output in place, hence ``protects_output``."""
+    return linear_grads(layer, x, g)
+
+
+# OPTDecoderLayer runs final_layer_norm, fc1 and fc2 on ``hidden_states.reshape(-1, d)`` of (b, T, d).
+register_batch_fold("transformers.models.opt.modeling_opt.OPTDecoderLayer")
+
+
+def t5_relative_bias_problem(attention: nn.Module) -> str | None:
+    """T5's relative_attention_bias is an Embedding looked up with (query, key) buckets that the whole
+    batch shares; its output has no batch dimension, so no per-example gradient is recoverable."""
+    bias = getattr(attention, "relative_attention_bias", None)
+    if bias is None or not any(p.requires_grad for p in bias.parameters()):
+        return None
+    return (
+        "its relative_attention_bias is looked up with (query, key) position buckets shared by the whole "
+        "batch, so its per-example gradients cannot be separated; freeze it before training "
+        "(`attention.relative_attention_bias.requires_grad_(False)` on every attention that has one); "
+        "the rest of the model trains with exact clipping"
+    )
+
+
+for _t5_like in (
+    "t5.modeling_t5.T5Attention",
+    "mt5.modeling_mt5.MT5Attention",
+    "umt5.modeling_umt5.UMT5Attention",
+):
+    register_refusal(f"transformers.models.{_t5_like}", t5_relative_bias_problem)

@@ -1,67 +1,229 @@
-"""What the DP step feeds the model and which per-example loss it clips (Hush Alg. 2, line 9)."""
+"""What the DP step feeds the model and which per-example loss it clips (Hush Alg. 2, line 9).
+
+Both follow what the model itself computes, never its class name:
+
+- the loss: the token cross-entropy of the model's own loss, split per example. Which tokens are
+  scored against which logits is read from the model under any wrapper (PEFT, DDP, torch.compile):
+  encoder-decoder models score decoder position t against label t (decoder inputs are the labels
+  shifted right, built by the model); other models use the loss their forward calls
+  (transformers' ``loss_type``: causal LMs predict token t+1 at position t, masked LMs position t).
+  On the first batch of each model the split is checked against the model's own loss on that batch.
+- the positions: the ones the model's default forward uses. Ghost clipping needs every layer with
+  trainable parameters to see the batch in dimension 0, and some models build position ids of
+  shape (1, seq) shared by the batch (GPT-2, BERT); for those the same positions are passed per row.
+  Models that derive positions per row themselves (RoBERTa and XLM-R from input_ids with the
+  padding_idx + 1 offset, OPT from the attention mask) get nothing passed. Which case holds is
+  found by running the model's default forward once (no gradient) and looking at the layers' inputs.
+"""
 
 from __future__ import annotations
 
 import inspect
+import math
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from hush_hf.clipping import per_example_lm_loss
+from hush_hf.clipping.loss import IGNORE_INDEX
 
 PerExampleLoss = Callable[[nn.Module, dict[str, Any]], Tensor]
 
-_CAUSAL_LM_CLASSES = frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+CAUSAL, MASKED, SEQ2SEQ = "causal", "masked", "seq2seq"
+
+_LOSS_RTOL = 1e-4
+"""The per-example split must reproduce the model's own token-mean loss to this relative error (the
+two differ only in summation order; shifted and unshifted scoring differ by far more)."""
+
+_VERIFIED: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+_POSITIONS: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside PEFT (``get_base_model``), DDP/DataParallel (``module``) and torch.compile
+    (``_orig_mod``) wrappers, repeatedly."""
+    for _ in range(16):
+        inner: Any = None
+        get_base = getattr(model, "get_base_model", None)
+        if callable(get_base):
+            inner = get_base()
+        elif isinstance(getattr(model, "module", None), nn.Module):
+            inner = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            inner = model._orig_mod
+        if not isinstance(inner, nn.Module) or inner is model:
+            return model
+        model = inner
+    return model
+
+
+def loss_kind(model: nn.Module) -> str:
+    """``"seq2seq"``, ``"causal"`` or ``"masked"``: how the model's own loss pairs logits with labels.
+
+    Read from the unwrapped model: its config's ``is_encoder_decoder``, else the loss its forward
+    calls (transformers resolves ``loss_type``; an unrecognised or missing one means its causal-LM
+    loss). A model with a custom ``loss_function`` or a non-LM loss is refused.
+    """
+    base = unwrap_model(model)
+    config = getattr(base, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return SEQ2SEQ
+    if "_loss_function" in vars(base):
+        raise ValueError(
+            f"{type(base).__name__} has a custom loss_function, so its per-example split is unknown: "
+            "pass per_example_loss= (or override compute_per_example_loss)"
+        )
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    loss_type = getattr(base, "loss_type", None)
+    if loss_type == "ForMaskedLM":
+        return MASKED
+    if loss_type is None or loss_type not in LOSS_MAPPING or loss_type == "ForCausalLM":
+        return CAUSAL
+    raise ValueError(
+        f"{type(base).__name__} computes a {loss_type} loss, not a language-modelling loss: pass "
+        "per_example_loss= (or override compute_per_example_loss) with a loss per example"
+    )
 
 
 def is_causal_lm(model: nn.Module) -> bool:
-    """Whether the model predicts token t+1 at position t (transformers' causal-LM heads)."""
-    config = getattr(model, "config", None)
-    if getattr(config, "is_encoder_decoder", False):
-        return False
-    return type(model).__name__ in _CAUSAL_LM_CLASSES
+    """Whether the model predicts token t+1 at position t (see ``loss_kind``)."""
+    return loss_kind(model) == CAUSAL
 
 
 def accepts_argument(model: nn.Module, name: str) -> bool:
     return name in inspect.signature(model.forward).parameters
 
 
-def model_inputs(model: nn.Module, batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    """The micro-batch on ``device``, with per-row ``position_ids`` when the model takes them.
+def _first_tensor_input(args: tuple, kwargs: dict) -> Tensor | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Tensor):
+            return value
+    return None
 
-    Ghost clipping needs every layer with trainable parameters to see the batch in dimension 0;
-    models build (1, seq) position ids by default, so contiguous (batch, seq) ids ``0..seq-1``
-    (the models' own default positions) are passed explicitly.
-    """
+
+def _probe(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[nn.Module, Tensor]]:
+    """(layer, first tensor input) of every call of a layer holding trainable parameters, in call
+    order, in one forward without gradient."""
+    seen: list[tuple[nn.Module, Tensor]] = []
+
+    def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = _first_tensor_input(args, kwargs)
+        if x is not None:
+            seen.append((module, x.detach().clone()))
+
+    owners = {id(m): m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))}
+    handles = [m.register_forward_pre_hook(record, with_kwargs=True) for m in owners.values()]
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _needs_row_positions(model: nn.Module, inputs: dict[str, Any]) -> bool:
+    """Whether the model's default forward feeds shared (1, seq) positions to a trainable layer; if
+    so, checks that passing ``0..seq-1`` per row gives those layers the same inputs (else refuses)."""
+    ids = inputs["input_ids"]
+    probe = dict(inputs)
+    if ids.shape[0] == 1:  # two rows, so a shared (1, seq) input shows
+        probe = {k: torch.cat([v, v]) if isinstance(v, Tensor) and v.dim() else v for k, v in probe.items()}
+    b = probe["input_ids"].shape[0]
+    default = _probe(model, probe)
+    shared = [(k, x) for k, (_, x) in enumerate(default) if x.dim() and x.shape[0] == 1]
+    if not shared:
+        return False
+    length = ids.shape[1]
+    probe["position_ids"] = torch.arange(length, device=ids.device).repeat(b, 1)
+    passed = _probe(model, probe)
+    same = len(passed) == len(default) and all(
+        passed[k][0] is default[k][0]
+        and passed[k][1].shape[0] == b
+        and passed[k][1].shape[1:] == x.shape[1:]
+        and torch.equal(passed[k][1], x.expand_as(passed[k][1]))
+        for k, x in shared
+    )
+    if not same:
+        raise ValueError(
+            f"{type(unwrap_model(model)).__name__}'s default forward gives a trainable layer inputs shared "
+            "by the whole batch (shape (1, ...)) that are not positions 0..seq-1, so hush_hf cannot give "
+            "each example the same positions per row; put position_ids of shape (batch, seq) in the batch"
+        )
+    return True
+
+
+def model_inputs(model: nn.Module, batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """The micro-batch on ``device``, with per-row ``position_ids`` where the model's default forward
+    would share (1, seq) positions across the batch (see the module docstring)."""
     inputs = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
     ids = inputs.get("input_ids")
     if (
-        "position_ids" not in inputs
-        and isinstance(ids, Tensor)
-        and ids.dim() == 2
-        and accepts_argument(model, "position_ids")
+        "position_ids" in inputs
+        or not isinstance(ids, Tensor)
+        or ids.dim() != 2
+        or not accepts_argument(model, "position_ids")
     ):
+        return inputs
+    if model not in _POSITIONS:
+        if getattr(getattr(unwrap_model(model), "config", None), "is_encoder_decoder", False):
+            return inputs  # decoder inputs come from the labels; no shared positions probe
+        probe = {k: v for k, v in inputs.items() if k != "labels"}
+        _POSITIONS[model] = _needs_row_positions(model, probe)
+    if _POSITIONS[model]:
         b, length = ids.shape
         inputs["position_ids"] = torch.arange(length, device=ids.device).repeat(b, 1)
     return inputs
 
 
+def _check_against_model_loss(model: nn.Module, model_loss: Any, losses: Tensor, targets: Tensor) -> bool:
+    """True when sum_i n_i loss_i / sum_i n_i equals the model's own (token-mean) loss; raises when it
+    does not; False when there is nothing to compare (no target token, or no loss returned)."""
+    total = int(targets.sum())
+    if not isinstance(model_loss, Tensor) or model_loss.numel() != 1 or total == 0:
+        return False
+    ours = float((losses.detach().double() * targets.double()).sum()) / total
+    theirs = float(model_loss.detach().double())
+    if not math.isfinite(theirs):
+        return False
+    if abs(ours - theirs) > _LOSS_RTOL * abs(theirs):
+        raise ValueError(
+            f"the per-example loss hush_hf derived for {type(unwrap_model(model)).__name__} "
+            f"({loss_kind(model)} token cross-entropy) does not add up to the model's own loss on this "
+            "batch, so it is not what the model trains on; pass per_example_loss= (or override "
+            "compute_per_example_loss)"
+        )
+    return True
+
+
 def lm_per_example_loss(model: nn.Module, inputs: dict[str, Any]) -> Tensor:
     """loss_i = mean over example i's target tokens (``per_example_lm_loss``), shape (b,).
 
-    The model is called without ``labels`` (its own loss is a batch mean, not per example); causal
-    LMs are scored on shifted labels like transformers' causal-LM loss.
+    Scored the way the model's own loss scores them (``loss_kind``). The model's own loss is a
+    token-weighted batch mean, not per example, so the model is called without ``labels`` except for
+    encoder-decoder models (which build their decoder inputs from them) and on the first batch, whose
+    per-example split is checked against the model's own loss.
     """
     if "labels" not in inputs:
         raise ValueError(
             "the training batch has no 'labels': use a data collator that adds them (e.g. "
-            "DataCollatorForLanguageModeling) or pass per_example_loss= to compute a loss per example"
+            "DataCollatorForLanguageModeling, DataCollatorForSeq2Seq) or pass per_example_loss= to "
+            "compute a loss per example"
         )
+    kind = loss_kind(model)
     inputs = dict(inputs)
     labels = inputs.pop("labels")
-    outputs = model(**inputs)
-    logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
-    return per_example_lm_loss(logits, labels, causal=is_causal_lm(model))
+    verify = _VERIFIED.get(model) != kind
+    outputs = model(**inputs, labels=labels) if verify or kind == SEQ2SEQ else model(**inputs)
+    logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0 if not verify else 1]
+    losses = per_example_lm_loss(logits, labels, causal=kind == CAUSAL)
+    if verify:
+        scored = labels[:, 1:] if kind == CAUSAL else labels
+        model_loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs[0]
+        if _check_against_model_loss(model, model_loss, losses, (scored != IGNORE_INDEX).sum(dim=1)):
+            _VERIFIED[model] = kind
+    return losses

@@ -1,0 +1,134 @@
+"""Tiny random-init configs of every model family the one-step test covers (no tests here).
+
+Each ``Family`` builds a 2-layer model with eager attention and no dropout (float64 in the tests);
+``tied`` says whether the output projection shares the word embedding. The supported-models table
+(docs/supported_models.md) is generated from ``CASES`` by scripts/supported_models.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+VOCAB, HIDDEN = 96, 16
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # shown in the docs table
+    config_class: str  # transformers class names, for the docs table
+    model_class: str
+    kind: str  # "causal", "masked" or "seq2seq"
+    build: Callable[[bool], nn.Module]  # tied -> model
+    ties: tuple[bool, ...] = (True, False)  # the tying settings the config allows
+    notes: str = ""
+
+
+def _hf(config_class: str, model_class: str, **config) -> Callable[[bool], nn.Module]:
+    def build(tied: bool) -> nn.Module:
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config_class)(tie_word_embeddings=tied, **config)
+        cfg._attn_implementation = "eager"
+        return getattr(transformers, model_class)(cfg).train()
+
+    return build
+
+
+_GPT2 = dict(
+    vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=2, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+    attn_pdrop=0.0,
+)  # fmt: skip
+_DEC = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2)
+_LLAMA_LIKE = dict(
+    _DEC, intermediate_size=32, num_key_value_heads=1, pad_token_id=0, max_position_embeddings=64
+)
+_BERT_LIKE = dict(
+    _DEC, intermediate_size=32, max_position_embeddings=64, hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0, pad_token_id=0,
+)  # fmt: skip
+
+
+def _t5(tied: bool) -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    cfg = T5Config(
+        vocab_size=VOCAB, d_model=HIDDEN, d_kv=8, d_ff=32, num_layers=2, num_heads=2, dropout_rate=0.0,
+        tie_word_embeddings=tied, pad_token_id=0, decoder_start_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    model = T5ForConditionalGeneration(cfg).train()
+    for module in model.modules():  # refused otherwise: shared by the batch (see rules_hf)
+        if getattr(module, "relative_attention_bias", None) is not None:
+            module.relative_attention_bias.requires_grad_(False)
+    return model
+
+
+def _lora(base: Callable[[bool], nn.Module], targets: list[str]) -> Callable[[bool], nn.Module]:
+    def build(tied: bool) -> nn.Module:
+        from peft import LoraConfig, get_peft_model
+
+        model = base(tied)
+        torch.manual_seed(1)
+        config = LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, init_lora_weights=False
+        )
+        return get_peft_model(model, config)
+
+    return build
+
+
+FAMILIES: list[Family] = [
+    Family("GPT-2", "GPT2Config", "GPT2LMHeadModel", "causal", _hf("GPT2Config", "GPT2LMHeadModel", **_GPT2)),
+    Family("Llama", "LlamaConfig", "LlamaForCausalLM", "causal", _hf(
+        "LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE)),
+    Family("Qwen2", "Qwen2Config", "Qwen2ForCausalLM", "causal", _hf(
+        "Qwen2Config", "Qwen2ForCausalLM", **_LLAMA_LIKE)),
+    Family("Qwen3", "Qwen3Config", "Qwen3ForCausalLM", "causal", _hf(
+        "Qwen3Config", "Qwen3ForCausalLM", head_dim=8, **_LLAMA_LIKE)),
+    Family("Mistral", "MistralConfig", "MistralForCausalLM", "causal", _hf(
+        "MistralConfig", "MistralForCausalLM", **_LLAMA_LIKE)),
+    Family("Phi-3", "Phi3Config", "Phi3ForCausalLM", "causal", _hf(
+        "Phi3Config", "Phi3ForCausalLM", resid_pdrop=0.0, embd_pdrop=0.0, **_LLAMA_LIKE)),
+    Family("Gemma", "GemmaConfig", "GemmaForCausalLM", "causal", _hf(
+        "GemmaConfig", "GemmaForCausalLM", head_dim=8, **_LLAMA_LIKE)),
+    Family("Gemma-2", "Gemma2Config", "Gemma2ForCausalLM", "causal", _hf(
+        "Gemma2Config", "Gemma2ForCausalLM", head_dim=8, **_LLAMA_LIKE)),
+    Family("Gemma-3 (text)", "Gemma3TextConfig", "Gemma3ForCausalLM", "causal", _hf(
+        "Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=8, **_LLAMA_LIKE)),
+    Family("OPT", "OPTConfig", "OPTForCausalLM", "causal", _hf(
+        "OPTConfig", "OPTForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, ffn_dim=32, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=64, word_embed_proj_dim=HIDDEN, dropout=0.0,
+        attention_dropout=0.0, pad_token_id=0), notes="folds batch x sequence in its feed-forward"),
+    Family("Falcon", "FalconConfig", "FalconForCausalLM", "causal", _hf(
+        "FalconConfig", "FalconForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
+        num_attention_heads=2, hidden_dropout=0.0, attention_dropout=0.0, pad_token_id=0)),
+    Family("GPT-NeoX", "GPTNeoXConfig", "GPTNeoXForCausalLM", "causal", _hf(
+        "GPTNeoXConfig", "GPTNeoXForCausalLM", intermediate_size=32, max_position_embeddings=64,
+        hidden_dropout=0.0, attention_dropout=0.0, **_DEC)),
+    Family("BERT (MLM)", "BertConfig", "BertForMaskedLM", "masked", _hf(
+        "BertConfig", "BertForMaskedLM", **_BERT_LIKE)),
+    Family("RoBERTa (MLM)", "RobertaConfig", "RobertaForMaskedLM", "masked", _hf(
+        "RobertaConfig", "RobertaForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)),
+        notes="positions from input_ids, counted from padding_idx + 1"),
+    Family("T5", "T5Config", "T5ForConditionalGeneration", "seq2seq", _t5,
+           notes="relative_attention_bias frozen (refused otherwise: shared by the batch)"),
+    Family("Llama + LoRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
+        _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE), ["q_proj", "v_proj"]), ties=(True,),
+        notes="only the adapters train"),
+    Family("GPT-2 + LoRA (peft)", "GPT2Config", "PeftModelForCausalLM", "causal", _lora(
+        _hf("GPT2Config", "GPT2LMHeadModel", **_GPT2), ["c_attn"]), ties=(True,),
+        notes="only the adapters train"),
+]  # fmt: skip
+
+CASES: list[tuple[Family, bool]] = [(f, tied) for f in FAMILIES for tied in f.ties]
+"""(family, tied) pairs; the test runs each padded + micro-batched and unpadded."""
+
+
+def case_id(family: Family, tied: bool) -> str:
+    return f"{family.name}-{'tied' if tied else 'untied'}".replace(" ", "_")

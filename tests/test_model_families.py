@@ -1,0 +1,125 @@
+"""Every model family users fine-tune, through the trainer: one DP step's update equals an independent
+torch.func reference, sum_i min(1, C/||g_i||) g_i / B with g_i the gradient of example i's loss as the
+model's own default forward computes it (each example alone, unpadded, no position_ids passed).
+
+Cases: tests/model_families.py (tiny 2-layer configs, eager attention, tied and untied where the
+config allows, LoRA adapters on Llama and GPT-2), each padded and micro-batched (rows of different
+lengths, micro-batches of 2) and unpadded (equal lengths, one micro-batch). float64, so the
+comparison (relative error <= 1e-5 per parameter) is not limited by rounding.
+"""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call, grad
+
+from hush_hf.trainer import SecretProtectionTrainer
+from tests.model_families import CASES, VOCAB, Family, case_id
+from tests.test_trainer_helpers import (
+    dp_config,
+    make_plan,
+    sgd,
+    single_thread,  # noqa: F401  (autouse fixture)
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given", "ignore:noise_multiplier=0")
+
+N, CLIP, RTOL = 4, 1e-4, 1e-5
+
+
+def rows(kind: str, padded: bool, seed: int = 0) -> datasets.Dataset:
+    """N examples (ids >= 3, so never a pad or special id); lengths vary when ``padded``."""
+    rng = np.random.default_rng(seed)
+    lengths = [9, 5, 7, 3] if padded else [7] * N
+    data: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": []}
+    for length in lengths:
+        ids = rng.integers(3, VOCAB, size=length).tolist()
+        if kind == "seq2seq":
+            labels = rng.integers(3, VOCAB, size=max(2, length - 2)).tolist()
+        elif kind == "masked":
+            labels = [t if k == 0 or rng.random() < 0.5 else -100 for k, t in enumerate(ids)]
+        else:
+            labels = list(ids)
+        data["input_ids"].append(ids)
+        data["attention_mask"].append([1] * length)
+        data["labels"].append(labels)
+    return datasets.Dataset.from_dict(data)
+
+
+def pad_collator(pad_id: int):
+    def collate(features):
+        out = {}
+        for key, value in (("input_ids", pad_id), ("attention_mask", 0), ("labels", -100)):
+            length = max(len(f[key]) for f in features)
+            out[key] = torch.tensor([f[key] + [value] * (length - len(f[key])) for f in features])
+        return out
+
+    return collate
+
+
+def seq2seq_collator(model):
+    """transformers' DataCollatorForSeq2Seq with a tiny offline tokenizer (it only pads)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")), pad_token="<pad>", eos_token="</s>"
+    )
+    return DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, return_tensors="pt")
+
+
+def reference_update(model, dataset) -> dict[str, torch.Tensor]:
+    """sum_i min(1, C/||g_i||) g_i / N, g_i = grad of the model's own loss on example i alone."""
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+    def own_loss(p, row):
+        ids = torch.tensor(row["input_ids"])[None]
+        out = functional_call(
+            model, p, (), {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                           "labels": torch.tensor(row["labels"])[None]},
+        )  # fmt: skip
+        return out.loss
+
+    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    for row in dataset:
+        g = grad(own_loss)(params, row)
+        norm = torch.sqrt(sum((v.double() ** 2).sum() for v in g.values()))
+        assert norm > 10 * CLIP  # every example is clipped
+        for n in total:
+            total[n] += (CLIP / norm) * g[n]
+    return {n: v / N for n, v in total.items()}
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded-microbatched", "unpadded"])
+@pytest.mark.parametrize(("family", "tied"), CASES, ids=[case_id(f, t) for f, t in CASES])
+def test_one_step_update_equals_torch_func_reference(tmp_path, family: Family, tied: bool, padded: bool):
+    model = family.build(tied).double()
+    dataset = rows(family.kind, padded)
+    expected = reference_update(model, dataset)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
+    collator = seq2seq_collator(model) if family.kind == "seq2seq" else pad_collator(pad_id)
+    plan = make_plan(np.ones(N), steps=1, noise_multiplier=1.0)
+    trainer = SecretProtectionTrainer(
+        model=model,
+        args=dp_config(
+            tmp_path, max_steps=1, per_example_clip_norm=CLIP, noise_multiplier=0.0,
+            per_device_train_batch_size=2 if padded else N,
+        ),
+        train_dataset=plan.attach(dataset),
+        data_collator=collator,
+        plan=plan,
+        optimizers=sgd(model, lr=1.0),
+    )  # fmt: skip
+    trainer.train()
+    after = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    assert set(after) == set(expected)
+    scale = torch.sqrt(sum((v**2).sum() for v in expected.values()))
+    for name, update in expected.items():
+        err = (before[name] - after[name] - update).norm()
+        assert err <= RTOL * update.norm() + 1e-9 * scale, (name, float(err), float(update.norm()))
