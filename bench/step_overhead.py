@@ -1,6 +1,6 @@
 """Cost of a DP step against a plain Trainer step: same model, same batch, one run.
 
-    .venv/bin/python bench/step_overhead.py [--quick] [--models bert-tiny gpt2 gemma2-small]
+    .venv/bin/python bench/step_overhead.py [--quick] [--models bert-tiny gpt2 gemma2-small llama-small ...]
                                             [--seqs 128 256] [--batch 32] [--steps 3] [--bf16]
 
 For each model and sequence length, two fresh processes train the same model on the same random
@@ -31,7 +31,7 @@ import time
 import warnings
 from pathlib import Path
 
-MODELS = ("bert-tiny", "gpt2", "gemma2-small")
+MODELS = ("bert-tiny", "gpt2", "gemma2-small", "llama-small", "llama-small-lora")
 
 
 def build_model(name: str, seq: int):
@@ -69,6 +69,26 @@ def build_model(name: str, seq: int):
             attn_implementation="eager",
         )
         return Gemma2ForCausalLM(config), True
+    if name in ("llama-small", "llama-small-lora"):
+        # Llama-style, 4 layers x 256 (RMSNorm scales take the generic torch.func path).
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=32000,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=1024,
+            max_position_embeddings=max(1024, seq),
+            attn_implementation="eager",
+        )
+        model = LlamaForCausalLM(config)
+        if name == "llama-small-lora":  # only rank-8 adapters on q/v train; the base is frozen
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+        return model, True
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
 
 
