@@ -215,6 +215,12 @@ class GhostClippingCallback(TrainerCallback):
                 "gradient reduction, so ghost clipping cannot see whole per-example norms; launch with DDP "
                 "(configs/accelerate/multi_gpu.yaml) and lower per_device_train_batch_size instead"
             )
+        if getattr(trainer, "padding_free", False):
+            raise ValueError(
+                "padding-free batches (TRL's padding_free=True, or packing with the default 'bfd' strategy) "
+                "concatenate all examples of a batch into one row, so per-example clipping cannot separate "
+                "them; use SFTConfig(packing_strategy='wrapped') or packing=False with padding_free=False"
+            )
         if trainer.compute_loss_func is not None:
             raise ValueError(
                 "compute_loss_func is not supported with DP training: the loss must be per example; "

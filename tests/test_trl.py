@@ -1,0 +1,94 @@
+"""TRL's SFTTrainer with DP through the documented attach path (docs/trl.md), with the real ``trl``:
+completion-only loss and 'wrapped' packing give one step's update equal to a torch.func reference
+(each prepared row's gradient of the model's own loss, clipped, summed, divided by B); padding-free
+batches (TRL's default 'bfd' packing) are refused."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call, grad
+
+from hush_hf.trainer import GhostClippingCallback
+from tests.test_trainer_helpers import make_plan, sgd, single_thread  # noqa: F401  (autouse fixture)
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:dp_seed was given", "ignore:noise_multiplier=0", "ignore::UserWarning", "ignore::FutureWarning"
+)
+CLIP = 1e-4
+
+PROMPTS = ["the code for the lab is", "our project is called", "lunch today is", "the meeting moved to"]
+COMPLETIONS = [" zebra four four seven one", " falcon", " pasta with tomato sauce", " friday at noon"]
+
+
+def tiny_gpt2(vocab: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=vocab, n_embd=16, n_layer=2, n_head=2, n_positions=64, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    return GPT2LMHeadModel(config).double()
+
+
+def sft_trainer(tmp_path, **config):
+    from trl import SFTConfig, SFTTrainer
+
+    from hush_hf.assets import gpt2_tokenizer
+
+    tokenizer = gpt2_tokenizer()
+    model = tiny_gpt2(len(tokenizer))
+    data = datasets.Dataset.from_dict({"prompt": PROMPTS, "completion": COMPLETIONS})
+    args = SFTConfig(
+        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, max_grad_norm=0.0, report_to=[],
+        use_cpu=True, disable_tqdm=True, logging_steps=1, gradient_checkpointing=False, bf16=False, **config,
+    )  # fmt: skip
+    return SFTTrainer(
+        model=model, args=args, train_dataset=data, processing_class=tokenizer, optimizers=sgd(model, lr=1.0)
+    )
+
+
+def reference_update(model, rows, expected_batch_size: float):
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+    def own_loss(p, ids, labels):
+        return functional_call(model, p, (), {"input_ids": ids[None], "labels": labels[None]}).loss
+
+    total = {n: torch.zeros_like(v) for n, v in params.items()}
+    for row in rows:
+        g = grad(own_loss)(params, torch.tensor(row["input_ids"]), torch.tensor(row["labels"]))
+        norm = torch.sqrt(sum((v**2).sum() for v in g.values()))
+        assert norm > 10 * CLIP
+        for n in total:
+            total[n] += (CLIP / norm) * g[n]
+    return {n: v / expected_batch_size for n, v in total.items()}
+
+
+@pytest.mark.parametrize("config", [dict(completion_only_loss=True),
+                                    dict(packing=True, packing_strategy="wrapped", max_length=8)],
+                         ids=["completion-only", "wrapped-packing"])  # fmt: skip
+def test_sft_step_equals_reference(tmp_path, config):
+    trainer = sft_trainer(tmp_path, **config)
+    rows = trainer.train_dataset
+    if "packing" not in config:  # completion-only: the prompt tokens are not scored
+        assert all(-100 in row["labels"] and row["labels"] != row["input_ids"] for row in rows)
+    n = len(rows)
+    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0)
+    trainer.train_dataset = plan.attach(rows)
+    model = trainer.model
+    expected = reference_update(model, rows, n)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP, noise_multiplier=0.0, dp_seed=7)
+    trainer.train()
+    for name, update in expected.items():
+        change = before[name] - dict(model.named_parameters())[name].detach()
+        assert (change - update).norm() <= 1e-5 * update.norm() + 1e-9, name
+
+
+def test_padding_free_batches_are_refused(tmp_path):
+    trainer = sft_trainer(tmp_path, packing=True, max_length=8)  # TRL's default: 'bfd', padding-free
+    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
+    trainer.train_dataset = plan.attach(trainer.train_dataset)
+    with pytest.raises(ValueError, match="padding-free"):
+        GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)
