@@ -118,6 +118,12 @@ FAMILIES: list[Family] = [
         notes="positions from input_ids, counted from padding_idx + 1"),
     Family("T5", "T5Config", "T5ForConditionalGeneration", "seq2seq", _t5,
            notes="relative_attention_bias frozen (refused otherwise: shared by the batch)"),
+    Family("BART", "BartConfig", "BartForConditionalGeneration", "seq2seq", _hf(
+        "BartConfig", "BartForConditionalGeneration", vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=2,
+        decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, scale_embedding=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=2)),
     Family("Llama + LoRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
         _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE), ["q_proj", "v_proj"]), ties=(True,),
         notes="only the adapters train"),

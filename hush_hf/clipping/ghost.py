@@ -278,8 +278,7 @@ class GhostClipper:
         if not torch.is_grad_enabled() or self._paused:
             return
         if layer.rule.records_call:
-            self._record_call(layer, args, kwargs, output)
-            return
+            return self._record_call(layer, args, kwargs, output)
         inputs = [*args, *kwargs.values()]
         if len(inputs) != 1 or not isinstance(inputs[0], Tensor) or not isinstance(output, Tensor):
             raise ValueError(f"{layer.label} must be called with one tensor and return one tensor")
@@ -302,7 +301,7 @@ class GhostClipper:
             return output.clone()
         return None
 
-    def _record_call(self, layer: _HookedLayer, args: tuple, kwargs: dict, output: Any) -> None:
+    def _record_call(self, layer: _HookedLayer, args: tuple, kwargs: dict, output: Any) -> Tensor | None:
         """Record every argument of a call (rules with ``records_call``, e.g. the generic path)."""
 
         def detach(value: Any) -> Any:
@@ -317,8 +316,15 @@ class GhostClipper:
         if primary is None or not isinstance(output, Tensor):
             raise ValueError(f"{layer.label} must be called with a batch-first tensor and return one tensor")
         if not output.requires_grad:
-            return
+            return None
+        shared = output.dim() > 0 and output.shape[0] == 1 and primary.shape[0] > 1
+        if shared:
+            # One output for the whole batch (BART's decoder positions: (1, seq, d) from arange): the model
+            # goes on with it expanded to the batch, which its broadcasting add reads identically, so that
+            # row i of its gradient is example i's own.
+            output = output.expand(primary.shape[0], *output.shape[1:])
         self._calls.append(_Call(layer, call, primary, primary._version, output, output._version))
+        return output if shared else None
 
     # ----------------------------------------------------------------------------- checks
     def _check_usable(self) -> None:

@@ -62,15 +62,17 @@ def generic_problem(module: nn.Module) -> str | None:
 def generic_grads(module: nn.Module, call: RecordedCall, g: Tensor) -> dict[str, Materialized]:
     """``{name: Materialized(G)}`` with G[i] = d/dtheta <module(theta, inputs_i), g_i> (see module docstring).
 
-    Every tensor argument whose first dimension is the batch size is split per example (as a batch
-    of one); other arguments are passed unchanged. Runs with the recorded autocast state, without
-    building a graph of the surrounding model.
+    Every tensor argument of 2+ dimensions whose first dimension is the batch size is split per
+    example (as a batch of one); other arguments are passed unchanged. An output shared by the batch,
+    (1, ...), was expanded to the batch when recorded (``GhostClipper._record_call``), so row i of g
+    is example i's gradient of it and each example's replay gives the same (1, ...) output. Runs with
+    the recorded autocast state, without building a graph of the surrounding model.
     """
     b = g.shape[0]
     own = dict(own_trainable(module))
     params = {n: p.detach() for n, p in own.items()}
     flat, spec = tree_flatten((tuple(call.args), dict(call.kwargs)))
-    split = [isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == b for v in flat]
+    split = [isinstance(v, Tensor) and v.dim() > 1 and v.shape[0] == b for v in flat]
     per_example = [v for v, s in zip(flat, split, strict=True) if s]
 
     def contribution(theta: dict[str, Tensor], rows: list[Tensor], g_row: Tensor) -> Tensor:
@@ -80,6 +82,9 @@ def generic_grads(module: nn.Module, call: RecordedCall, g: Tensor) -> dict[str,
         out = functional_call(module, theta, tuple(args), kwargs)
         if not isinstance(out, Tensor):
             raise TypeError(f"the layer returned {type(out).__name__}, not a tensor")
+        if tuple(out.shape) != (1, *g_row.shape):  # never let broadcasting pair the wrong entries
+            expected = (1, *g_row.shape)
+            raise ValueError(f"one example's output has shape {tuple(out.shape)}, expected {expected}")
         return (out * g_row.unsqueeze(0)).sum()
 
     autocast = (

@@ -45,6 +45,15 @@ def gemma2_scaled_embedding_grads(layer: nn.Embedding, ids: Tensor, g: Tensor) -
     return {"weight": embedding_outer_sum(layer, ids, g * scale)}
 
 
+@register_norm_rule(
+    "transformers.models.bart.modeling_bart.BartScaledWordEmbedding",
+    check=embedding_config_problem,
+)
+def bart_scaled_embedding_grads(layer: nn.Embedding, ids: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
+    """y_t = W[x_t] * s with s the float ``embed_scale`` (BART and models copying it): rows get s * g_t."""
+    return {"weight": embedding_outer_sum(layer, ids, g * layer.embed_scale)}
+
+
 @register_norm_rule("transformers.models.gemma2.modeling_gemma2.Gemma2RMSNorm")
 def gemma2_rms_norm_grads(layer: nn.Module, x: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
     """y = xhat * (1 + w), xhat = x / sqrt(mean(x^2) + eps) in float32: grad w_i = sum_t xhat_t * g_t."""
