@@ -97,6 +97,11 @@ def generic_grads(module: nn.Module, call: RecordedCall, g: Tensor) -> dict[str,
             grads = vmap(grad(contribution), in_dims=(None, 0, 0))(params, per_example, g)
     except Exception as err:  # torch.func refusals come as many exception types
         reason = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        if "random" in reason:
+            reason = (
+                "its forward draws random numbers (e.g. dropout), which a replay cannot reproduce; move "
+                "the randomness out of the layer or set its probability to 0"
+            )
         raise UnsupportedLayerError(
             f"the generic per-example gradient (torch.func) of {type(module).__name__} failed: {reason}; "
             "freeze its parameters (requires_grad=False) or register a rule with "

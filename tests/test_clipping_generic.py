@@ -1,0 +1,98 @@
+"""The generic torch.func path and what stays refused: layers without a rule are exact through their
+own forward (several inputs, outputs shared by the batch), randomness inside such a layer and batch
+folds nobody declared are refused, and T5's batch-shared relative position bias is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError
+from tests.test_clipping_reference import norms_of, per_example_grads
+
+
+class Positions(nn.Module):
+    """Learned positions from a mask, called with two inputs; shared (1, T, d) when ``shared``."""
+
+    def __init__(self, shared: bool) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(16, 4, dtype=torch.float64))
+        self.shared = shared
+
+    def forward(self, mask: Tensor, offset: int = 0) -> Tensor:
+        if self.shared:
+            return self.table[torch.arange(mask.shape[1]) + offset][None]
+        return self.table[(mask.cumsum(1) * mask + offset).long()]
+
+
+class Model(nn.Module):
+    def __init__(self, shared: bool) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 4, dtype=torch.float64)
+        self.pos = Positions(shared)
+        self.out = nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        h = self.emb(ids) + self.pos(mask, offset=1)
+        return self.out(torch.tanh(h)).pow(2).sum((1, 2))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-row", "shared-by-batch"])
+def test_generic_path_is_exact_for_layers_with_several_inputs(shared: bool) -> None:
+    torch.manual_seed(0)
+    model = Model(shared)
+    ids = torch.randint(0, 20, (5, 6))
+    mask = torch.ones(5, 6, dtype=torch.long)
+    mask[1, -2:] = 0
+    expected = norms_of(per_example_grads(model, {"ids": ids, "mask": mask}, lambda out: out))
+    with GhostClipper(model, 1.0) as clipper:
+        norms = clipper.per_example_norms(model(ids, mask))
+    torch.testing.assert_close(norms, expected, rtol=1e-10, atol=0)
+
+
+class NoisyScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.dropout(x, 0.5, training=True) * self.scale
+
+
+def test_randomness_inside_a_rule_less_layer_is_refused() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), NoisyScale())
+    with GhostClipper(model, 1.0) as clipper:
+        loss = model(torch.randn(3, 4)).sum(1)
+        with pytest.raises(UnsupportedLayerError, match=r"NoisyScale failed: its forward draws random"):
+            clipper.per_example_norms(loss)
+
+
+class Folding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.lin(x.reshape(-1, 4)).view(x.shape)
+
+
+def test_an_undeclared_batch_fold_is_refused() -> None:
+    model = Folding()
+    with GhostClipper(model, 1.0) as clipper:
+        loss = model(torch.randn(3, 5, 4)).sum((1, 2))
+        with pytest.raises(ValueError, match="ran on a batch of 15 but per_example_loss has 3"):
+            clipper.per_example_norms(loss)
+
+
+def test_t5_trainable_relative_position_bias_is_refused_with_the_alternative() -> None:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=8, num_layers=1,
+                                                num_heads=2, decoder_start_token_id=0))  # fmt: skip
+    with pytest.raises(UnsupportedLayerError, match="relative_attention_bias.*freeze it"):
+        GhostClipper(model, 1.0)
+    for module in model.modules():
+        if getattr(module, "relative_attention_bias", None) is not None:
+            module.relative_attention_bias.requires_grad_(False)
+    GhostClipper(model, 1.0).remove()
