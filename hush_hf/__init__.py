@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Secret": "hush_hf.secrets",
     "SecretSet": "hush_hf.secrets",
+    "mark_secrets": "hush_hf.secrets",
+    "secret_spans": "hush_hf.secrets",
     "ProtectionPlan": "hush_hf.planning",
     "plan_protection": "hush_hf.planning",
     "calibrate_noise": "hush_hf.accounting",

@@ -187,7 +187,7 @@ def test_csv_with_bom_semicolon_terms_and_empty_cells(tmp_path):
         "\ufeffid,p,r,terms,pattern\n"
         'alpha,1e-10,2.5e-4,"al pha; alf",\n'
         "beta,0.01,0.125,,b\\d{3}\n"
-        "gamma,1e-6,1e-3,,\n",
+        "gamma,1e-6,1e-3,@id,\n",
         encoding="utf-8",
     )
     assert SecretSet.from_csv(path) == _expected()

@@ -21,9 +21,10 @@ from hush_hf.secrets.secret import Secret
 NAME_KEYS = ("name", "id")
 PRIOR_KEYS = ("prior", "p")
 TARGET_KEYS = ("target_posterior", "target", "r")
-OPTIONAL_KEYS = ("terms", "pattern")
+OPTIONAL_KEYS = ("terms", "pattern", "raw_pattern")
 KNOWN_KEYS = frozenset(NAME_KEYS + PRIOR_KEYS + TARGET_KEYS + OPTIONAL_KEYS)
 TERM_SEPARATOR = ";"
+ID_IS_TERM = "@id"  # a CSV terms cell saying explicitly that the id itself is the term
 
 
 def _pick(record: Mapping[Any, Any], keys: tuple[str, ...], required: bool) -> Any:
@@ -70,6 +71,17 @@ def _pattern(value: Any) -> Any:
     return None if value is None or value == "" else value
 
 
+def _flag(field: str, value: Any) -> bool:
+    """A boolean, or its CSV text (``true``/``false``/``1``/``0``/empty)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("", "false", "0", "no"):
+        return False
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"):
+        return True
+    raise ValueError(f"{field} must be true or false")
+
+
 def secret_from_record(record: Any) -> Secret:
     """A :class:`Secret` from a Secret, a mapping, or a tuple (name, prior, target[, terms[, pattern]])."""
     if isinstance(record, Secret):
@@ -86,6 +98,7 @@ def secret_from_record(record: Any) -> Secret:
             _pick(record, TARGET_KEYS, True),
             _pick(record, ("terms",), False),
             _pick(record, ("pattern",), False),
+            _pick(record, ("raw_pattern",), False),
         )
     elif isinstance(record, (tuple, list)):
         if not 3 <= len(record) <= 5:
@@ -93,16 +106,17 @@ def secret_from_record(record: Any) -> Secret:
                 "a tuple record is (name, prior, target_posterior[, terms[, pattern]]), "
                 f"got {len(record)} items"
             )
-        fields = (*record, *(None,) * (5 - len(record)))
+        fields = (*record, *(None,) * (6 - len(record)))
     else:
         raise ValueError(f"a record must be a Secret, a mapping or a tuple, got a {type(record).__name__}")
-    name, prior, target, terms, pattern = fields
+    name, prior, target, terms, pattern, raw_pattern = fields
     return Secret(
         name=_name(name),
         prior=_number("prior", prior),
         target_posterior=_number("target_posterior", target),
         terms=_terms(terms),
         pattern=_pattern(pattern),
+        raw_pattern=_flag("raw_pattern", raw_pattern),
     )
 
 
@@ -141,7 +155,63 @@ def read_jsonl(path: str | Path) -> list[Any]:
     return records
 
 
-def read_csv(path: str | Path) -> list[dict[str, Any]]:
-    """Records from a CSV file with a header row (UTF-8, an optional byte-order mark is skipped)."""
+def read_csv(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line, record)`` for each data row of a CSV file with a header row (UTF-8, optional BOM).
+
+    Refused with the line number, never the row's text: a quoted field that runs over a line break
+    (an unterminated quote would swallow the next secrets), a row with more or fewer fields than the
+    header, a ``terms`` cell with commas but no ``;`` (terms are separated by ``;``), and an empty
+    ``terms`` cell on a row without a pattern (write ``@id`` to make the id the term; a file without
+    a ``terms`` column uses every id as its term).
+    """
+    rows = []
     with open(path, encoding="utf-8-sig", newline="") as handle:
-        return list(csv.DictReader(handle))
+        reader = csv.reader(handle, strict=True)
+        header: list[str] | None = None
+        line = 0
+        while True:
+            start = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as error:
+                # error text is the csv module's own (e.g. "unexpected end of data"), never the row
+                raise ValueError(f"{path}: line {start}: malformed CSV ({error}); unterminated quote?") from None
+            line = reader.line_num
+            if line != start:
+                raise ValueError(
+                    f"{path}: line {start}: a quoted field runs over {line - start + 1} lines; "
+                    "is a quote unterminated?"
+                )
+            if not row or not any(cell.strip() for cell in row):
+                continue
+            if header is None:
+                header = [cell.strip() for cell in row]
+                continue
+            if len(row) != len(header):
+                raise ValueError(
+                    f"{path}: line {line}: {len(row)} fields but the header has {len(header)}; "
+                    "quote fields that contain commas"
+                )
+            rows.append((line, dict(zip(header, row, strict=True))))
+    if header is not None and "terms" in header:
+        for line, record in rows:
+            _check_csv_terms(path, line, record)
+    return rows
+
+
+def _check_csv_terms(path: str | Path, line: int, record: dict[str, Any]) -> None:
+    terms = record["terms"].strip()
+    if terms == ID_IS_TERM:
+        record["terms"] = ""
+        return
+    if "," in terms and TERM_SEPARATOR not in terms:
+        raise ValueError(
+            f"{path}: line {line}: the terms cell holds commas but no ';': terms are separated by ';'"
+        )
+    if not terms and not (record.get("pattern") or "").strip():
+        raise ValueError(
+            f"{path}: line {line}: terms is empty and there is no pattern; write {ID_IS_TERM} in the terms "
+            "cell to use the id itself as the term"
+        )

@@ -7,7 +7,7 @@ import numbers
 import re
 from dataclasses import dataclass
 
-from hush_hf.secrets.words import words
+from hush_hf.secrets.matching import term_words
 
 
 def check_probability(field: str, value: object) -> float:
@@ -33,7 +33,7 @@ def check_terms(terms: object) -> tuple[str, ...]:
     for k, term in enumerate(terms):
         if not isinstance(term, str):
             raise ValueError(f"terms[{k}] must be a string, got a {type(term).__name__}")
-        if not words(term, case_sensitive=True):
+        if not term_words(term, case_sensitive=True):
             raise ValueError(f"terms[{k}] contains no word characters, so it can never match")
     return tuple(terms)
 
@@ -60,8 +60,9 @@ class Secret:
 
     An attacker's chance of reconstructing the secret without the model is ``prior``; training must
     keep it at most ``target_posterior`` with the model. Examples are marked as containing the
-    secret by any of its ``terms`` (whole words or phrases, see :mod:`hush_hf.secrets.words`) or by
-    its ``pattern`` (a regular expression); with neither, the ``name`` itself is the term.
+    secret by any of its ``terms`` (words or phrases, matched as in :mod:`hush_hf.secrets.matching`)
+    or by its ``pattern`` (a regular expression, searched in the raw and the normalised text, or in
+    the raw text only with ``raw_pattern=True``); with neither, the ``name`` itself is the term.
 
     ``name`` may be the secret string itself, so it (and the terms and pattern) never appears in
     ``repr``, ``str`` or error messages.
@@ -72,6 +73,7 @@ class Secret:
     target_posterior: float
     terms: tuple[str, ...] = ()
     pattern: str | None = None
+    raw_pattern: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -93,13 +95,16 @@ class Secret:
         object.__setattr__(self, "target_posterior", target)
         object.__setattr__(self, "terms", check_terms(self.terms))
         object.__setattr__(self, "pattern", check_pattern(self.pattern))
+        if not isinstance(self.raw_pattern, bool):
+            raise ValueError(f"raw_pattern must be True or False, got a {type(self.raw_pattern).__name__}")
 
     def __repr__(self) -> str:
         terms = f"<{len(self.terms)} hidden>" if self.terms else "()"
         pattern = "<hidden>" if self.pattern is not None else "None"
         return (
             f"Secret(name=<hidden>, prior={self.prior!r}, target_posterior={self.target_posterior!r}, "
-            f"terms={terms}, pattern={pattern})"
+            f"terms={terms}, pattern={pattern}"
+            f"{', raw_pattern=True' if self.raw_pattern else ''})"
         )
 
     __str__ = __repr__

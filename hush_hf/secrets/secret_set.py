@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -81,6 +82,22 @@ class SecretSet(Sequence[Secret]):
         """r_j for every secret (read-only float64 array)."""
         return self._targets
 
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits of SHA-256 over the whole set (names, terms, patterns, p_j, r_j, in order).
+
+        Stored with tagged datasets, token marks and plans so that data tagged with one secret set is
+        never planned or trained with another. It is a hash of the secrets: keep it out of anything
+        published (``ProtectionPlan.save`` writes it only when asked), since a short, guessable
+        secret could be confirmed by hashing candidates.
+        """
+        records = [
+            [s.name, repr(s.prior), repr(s.target_posterior), list(s.terms), s.pattern, s.raw_pattern]
+            for s in self._secrets
+        ]
+        payload = json.dumps(["hush_hf.SecretSet.v1", records], ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
     # -- construction -----------------------------------------------------------------------------
     @classmethod
     def from_records(cls, records: Iterable[Any]) -> SecretSet:
@@ -109,9 +126,15 @@ class SecretSet(Sequence[Secret]):
     def from_csv(cls, path: str | Path) -> SecretSet:
         """Build from a CSV file whose header names the record fields (``terms`` split on ``;``).
 
-        Secret #j is the j-th data row (line j + 2 of the file).
+        Errors give the line number (never the row): see :func:`hush_hf.secrets.records.read_csv`.
         """
-        return cls.from_records(read_csv(path))
+        secrets = []
+        for line, record in read_csv(path):
+            try:
+                secrets.append(secret_from_record(record))
+            except ValueError as error:
+                raise ValueError(f"{path}: line {line}: {error}") from None
+        return cls(secrets)
 
     @classmethod
     def load(cls, path: str | Path) -> SecretSet:
@@ -134,6 +157,7 @@ class SecretSet(Sequence[Secret]):
                 "target_posterior": s.target_posterior,
                 "terms": list(s.terms),
                 "pattern": s.pattern,
+                **({"raw_pattern": True} if s.raw_pattern else {}),
             }
             for s in self._secrets
         ]

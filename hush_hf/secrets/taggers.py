@@ -11,10 +11,16 @@ import numbers
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import chain
 
+from hush_hf.secrets.matching import (
+    SecretSpan,
+    TermIndex,
+    compile_pattern,
+    pattern_spans,
+    term_words,
+    text_variants,
+)
 from hush_hf.secrets.secret_set import SecretSet
-from hush_hf.secrets.words import words
 
 
 def check_secret_index(owner: str, index: object) -> int:
@@ -28,11 +34,22 @@ def check_secret_index(owner: str, index: object) -> int:
 
 
 class Tagger(ABC):
-    """Maps a text to the indices of the secrets it contains."""
+    """Maps a text to the indices of the secrets it contains (and, for most taggers, where)."""
 
     @abstractmethod
     def __call__(self, text: str) -> set[int]:
         """The indices of the secrets that ``text`` contains."""
+
+    def spans(self, text: str) -> list[SecretSpan]:
+        """Every occurrence ``(start, end, secret)`` in ``text``, sorted (character offsets of ``text``).
+
+        Needed to carry secrets onto tokens (:func:`hush_hf.secrets.mark_secrets`); a tagger that only
+        knows *which* secrets a text holds cannot do that.
+        """
+        raise ValueError(
+            f"{type(self).__name__} gives no positions, so its secrets cannot be carried onto tokens; "
+            "tag the text column with tag_dataset instead"
+        )
 
     @property
     def secret_indices(self) -> frozenset[int] | None:
@@ -45,12 +62,12 @@ class Tagger(ABC):
 
 
 class TermTagger(Tagger):
-    """Marks a text with secret j when one of j's terms occurs in it as whole words.
+    """Marks a text with secret j where one of j's terms occurs (rules: :mod:`hush_hf.secrets.matching`).
 
-    Text and terms are split by :func:`hush_hf.secrets.words.words`. A one-word term is a dict
-    lookup of the text's distinct words; a phrase of n words is looked up as the n-gram starting at
-    each occurrence of its first word. Cost per text is linear in its length, independent of the
-    number of terms (an alternation regex of 100k terms would try each at every position).
+    Identifiers are split at case changes, digits and underscores, words are case-folded (unless
+    ``case_sensitive``) and also matched in their singular forms, escapes, confusables and line-break
+    hyphenation are undone, and terms in scripts without spaces match as substrings. Cost per text is
+    linear in its length, independent of the number of terms (dict look-ups, no alternation regex).
     """
 
     def __init__(self, terms: Mapping[int, Sequence[str]], *, case_sensitive: bool = False) -> None:
@@ -58,8 +75,7 @@ class TermTagger(Tagger):
             raise ValueError(
                 f"TermTagger: terms must be a mapping secret index -> terms, got a {type(terms).__name__}"
             )
-        single: dict[str, set[int]] = {}
-        phrases: dict[tuple[str, ...], set[int]] = {}
+        checked: dict[int, list[str]] = {}
         for key, secret_terms in terms.items():
             index = check_secret_index("TermTagger", key)
             if isinstance(secret_terms, str) or not isinstance(secret_terms, Iterable):
@@ -76,80 +92,74 @@ class TermTagger(Tagger):
                         f"TermTagger: term {k} of secret #{index} must be a string, "
                         f"got a {type(term).__name__}"
                     )
-                tokens = words(term, case_sensitive=case_sensitive)
-                if not tokens:
-                    raise ValueError(f"TermTagger: term {k} of secret #{index} contains no word characters")
-                if len(tokens) == 1:
-                    single.setdefault(tokens[0], set()).add(index)
-                else:
-                    phrases.setdefault(tuple(tokens), set()).add(index)
+            checked[index] = secret_terms
+        try:
+            self._index = TermIndex(checked, case_sensitive=case_sensitive)
+        except ValueError as error:
+            raise ValueError(f"TermTagger: {error}") from None
         self.case_sensitive = case_sensitive
-        self._single = {word: tuple(sorted(ids)) for word, ids in single.items()}
-        self._phrases = {phrase: tuple(sorted(ids)) for phrase, ids in phrases.items()}
-        lengths: dict[str, set[int]] = {}
-        for phrase in phrases:
-            lengths.setdefault(phrase[0], set()).add(len(phrase))
-        self._phrase_lengths = {first: tuple(sorted(n)) for first, n in lengths.items()}
-        self._indices = frozenset(check_secret_index("TermTagger", key) for key in terms)
+        self._indices = frozenset(checked)
 
     @property
     def secret_indices(self) -> frozenset[int]:
         return self._indices
 
+    def spans(self, text: str) -> list[SecretSpan]:
+        found: set[SecretSpan] = set()
+        for variant in text_variants(text):
+            self._index.spans(variant, found)
+        return sorted(found)
+
     def __call__(self, text: str) -> set[int]:
-        tokens = words(text, case_sensitive=self.case_sensitive)
-        distinct = set(tokens)
-        # One dict probe per distinct word, all at C speed.
-        found = set(chain.from_iterable(filter(None, map(self._single.get, distinct))))
-        if self._phrase_lengths and not self._phrase_lengths.keys().isdisjoint(distinct):
-            for start, word in enumerate(tokens):
-                for n in self._phrase_lengths.get(word, ()):
-                    hit = self._phrases.get(tuple(tokens[start : start + n]))
-                    if hit:
-                        found.update(hit)
-        return found
+        return {span.secret for span in self.spans(text)}
 
 
 class RegexTagger(Tagger):
-    """Marks a text with secret j when ``re.search(patterns[j], text)`` finds a match.
+    """Marks a text with secret j where ``patterns[j]`` matches.
 
-    Patterns apply to the raw text (no normalisation); ``flags`` (e.g. ``re.IGNORECASE``) are added
-    to every pattern. Cost is one search per pattern per text: meant for a few structured secrets
-    (keys, account numbers), not for large word lists (use :class:`TermTagger`).
+    Each pattern is searched in the raw text and, unless ``raw`` (for every pattern) or the secret's
+    index is in ``raw_indices``, also in the normalised text (escapes decoded, NFKC, marks and format
+    characters dropped, confusables replaced, line-break hyphenation joined: see
+    :mod:`hush_hf.secrets.normalize`), so that ``Fal&shy;con`` or ``Fal%63on`` still match. ``flags``
+    (e.g. ``re.IGNORECASE``) are added to every pattern. Cost is one search per pattern and variant
+    per text: meant for a few structured secrets (keys, account numbers), not for word lists.
     """
 
-    def __init__(self, patterns: Mapping[int, str | re.Pattern[str]], *, flags: int = 0) -> None:
+    def __init__(
+        self,
+        patterns: Mapping[int, str | re.Pattern[str]],
+        *,
+        flags: int = 0,
+        raw: bool = False,
+        raw_indices: Iterable[int] = (),
+    ) -> None:
         if not isinstance(patterns, Mapping):
             raise ValueError(
                 "RegexTagger: patterns must be a mapping secret index -> pattern, "
                 f"got a {type(patterns).__name__}"
             )
+        raw_set = set(raw_indices)
         compiled = []
         for key, pattern in patterns.items():
             index = check_secret_index("RegexTagger", key)
-            if isinstance(pattern, re.Pattern):
-                pattern_flags, pattern = pattern.flags, pattern.pattern
-            else:
-                pattern_flags = 0
-            if not isinstance(pattern, str) or not pattern:
-                raise ValueError(f"RegexTagger: pattern of secret #{index} must be a non-empty string")
             try:
-                compiled.append((index, re.compile(pattern, pattern_flags | flags)))
-            except re.error as error:
-                # error.msg and error.pos only: str(error) could be extended to quote the pattern.
-                raise ValueError(
-                    f"RegexTagger: pattern of secret #{index} is not a valid regular expression: "
-                    f"{error.msg} at position {error.pos}"
-                ) from None
+                compiled.append((index, compile_pattern(index, pattern, flags), raw or index in raw_set))
+            except ValueError as error:
+                raise ValueError(f"RegexTagger: {error}") from None
         self._compiled = tuple(compiled)
-        self._indices = frozenset(index for index, _ in compiled)
+        self._indices = frozenset(index for index, _, _ in compiled)
+        self._normalises = not all(r for _, _, r in compiled)
 
     @property
     def secret_indices(self) -> frozenset[int]:
         return self._indices
 
+    def spans(self, text: str) -> list[SecretSpan]:
+        variants = text_variants(text) if self._normalises else []
+        return sorted(pattern_spans(self._compiled, text, variants))
+
     def __call__(self, text: str) -> set[int]:
-        return {index for index, pattern in self._compiled if pattern.search(text)}
+        return {span.secret for span in self.spans(text)}
 
 
 class CallableTagger(Tagger):
@@ -200,23 +210,31 @@ class UnionTagger(Tagger):
             found |= tagger(text)
         return found
 
+    def spans(self, text: str) -> list[SecretSpan]:
+        found: set[SecretSpan] = set()
+        for tagger in self.taggers:
+            found.update(tagger.spans(text))
+        return sorted(found)
+
 
 def tagger_for(secret_set: SecretSet, case_sensitive: bool = False) -> Tagger:
     """The tagger a :class:`SecretSet` describes: each secret's terms and pattern.
 
     A secret with neither terms nor pattern is marked by its name, taken as a term. With
     ``case_sensitive=False`` terms are matched after case folding and patterns with
-    ``re.IGNORECASE`` (more matches, never fewer: see the module docstring).
+    ``re.IGNORECASE`` (more matches, never fewer: see the module docstring). A secret with
+    ``raw_pattern=True`` has its pattern searched in the raw text only.
     """
     if not isinstance(secret_set, SecretSet):
         raise ValueError(f"tagger_for: secret_set must be a SecretSet, got a {type(secret_set).__name__}")
     terms: dict[int, tuple[str, ...]] = {}
     patterns: dict[int, str] = {}
+    raw = [j for j, secret in enumerate(secret_set) if secret.raw_pattern]
     for j, secret in enumerate(secret_set):
         if secret.terms:
             terms[j] = secret.terms
         elif secret.pattern is None:
-            if not words(secret.name, case_sensitive=True):
+            if not term_words(secret.name, case_sensitive=True):
                 raise ValueError(
                     f"tagger_for: secret #{j} has no terms or pattern and its name contains no word "
                     "characters, so no example could ever be marked with it"
@@ -228,5 +246,5 @@ def tagger_for(secret_set: SecretSet, case_sensitive: bool = False) -> Tagger:
     if terms:
         taggers.append(TermTagger(terms, case_sensitive=case_sensitive))
     if patterns:
-        taggers.append(RegexTagger(patterns, flags=0 if case_sensitive else re.IGNORECASE))
+        taggers.append(RegexTagger(patterns, flags=0 if case_sensitive else re.IGNORECASE, raw_indices=raw))
     return taggers[0] if len(taggers) == 1 else UnionTagger(taggers)
