@@ -128,7 +128,10 @@ def test_term_tagger_agrees_with_brute_force(terms, text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(["cat", "ca", "at", "cat dog", "x y"]), st.text(alphabet="catdogxy4_ .,-C&%\n", max_size=24))
+@given(
+    st.sampled_from(["cat", "ca", "at", "cat dog", "x y"]),
+    st.text(alphabet="catdogxy4_ .,-C&%\n", max_size=24),
+)
 def test_spans_are_original_offsets_that_tag_alone(term, text):
     # Every span is a slice of the original text that, on its own, contains the secret again.
     tagger = TermTagger({0: [term]})

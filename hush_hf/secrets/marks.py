@@ -109,8 +109,11 @@ class SecretMarker:
         texts = [text] if single else list(text)
         pairs = None if text_pair is None else ([text_pair] if single else list(text_pair))
         # One text gives one row (a list of pairs) unless overflowing tokens split it into several.
-        several = bool(offsets) and isinstance(offsets[0], list) and bool(offsets[0]) and (
-            isinstance(offsets[0][0], (tuple, list))
+        several = (
+            bool(offsets)
+            and isinstance(offsets[0], list)
+            and bool(offsets[0])
+            and (isinstance(offsets[0][0], (tuple, list)))
         )
         rows = offsets if (several or not single) else [offsets]
         samples = encoding.get("overflow_to_sample_mapping")
@@ -189,7 +192,9 @@ def _remark(tokenizer: Any, marker: SecretMarker) -> Any:
     return marked
 
 
-def mark_secrets(tokenizer: Any, secrets: SecretSet | str | Path | SecretMarker, *, tagger: Tagger | None = None) -> Any:
+def mark_secrets(
+    tokenizer: Any, secrets: SecretSet | str | Path | SecretMarker, *, tagger: Tagger | None = None
+) -> Any:
     """A copy of a fast ``tokenizer`` whose outputs carry the secret marks column.
 
     ``tokenizer(texts)`` (lists out, as in a ``datasets.map`` tokenize function) then also returns

@@ -168,7 +168,8 @@ def compile_pattern(index: int, pattern: str | re.Pattern[str], flags: int) -> r
     except re.error as error:
         # error.msg and error.pos only: str(error) could be extended to quote the pattern.
         raise ValueError(
-            f"pattern of secret #{index} is not a valid regular expression: {error.msg} at position {error.pos}"
+            f"pattern of secret #{index} is not a valid regular expression: "
+            f"{error.msg} at position {error.pos}"
         ) from None
 
 

@@ -34,7 +34,9 @@ from urllib.parse import unquote
 import numpy as np
 
 # HTML entities (named, decimal, hex) and runs of percent-escapes (a UTF-8 sequence spans several).
-_ESCAPE = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});|(?:%[0-9A-Fa-f]{2})+")
+_ESCAPE = re.compile(
+    r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});|(?:%[0-9A-Fa-f]{2})+"
+)
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 # A hyphen ending a line inside a word: "Fal-\ncon" (spaces and a carriage return allowed).
 _LINE_BREAK_HYPHEN = re.compile(r"(?<=\w)[-\u2010\u2011][ \t]*\r?\n[ \t]*(?=\w)")
@@ -112,7 +114,9 @@ def _from_pieces(text: str, pieces: list[tuple[int, int, str]]) -> Normalized:
         kept = np.arange(position, len(text))
         starts.append(kept)
         ends.append(kept + 1)
-    return Normalized("".join(out), np.concatenate(starts).astype(np.int64), np.concatenate(ends).astype(np.int64))
+    return Normalized(
+        "".join(out), np.concatenate(starts).astype(np.int64), np.concatenate(ends).astype(np.int64)
+    )
 
 
 def _decode_escape(escape: str) -> str:
@@ -141,7 +145,9 @@ def _fold_char(char: str) -> str:
     folded = _CHAR_CACHE.get(char)
     if folded is None:
         decomposed = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", char))
-        kept = "".join(c for c in decomposed if unicodedata.category(c)[0] != "M" and unicodedata.category(c) != "Cf")
+        kept = "".join(
+            c for c in decomposed if unicodedata.category(c)[0] != "M" and unicodedata.category(c) != "Cf"
+        )
         folded = unicodedata.normalize("NFC", kept).translate(_CONFUSABLE_TABLE)
         if len(_CHAR_CACHE) < 1_000_000:
             _CHAR_CACHE[char] = folded

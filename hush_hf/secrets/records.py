@@ -177,7 +177,9 @@ def read_csv(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 break
             except csv.Error as error:
                 # error text is the csv module's own (e.g. "unexpected end of data"), never the row
-                raise ValueError(f"{path}: line {start}: malformed CSV ({error}); unterminated quote?") from None
+                raise ValueError(
+                    f"{path}: line {start}: malformed CSV ({error}); unterminated quote?"
+                ) from None
             line = reader.line_num
             if line != start:
                 raise ValueError(

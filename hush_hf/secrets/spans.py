@@ -26,7 +26,8 @@ def secret_spans(text: str, secrets: SecretSet | Tagger | str | Path) -> list[Se
         secrets = SecretSet.load(secrets)
     if not isinstance(secrets, SecretSet):
         raise ValueError(
-            f"secret_spans: secrets must be a SecretSet, a secrets file or a Tagger, got a {type(secrets).__name__}"
+            "secret_spans: secrets must be a SecretSet, a secrets file or a Tagger, "
+            f"got a {type(secrets).__name__}"
         )
     cached = _TAGGERS.get(id(secrets))
     if cached is None or cached[0] is not secrets:
