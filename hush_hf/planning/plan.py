@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ PLAN_FORMAT_VERSION = 1
 BUDGET_KINDS = ("kl", "tight", "rdp", "paper")
 WEIGHT_COLUMN = "hush_weight"
 SAMPLING_PROB_COLUMN = "hush_sampling_prob"
+OVERTAGGING_SHARE = 0.05  # a secret marking more than this share of the examples is reported
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class ProtectionPlan:
     secrets: SecretReport
     lp: dict[str, Any] = field(default_factory=dict)
     calibrated: bool = True
+    secret_set_fingerprint: str | None = None
 
     @property
     def num_examples(self) -> int:
@@ -91,6 +94,11 @@ class ProtectionPlan:
         return float(self.weights.sum() / max(self.weights.size, 1))
 
     @property
+    def unmatched_secrets(self) -> int:
+        """How many secrets mark no example (accepted only with ``allow_unmatched``)."""
+        return int(np.count_nonzero(self.secrets.num_examples == 0))
+
+    @property
     def meets_targets(self) -> bool:
         return bool(np.all(self.secrets.bound <= self.secrets.target))
 
@@ -100,6 +108,7 @@ class ProtectionPlan:
         return {
             "examples": self.num_examples,
             "secrets": self.num_secrets,
+            "unmatched_secrets": self.unmatched_secrets,
             "accountant": self.accountant,
             "budget": self.budget,
             "lp_c": self.lp_c,
@@ -116,8 +125,14 @@ class ProtectionPlan:
         }
 
     # -- persistence ---------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, include_fingerprint: bool = False) -> dict[str, Any]:
+        """The plan as JSON; the secret-set fingerprint only with ``include_fingerprint`` (a local plan
+        file: the fingerprint hashes the secrets, so it stays out of published copies)."""
+        extra = {}
+        if include_fingerprint and self.secret_set_fingerprint is not None:
+            extra["secret_set_fingerprint"] = self.secret_set_fingerprint
         return {
+            **extra,
             "format_version": PLAN_FORMAT_VERSION,
             "noise_multiplier": self.noise_multiplier,
             "accountant": self.accountant,
@@ -133,10 +148,10 @@ class ProtectionPlan:
             "sampling_probs": self.sampling_probs.tolist(),
         }
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, include_fingerprint: bool = False) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json()))
+        path.write_text(json.dumps(self.to_json(include_fingerprint=include_fingerprint)))
         return path
 
     @classmethod
@@ -158,6 +173,7 @@ class ProtectionPlan:
             secrets=SecretReport.from_json(data["secrets"]),
             lp=dict(data.get("lp", {})),
             calibrated=bool(data.get("calibrated", True)),
+            secret_set_fingerprint=data.get("secret_set_fingerprint"),
         )
 
     @classmethod
@@ -196,6 +212,8 @@ def plan_protection(
     noise_multiplier: float | None = None,
     rtol: float = 1e-4,
     progress: bool = False,
+    allow_unmatched: bool = False,
+    secret_set_fingerprint: str | None = None,
 ) -> ProtectionPlan:
     """Solve the LP (Hush eq. 1), set rho_i = B w_i / sum(w), and calibrate sigma (Alg. 2, lines 1-5).
 
@@ -206,6 +224,10 @@ def plan_protection(
     linear in sum(rho) with those slopes, DESIGN.md sec. 3); ``"paper"`` uses mu_j as in the paper.
     ``noise_multiplier``: None calibrates; a number is used as is and the plan reports the bounds it
     gives (``meets_targets`` says whether every target holds).
+    ``allow_unmatched``: a secret that marks no example is an error unless this is set (its sigma
+    would be 0: most likely its terms were mistyped or the data was tagged with another secret set);
+    accepted, the plan counts them (``unmatched_secrets``). ``secret_set_fingerprint``: recorded in
+    the plan (``SecretSet.fingerprint``) so it is never used with data tagged by another secret set.
     """
     priors, targets = np.asarray(priors, dtype=np.float64), np.asarray(targets, dtype=np.float64)
     _validate_plan_args(expected_batch_size, steps, lp_c, accountant, noise_multiplier)
@@ -215,6 +237,7 @@ def plan_protection(
     capacity = lp_c * lp_budget(priors, targets, budget)  # validates priors and targets
 
     membership = membership_matrix(secret_ids, num_secrets=priors.size)
+    check_matches(membership, allow_unmatched=allow_unmatched)
     start = time.perf_counter()
     solution = solve_example_weights(
         membership,
@@ -275,7 +298,48 @@ def plan_protection(
             "drop_secretless": bool(drop_secretless),
         },
         calibrated=noise_multiplier is None,
+        secret_set_fingerprint=secret_set_fingerprint,
     )
+
+
+def check_matches(membership: Any, *, allow_unmatched: bool) -> None:
+    """Refuse secrets that mark no example (unless allowed) and report over-tagging.
+
+    ``membership``: the (secrets x examples) 0/1 matrix. Logs the share of examples the secrets mark
+    (max and median) and warns, naming indices, when a secret marks more than 5% of the examples (a
+    short or common term: every such example is trained with that secret's noise budget).
+    """
+    counts = np.asarray(membership.getnnz(axis=1)).ravel()
+    examples = max(membership.shape[1], 1)
+    unmatched = np.flatnonzero(counts == 0)
+    if unmatched.size and not allow_unmatched:
+        shown = ", ".join(f"#{j}" for j in unmatched[:10].tolist())
+        more = f" and {unmatched.size - 10} more" if unmatched.size > 10 else ""
+        raise ValueError(
+            f"{unmatched.size} secret(s) mark no example (secret {shown}{more}): their terms never occur "
+            "in the data, so nothing would protect them if they are there in another form; check the "
+            "terms, or accept with allow_unmatched_secrets=True (hush plan: --allow-unmatched)"
+        )
+    if unmatched.size:
+        logger.warning("%d of %d secrets mark no example (accepted)", unmatched.size, counts.size)
+    share = counts / examples
+    logger.info(
+        "secrets mark %.3g%% of the examples at most (median %.3g%%)",
+        100 * share.max(initial=0.0),
+        100 * float(np.median(share)) if share.size else 0.0,
+    )
+    over = np.flatnonzero(share > OVERTAGGING_SHARE)
+    if over.size:
+        order = over[np.argsort(-share[over], kind="stable")]
+        shown = ", ".join(f"#{j} ({100 * share[j]:.1f}%)" for j in order[:10].tolist())
+        more = f" and {over.size - 10} more" if over.size > 10 else ""
+        message = (
+            f"{over.size} secret(s) each mark more than {100 * OVERTAGGING_SHARE:g}% of the examples: "
+            f"secret {shown}{more}; a short or common term (e.g. a two-letter code) over-tags, which "
+            "costs utility: give such secrets longer terms or a pattern"
+        )
+        warnings.warn(message, UserWarning, stacklevel=3)
+        logger.warning(message)
 
 
 def _validate_plan_args(

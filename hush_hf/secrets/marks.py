@@ -62,10 +62,10 @@ def token_marks(offsets: Sequence[Sequence[int]], spans: Sequence[SecretSpan]) -
     bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     starts, ends = bounds[:, 0], bounds[:, 1]
     nonempty = ends > starts
-    for span in spans:
-        for t in np.flatnonzero(nonempty & (starts < span.end) & (ends > span.start)).tolist():
-            if span.secret not in marks[t]:
-                marks[t].append(span.secret)
+    for start, end, secret in spans:
+        for t in np.flatnonzero(nonempty & (starts < end) & (ends > start)).tolist():
+            if secret not in marks[t]:
+                marks[t].append(secret)
     for mark in marks:
         if len(mark) > 1:
             mark.sort()

@@ -36,6 +36,8 @@ def check_secret_index(owner: str, index: object) -> int:
 class Tagger(ABC):
     """Maps a text to the indices of the secrets it contains (and, for most taggers, where)."""
 
+    secret_set_fingerprint: str | None = None  # set by tagger_for; tag_dataset records it
+
     @abstractmethod
     def __call__(self, text: str) -> set[int]:
         """The indices of the secrets that ``text`` contains."""
@@ -247,4 +249,6 @@ def tagger_for(secret_set: SecretSet, case_sensitive: bool = False) -> Tagger:
         taggers.append(TermTagger(terms, case_sensitive=case_sensitive))
     if patterns:
         taggers.append(RegexTagger(patterns, flags=0 if case_sensitive else re.IGNORECASE, raw_indices=raw))
-    return taggers[0] if len(taggers) == 1 else UnionTagger(taggers)
+    tagger = taggers[0] if len(taggers) == 1 else UnionTagger(taggers)
+    tagger.secret_set_fingerprint = secret_set.fingerprint  # recorded by tag_dataset
+    return tagger

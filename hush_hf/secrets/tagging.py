@@ -10,6 +10,38 @@ import datasets
 
 from hush_hf.secrets.taggers import Tagger, UnionTagger
 
+FINGERPRINT_NOTE = "hush_hf secret set fingerprint: "
+
+
+def dataset_fingerprint(dataset: Any) -> str | None:
+    """The fingerprint of the secret set a dataset's ``secret_ids`` were tagged with, if recorded.
+
+    :func:`tag_dataset` records it in ``dataset.info.description``, which ``map``, ``filter``,
+    ``shuffle``, ``select`` and ``save_to_disk`` keep.
+    """
+    info = getattr(dataset, "info", None)
+    description = getattr(info, "description", None) or ""
+    notes = [line for line in description.splitlines() if line.startswith(FINGERPRINT_NOTE)]
+    return notes[-1][len(FINGERPRINT_NOTE) :].strip() if notes else None
+
+
+def _record_fingerprint(dataset: datasets.Dataset, fingerprint: str | None) -> datasets.Dataset:
+    if fingerprint is None:
+        return dataset
+    description = dataset.info.description or ""
+    kept = [line for line in description.splitlines() if not line.startswith(FINGERPRINT_NOTE)]
+    dataset.info.description = "\n".join([*kept, FINGERPRINT_NOTE + fingerprint])
+    return dataset
+
+
+def check_fingerprint(found: str | None, expected: str | None, *, what: str, against: str) -> None:
+    """ValueError when two known secret-set fingerprints differ (unknown ones cannot be compared)."""
+    if found is not None and expected is not None and found != expected:
+        raise ValueError(
+            f"{what} was made with another secret set (fingerprint {found}) than {against} "
+            f"(fingerprint {expected}); tag or tokenize again with this secret set"
+        )
+
 
 class _BatchTagger:
     """The ``Dataset.map(batched=True, with_indices=True)`` function: texts -> sorted secret ids."""
@@ -60,6 +92,9 @@ def tag_dataset(
     overwrite: bool = False,
 ) -> datasets.Dataset | datasets.DatasetDict:
     """Add ``column``: for each example the sorted, unique indices j of the secrets it contains.
+
+    A tagger made by :func:`hush_hf.secrets.tagger_for` also records its secret set's fingerprint in
+    the dataset (:func:`dataset_fingerprint`): planning or training it with another set is refused.
 
     Runs ``Dataset.map(batched=True, num_proc=num_proc)``; several taggers are unioned. With
     ``num_secrets`` every id must lie in [0, num_secrets): ids known in advance are checked before
@@ -135,7 +170,7 @@ def _tag(
         dataset = dataset.remove_columns(column)
     features = dataset.features.copy()
     features[column] = datasets.Sequence(datasets.Value("int64"))  # List(int64); also on datasets 3
-    return dataset.map(
+    tagged = dataset.map(
         _BatchTagger(tagger, text_column, column, num_secrets),
         batched=True,
         with_indices=True,
@@ -144,3 +179,4 @@ def _tag(
         features=features,
         desc="Tagging secrets",
     )
+    return _record_fingerprint(tagged, getattr(tagger, "secret_set_fingerprint", None))

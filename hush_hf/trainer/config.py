@@ -56,6 +56,9 @@ class SecretProtectionConfig(TrainingArguments):
             How the noise is calibrated: `"tight"`, `"rdp"` or `"kl"` (the paper's Lemma 3.2).
         lp_c (`float`, *optional*, defaults to `1.0`):
             The LP constant c (Hush, eq. 1): smaller c keeps less data and needs less noise.
+        allow_unmatched_secrets (`bool`, *optional*, defaults to `False`):
+            A secret that marks no example is an error (mistyped terms, or data tagged with other
+            secrets); `True` accepts it, and the plan, report and card count such secrets.
 
         > Parameters of the CRT mode (Confidentially Redacted Training, CRT Alg. 1)
 
@@ -143,6 +146,10 @@ class SecretProtectionConfig(TrainingArguments):
     lp_c: float = field(
         default=1.0,
         metadata={"help": "LP constant c of the plan (Hush eq. 1)."},
+    )
+    allow_unmatched_secrets: bool = field(
+        default=False,
+        metadata={"help": "Accept secrets that mark no example (an error by default)."},
     )
 
     # CRT mode

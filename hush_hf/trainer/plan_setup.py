@@ -77,31 +77,101 @@ def column_names(dataset: Any) -> list[str]:
     return []
 
 
-def tag_if_untagged(dataset: Any, secret_set: Any, *, text_column: str) -> Any:
-    """The dataset with a ``secret_ids`` column: as given if it has one, else tagged from ``text_column``."""
+MARK_LINE = "tokenizer = hush_hf.mark_secrets(tokenizer, secrets)"
+
+
+def prepare_secret_ids(
+    dataset: Any, *, secret_set: Any = None, plan: ProtectionPlan | None = None, text_column: str = "text"
+) -> Any:
+    """The dataset with a ``secret_ids`` column, from (in order of preference):
+
+    1. the per-token marks column of :func:`hush_hf.mark_secrets` (a row contains secret j when any
+       of its tokens is marked with j); the marks column is then dropped, so it never reaches the model;
+    2. an existing ``secret_ids`` column (e.g. from ``tag_dataset``);
+    3. tagging ``text_column`` with ``secret_set``.
+
+    Marks or tags made with another secret set than ``secret_set`` or ``plan`` are refused
+    (fingerprints). With none of the three (a tokenized dataset without marks): an error that says
+    which line to add. With a plan and no secret set, the dataset may also carry no ids at all
+    (``plan.attach`` columns are checked by ``check_plan_fits``).
+    """
+    from hush_hf.secrets.marks import find_marks_column, marks_fingerprint, secret_ids_from_marks
+    from hush_hf.secrets.tagging import check_fingerprint, dataset_fingerprint
+
+    expected = secret_set.fingerprint if secret_set is not None else None
+    plan_fingerprint = plan.secret_set_fingerprint if plan is not None else None
+    against = "the secrets given" if secret_set is not None else "the plan"
+    names = column_names(dataset)
+    marks = find_marks_column(names)
+    if marks is not None:
+        found = marks_fingerprint(marks)
+        check_fingerprint(found, expected, what=f"train_dataset's '{marks}' column", against=against)
+        check_fingerprint(
+            found, plan_fingerprint, what=f"train_dataset's '{marks}' column", against="the plan"
+        )
+        import datasets
+
+        if not isinstance(dataset, datasets.Dataset):
+            raise ValueError(
+                f"train_dataset is a {type(dataset).__name__} with secret marks; pass a datasets.Dataset"
+            )
+        ids = secret_ids_from_marks(column(dataset, marks))
+        drop = [marks] + ([SECRET_IDS_COLUMN] if SECRET_IDS_COLUMN in names else [])
+        dataset = dataset.remove_columns(drop)
+        logger.info("secret_ids derived from the per-token marks column (dropped before the model)")
+        return dataset.add_column(SECRET_IDS_COLUMN, ids.to_pylist())
+    if SECRET_IDS_COLUMN in names:
+        found = dataset_fingerprint(dataset)
+        what = f"train_dataset's '{SECRET_IDS_COLUMN}' column"
+        check_fingerprint(found, expected, what=what, against=against)
+        check_fingerprint(found, plan_fingerprint, what=what, against="the plan")
+        if found is None and secret_set is not None:
+            loud_warning(
+                f"train_dataset's '{SECRET_IDS_COLUMN}' column records no secret set (not made by "
+                "hush_hf.secrets.tag_dataset with tagger_for): it is trusted to match the secrets given"
+            )
+        return dataset
+    if secret_set is None:
+        return dataset
     import datasets
 
     from hush_hf.secrets import tag_dataset, tagger_for
 
-    if SECRET_IDS_COLUMN in column_names(dataset):
-        return dataset
-    if not isinstance(dataset, datasets.Dataset):
-        raise ValueError(
-            f"train_dataset is a {type(dataset).__name__} without a '{SECRET_IDS_COLUMN}' column; "
-            "tag a datasets.Dataset with hush_hf.secrets.tag_dataset, or pass plan="
+    if isinstance(dataset, datasets.Dataset) and text_column in dataset.column_names:
+        return tag_dataset(
+            dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set)
         )
-    if text_column not in dataset.column_names:
-        raise ValueError(
-            f"train_dataset has no '{SECRET_IDS_COLUMN}' column and no text column {text_column!r} "
-            f"to find the secrets in (columns: {dataset.column_names}); keep the text column when "
-            "tokenizing (remove_unused_columns drops it before the model), set secrets_text_column, "
-            "or tag first with hush_hf.secrets.tag_dataset"
-        )
-    return tag_dataset(dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set))
+    raise ValueError(
+        f"train_dataset has no secret marks, no '{SECRET_IDS_COLUMN}' column and no text column "
+        f"{text_column!r} (columns: {names}), so its secrets cannot be found. Add this line where the "
+        f"tokenizer is built: `{MARK_LINE}` (secrets: your SecretSet or secrets file); its output then "
+        "carries per-token marks through tokenizing, grouping and packing"
+    )
+
+
+def drop_marks(dataset: Any) -> Any:
+    """``dataset`` (a Dataset, or a dict of them) without secret marks columns (never model inputs)."""
+    import datasets
+
+    from hush_hf.secrets.marks import MARKS_PREFIX
+
+    if isinstance(dataset, dict):
+        return {name: drop_marks(part) for name, part in dataset.items()}
+    if isinstance(dataset, datasets.Dataset):
+        marks = [c for c in dataset.column_names if c.startswith(MARKS_PREFIX)]
+        return dataset.remove_columns(marks) if marks else dataset
+    return dataset
 
 
 def plan_for_dataset(
-    dataset: Any, secret_set: Any, *, expected_batch_size: float, steps: int, lp_c: float, accountant: str
+    dataset: Any,
+    secret_set: Any,
+    *,
+    expected_batch_size: float,
+    steps: int,
+    lp_c: float,
+    accountant: str,
+    allow_unmatched: bool = False,
 ) -> ProtectionPlan:
     """Solve the plan for a tagged dataset (Hush Alg. 2, lines 1-5)."""
     return plan_protection(
@@ -112,6 +182,8 @@ def plan_for_dataset(
         steps=steps,
         lp_c=lp_c,
         accountant=accountant,
+        allow_unmatched=allow_unmatched,
+        secret_set_fingerprint=secret_set.fingerprint,
     )
 
 

@@ -16,10 +16,11 @@ from hush_hf.trainer.distributed import broadcast_object, rank_and_world_size
 from hush_hf.trainer.losses import lm_per_example_loss
 from hush_hf.trainer.plan_setup import (
     check_expected_batch_size,
+    drop_marks,
     load_plan,
     load_secrets,
     plan_for_dataset,
-    tag_if_untagged,
+    prepare_secret_ids,
 )
 
 logger = logging.getLogger(__name__)
@@ -28,15 +29,17 @@ logger = logging.getLogger(__name__)
 class SecretProtectionTrainer(Trainer):
     """A ``Trainer`` whose every step is a DP-SGD step of a protection plan.
 
-    Give ``secrets=`` (a ``SecretSet`` or a secrets file; or ``args.secrets_file``) and the trainer tags
-    ``train_dataset`` (unless it has a ``secret_ids`` column), solves the plan (LP weights, sampling
+    Give ``secrets=`` (a ``SecretSet`` or a secrets file; or ``args.secrets_file``) and the trainer finds
+    each row's secrets (from the per-token marks of :func:`hush_hf.mark_secrets`, an existing
+    ``secret_ids`` column, or by tagging the text column), solves the plan (LP weights, sampling
     probabilities, calibrated noise) for ``args.max_steps`` and B, and trains with it; or give
     ``plan=`` (or ``args.plan_file``) computed beforehand for exactly this dataset, which must then keep
     its ``secret_ids`` column or carry the plan's ``hush_sampling_prob`` (``plan.attach(dataset)``) so
     that every row can be matched to its sampling probability. ``args`` may be a
     plain ``TrainingArguments``: it becomes a :class:`SecretProtectionConfig` (batch clipping off).
 
-    The plan columns (``secret_ids``, ``hush_weight``, ``hush_sampling_prob``) never reach the model.
+    The plan columns (``secret_ids``, ``hush_weight``, ``hush_sampling_prob``) and the marks never reach
+    the model.
     ``trainer.plan`` is the plan in use and ``trainer.dp`` the :class:`GhostClippingCallback` applying
     it. Override :meth:`compute_per_example_loss` for a loss other than the per-example LM loss.
     """
@@ -66,6 +69,7 @@ class SecretProtectionTrainer(Trainer):
         if train_dataset is None:
             raise ValueError("train_dataset is required: the protection plan samples its rows")
         plan, train_dataset = self._resolve_plan(args, train_dataset, secrets=secrets, plan=plan)
+        eval_dataset = drop_marks(eval_dataset)
         super().__init__(
             model=model,
             args=args,
@@ -113,14 +117,16 @@ class SecretProtectionTrainer(Trainer):
         if plan is not None or args.plan_file is not None:
             resolved = load_plan(plan if plan is not None else args.plan_file)
             check_expected_batch_size(resolved, args.expected_batch_size)  # rows and T: in install()
-            return resolved, train_dataset
+            return resolved, prepare_secret_ids(train_dataset, plan=resolved)
         world_size = args.world_size  # also joins the process group of a distributed launch
         batch = args.expected_batch_size
         if batch is None:
             batch = args.per_device_train_batch_size * world_size
             logger.info("expected_batch_size B = per_device_train_batch_size * world_size = %g", batch)
         secret_set = load_secrets(secrets if secrets is not None else args.secrets_file)
-        train_dataset = tag_if_untagged(train_dataset, secret_set, text_column=args.secrets_text_column)
+        train_dataset = prepare_secret_ids(
+            train_dataset, secret_set=secret_set, text_column=args.secrets_text_column
+        )
         # One plan for all ranks: solved on rank 0 (an LP solver need not be deterministic), then shared.
         resolved = None
         if rank_and_world_size()[0] == 0:
@@ -131,6 +137,7 @@ class SecretProtectionTrainer(Trainer):
                 steps=args.max_steps,
                 lp_c=args.lp_c,
                 accountant=args.accountant,
+                allow_unmatched=args.allow_unmatched_secrets,
             )
         resolved = broadcast_object(resolved)
         return resolved, train_dataset
