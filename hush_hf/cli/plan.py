@@ -66,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     planning.add_argument("--solver", default="highs", help="highs, or pulp[:CBC|GUROBI|CPLEX|...]")
     planning.add_argument("--drop-secretless", action="store_true", help="give examples without secrets w=0")
     planning.add_argument("--time-limit", type=float, default=None, help="LP time limit in seconds")
+    planning.add_argument(
+        "--allow-unmatched",
+        action="store_true",
+        help="accept secrets that mark no example (an error by default); the plan counts them",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--output", default="hush_plan.json", help="plan JSON path")
     out.add_argument(
@@ -93,13 +98,26 @@ def run(args: argparse.Namespace) -> int:
         time_limit=args.time_limit,
     )
     plan = plan_protection(
-        secret_ids, secret_set.priors, secret_set.targets, lp_c=args.lp_c, progress=True, **plan_kwargs
+        secret_ids,
+        secret_set.priors,
+        secret_set.targets,
+        lp_c=args.lp_c,
+        progress=True,
+        allow_unmatched=args.allow_unmatched,
+        secret_set_fingerprint=secret_set.fingerprint,
+        **plan_kwargs,
     )
-    path = plan.save(args.output)
+    path = plan.save(args.output, include_fingerprint=True)  # a local file; published copies omit it
     print(format_summary(plan))
     print(f"plan written to {path}")
     if args.sweep_c:
-        rows = sweep_lp_c(secret_ids, secret_set.priors, secret_set.targets, **plan_kwargs)
+        rows = sweep_lp_c(
+            secret_ids,
+            secret_set.priors,
+            secret_set.targets,
+            allow_unmatched=args.allow_unmatched,
+            **plan_kwargs,
+        )
         sweep_json = path.with_name("sweep_c.json")
         sweep_json.write_text(json.dumps(rows, indent=2))
         png = plot_sweep(
@@ -133,7 +151,16 @@ def _secrets_and_tags(args: argparse.Namespace, dataset):
             num_proc=args.num_proc,
         )
     logger.info("%d secrets", len(secret_set))
-    if "secret_ids" not in dataset.column_names:
+    if "secret_ids" in dataset.column_names:
+        from hush_hf.secrets.tagging import check_fingerprint, dataset_fingerprint
+
+        check_fingerprint(
+            dataset_fingerprint(dataset),
+            secret_set.fingerprint,
+            what="the dataset's 'secret_ids' column",
+            against="the secrets given",
+        )
+    else:
         dataset = tag_dataset(
             dataset,
             tagger_for(secret_set, case_sensitive=args.case_sensitive),
@@ -148,12 +175,14 @@ def format_summary(plan) -> str:
     s = plan.summary()
     sec = plan.secrets
     ratio = sec.bound / sec.target
+    matched = sec.num_examples[sec.num_examples > 0]
+    unmatched = f"; {plan.unmatched_secrets} match NO example" if plan.unmatched_secrets else ""
     lines = [
         "Protection plan",
-        f"  examples            {s['examples']:>12,d}   secrets {s['secrets']:,d}",
-        f"  memberships         {int(sec.num_examples.sum()):>12,d}   examples per secret "
-        f"min {int(sec.num_examples.min(initial=0))} / median {np.median(sec.num_examples):g} "
-        f"/ max {int(sec.num_examples.max(initial=0))}",
+        f"  examples            {s['examples']:>12,d}   secrets {s['secrets']:,d}{unmatched}",
+        f"  memberships         {int(sec.num_examples.sum()):>12,d}   examples per matched secret "
+        f"min {int(matched.min()) if matched.size else 0} "
+        f"/ median {np.median(matched) if matched.size else 0:g} / max {int(matched.max(initial=0))}",
         f"  B, T, c             {s['expected_batch_size']:g}, {s['steps']}, {s['lp_c']:g}"
         f"   (budget: {s['budget']})",
         f"  retained            {s['retained_fraction']:.2%} of examples have w > 0;"
