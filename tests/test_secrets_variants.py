@@ -206,3 +206,17 @@ def test_hush_plan_refuses_unmatched_unless_allowed_and_says_how_many(tmp_path, 
     plan = ProtectionPlan.load(tmp_path / "p.json")
     assert plan.unmatched_secrets == 1
     assert plan.secret_set_fingerprint == SecretSet.load(secrets).fingerprint
+
+
+def test_report_and_card_say_how_many_secrets_matched_nothing():
+    from hush_hf.audit.card import protection_section
+    from hush_hf.audit.report import build_privacy_report, report_markdown
+
+    ids = [[0]] * 3 + [[]] * 37
+    plan = plan_protection(
+        ids, np.full(2, 1e-4), np.full(2, 1e-2), expected_batch_size=2, steps=5, allow_unmatched=True
+    )
+    report = build_privacy_report(plan, clip_norm=1.0)
+    assert report["secrets"]["unmatched"] == 1
+    assert "1 secret(s) matched no training example" in report_markdown(report)
+    assert "**1 of them matched no training example**" in protection_section(report)

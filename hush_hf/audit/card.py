@@ -65,7 +65,9 @@ def protection_section(report: Mapping[str, Any]) -> str:
     else:
         lines += [
             f"The training data contained **{s['count']} protected secrets**, numbered 0..{s['count'] - 1}; "
-            "their contents are not published here or anywhere in this repository.",
+            "their contents are not published here or anywhere in this repository."
+            + (f" **{s['unmatched']} of them matched no training example**: their bounds hold only if "
+               "they occur in no form the tagger missed." if s.get("unmatched") else ""),
             "",
             "**What is guaranteed.** For each secret j, an attacker who knows everything about the training "
             "data except that secret, and who could guess it with probability at most its prior p_j without "

@@ -115,6 +115,7 @@ def secrets_section(plan: Any) -> dict[str, Any]:
     ratio = s.bound / s.target if s.target.size else np.zeros(0)
     return {
         "count": plan.num_secrets,
+        "unmatched": int(np.count_nonzero(s.num_examples == 0)),
         "meets_targets": plan.meets_targets,
         "num_over_target": int(np.count_nonzero(s.bound > s.target)),
         "indices_over_target": np.flatnonzero(s.bound > s.target).tolist(),
@@ -197,7 +198,9 @@ def guarantee_lines(report: Mapping[str, Any]) -> list[str]:
               + ("Every secret's certified bound is at most its target."
                  if s["meets_targets"] else
                  f"**WARNING: {s['num_over_target']} secret(s) have a bound above their target** "
-                 f"(indices {s['indices_over_target'][:20]}{' ...' if s['num_over_target'] > 20 else ''})."),
+                 f"(indices {s['indices_over_target'][:20]}{' ...' if s['num_over_target'] > 20 else ''}).")
+              + (f" {s['unmatched']} secret(s) matched no training example (accepted with "
+                 "allow_unmatched_secrets)." if s.get("unmatched") else ""),
               ""]
     lines += _table(["per secret", "min", "median", "max"], [
         [name, s[key]["min"], s[key]["median"], s[key]["max"]]
