@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from typing import NamedTuple
 
 import regex
@@ -36,10 +37,15 @@ from hush_hf.secrets.normalize import Normalized, dehyphenate, normalize
 
 # Sub-words: an acronym before a capitalised word ("HTML" in "HTMLParser"), a capitalised or lower-case
 # word, an all-caps word, a number, or a run of letters without case (CJK, Thai, Arabic, ...).
-_SUBWORD = regex.compile(
+_SUBWORD_PATTERN = (
     r"\p{Lu}+(?=\p{Lu}[\p{Ll}\p{Lt}])|[\p{Lu}\p{Lt}]?[\p{Ll}\p{Lt}]+|\p{Lu}+|\p{N}+|[\p{Lo}\p{Lm}]+"
 )
-_WORD = regex.compile(r"\w+")
+_SUBWORD = regex.compile(_SUBWORD_PATTERN)
+# split() with one capturing group gives separators and sub-words alternately: offsets by prefix sums.
+_SUBWORD_SPLIT = regex.compile(f"({_SUBWORD_PATTERN})")
+# The same on ASCII text with the standard library's re (faster there; \p{Lu} is A-Z, \p{Ll} a-z).
+_ASCII_SUBWORD_SPLIT = re.compile(r"([A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+)")
+MAX_IDENTIFIER_PARTS = 8  # one-word terms are matched against runs of up to this many joined sub-words
 _UNSPACED = regex.compile(
     r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\p{Tibetan}]"
 )
@@ -63,6 +69,14 @@ def singular_forms(word: str) -> tuple[str, ...]:
         if word.endswith("ies"):
             forms.append(word[:-3] + "y")
     return tuple(forms)
+
+
+def plural_forms(word: str) -> tuple[str, ...]:
+    """``word`` and the text words whose singular forms include it (the inverse of :func:`singular_forms`)."""
+    forms = [word, word + "s", word + "es"]
+    if word.endswith("y"):
+        forms.append(word[:-1] + "ies")
+    return tuple(f for f in forms if f == word or len(f) >= 3)
 
 
 def term_words(term: str, *, case_sensitive: bool = False) -> tuple[str, ...]:
@@ -96,57 +110,94 @@ class TermIndex:
                 else:
                     phrases.setdefault(words[0], {}).setdefault(words[1:], set()).add(index)
         self.case_sensitive = case_sensitive
-        self.single = {w: tuple(sorted(ids)) for w, ids in single.items()}
-        self.phrases = {
-            first: tuple((rest, tuple(sorted(ids))) for rest, ids in tails.items())
-            for first, tails in phrases.items()
-        }
+        # Text words are looked up as they are: a term's plural forms are indexed with it.
+        self.single: dict[str, tuple[int, ...]] = {}
+        for word, ids in single.items():
+            for form in plural_forms(word):
+                self.single[form] = tuple(sorted(set(self.single.get(form, ())) | ids))
+        self.words = frozenset(single)  # the one-word terms themselves (matched against identifiers)
+        self.phrases: dict[str, tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]] = {}
+        for first, tails in phrases.items():
+            entries = tuple((rest, tuple(sorted(ids))) for rest, ids in tails.items())
+            for form in plural_forms(first):
+                self.phrases[form] = self.phrases.get(form, ()) + entries
         self.substrings = {w: tuple(sorted(ids)) for w, ids in substrings.items()}
         self.substring_lengths = tuple(sorted({len(w) for w in substrings}))
         self.substring_firsts = frozenset(w[0] for w in substrings)
         self.keys = frozenset(self.single) | frozenset(self.phrases)
 
-    def _fold(self, word: str) -> str:
-        return word if self.case_sensitive else word.casefold()
-
     def spans(self, normalized: Normalized, out: set[SecretSpan]) -> None:
         """Add every term occurrence in ``normalized`` (original offsets) to ``out``."""
         text = normalized.text
-        tokens = [(m.start(), m.end(), self._fold(m.group())) for m in _SUBWORD.finditer(text)]
-        if self.keys:
-            self._word_spans(normalized, tokens, out)
-        if self.substrings and not text.isascii():
-            self._substring_spans(normalized, tokens, out)
-
-    def _word_spans(self, normalized: Normalized, tokens: list, out: set[SecretSpan]) -> None:
-        forms = {word: singular_forms(word) for word in {t[2] for t in tokens}}
-        hits = {word for word, fs in forms.items() if not self.keys.isdisjoint(fs)}
-        for k, (start, end, word) in enumerate(tokens):
-            if word not in hits:
-                continue
-            for form in forms[word]:
-                for j in self.single.get(form, ()):
-                    out.add(SecretSpan(*normalized.original_span(start, end), j))
-                for rest, ids in self.phrases.get(form, ()):
-                    last = k + len(rest)
-                    if last < len(tokens) and all(
-                        w in singular_forms(tokens[k + 1 + i][2]) for i, w in enumerate(rest)
-                    ):
-                        span = normalized.original_span(start, tokens[last][1])
-                        out.update(SecretSpan(*span, j) for j in ids)
-        if not self.single:
+        ascii_text = text.isascii()
+        parts = (_ASCII_SUBWORD_SPLIT if ascii_text else _SUBWORD_SPLIT).split(text)
+        raw = parts[1::2]
+        folded = raw if self.case_sensitive else list(map(str.casefold, raw))
+        hits = self.keys.intersection(folded)
+        separators = parts[2:-1:2]  # separators[k] lies between sub-words k and k + 1
+        joined = self.words and ("" in separators or "_" in text)
+        if not (hits or joined or (self.substrings and not ascii_text)):
             return
-        # A one-word term against whole identifiers: "projectfalcon" in "ProjectFalcon", "project_falcon".
-        for match in _WORD.finditer(normalized.text):
-            whole = self._fold(match.group())
-            for form in {whole, whole.replace("_", "")}:
-                for j in self.single.get(form, ()):
-                    out.add(SecretSpan(*normalized.original_span(match.start(), match.end()), j))
+        bounds = list(accumulate(map(len, parts)))  # sub-word k is text[bounds[2k] : bounds[2k + 1]]
+        if hits:
+            self._word_spans(normalized, folded, bounds, hits, out)
+        if joined:
+            self._identifier_spans(normalized, folded, bounds, separators, out)
+        if self.substrings and not ascii_text:
+            self._substring_spans(normalized, folded, bounds, out)
 
-    def _substring_spans(self, normalized: Normalized, tokens: list, out: set[SecretSpan]) -> None:
-        for start, _, word in tokens:
+    def _word_spans(
+        self,
+        normalized: Normalized,
+        folded: list[str],
+        bounds: list[int],
+        hits: set[str],
+        out: set[SecretSpan],
+    ) -> None:
+        for k in [k for k, word in enumerate(folded) if word in hits]:
+            word = folded[k]
+            start = bounds[2 * k]
+            for j in self.single.get(word, ()):
+                out.add(SecretSpan(*normalized.original_span(start, bounds[2 * k + 1]), j))
+            for rest, ids in self.phrases.get(word, ()):
+                last = k + len(rest)
+                if last < len(folded) and all(
+                    w in singular_forms(folded[k + 1 + i]) for i, w in enumerate(rest)
+                ):
+                    span = normalized.original_span(start, bounds[2 * last + 1])
+                    out.update(SecretSpan(*span, j) for j in ids)
+
+    def _identifier_spans(
+        self,
+        normalized: Normalized,
+        folded: list[str],
+        bounds: list[int],
+        separators: list[str],
+        out: set[SecretSpan],
+    ) -> None:
+        """One-word terms against runs of joined sub-words: "projectfalcon" in "myProjectFalcon",
+        "project_falcon" (sub-words separated by nothing or by underscores only)."""
+        glued = [not sep or not sep.strip("_") for sep in separators]
+        k = 0
+        while k < len(folded):
+            end = k
+            while end < len(glued) and glued[end]:
+                end += 1
+            if end > k:  # sub-words k..end form one identifier: try each joined sub-run
+                for a in range(k, end + 1):
+                    for b in range(a + 1, min(end, a + MAX_IDENTIFIER_PARTS - 1) + 1):
+                        for j in self.single.get("".join(folded[a : b + 1]), ()):
+                            span = normalized.original_span(bounds[2 * a], bounds[2 * b + 1])
+                            out.add(SecretSpan(*span, j))
+            k = end + 1
+
+    def _substring_spans(
+        self, normalized: Normalized, folded: list[str], bounds: list[int], out: set[SecretSpan]
+    ) -> None:
+        for k, word in enumerate(folded):
             if word.isascii():
                 continue
+            start = bounds[2 * k]
             for i, char in enumerate(word):
                 if char not in self.substring_firsts:
                     continue
