@@ -56,19 +56,21 @@ def token_marks(offsets: Sequence[Sequence[int]], spans: Sequence[SecretSpan]) -
     Overlap means ``start < span.end and span.start < end``; empty tokens (special tokens and padding
     have offsets ``(0, 0)``) are never marked.
     """
-    marks: list[list[int]] = [[] for _ in range(len(offsets))]
-    if not spans or not len(offsets):
-        return marks
+    count = len(offsets)
+    if not spans or not count:
+        return [
+            []
+        ] * count  # one shared empty list (read-only use): building n lists costs more than tokenizing
     bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     starts, ends = bounds[:, 0], bounds[:, 1]
     nonempty = ends > starts
+    found: dict[int, set[int]] = {}
     for start, end, secret in spans:
         for t in np.flatnonzero(nonempty & (starts < end) & (ends > start)).tolist():
-            if secret not in marks[t]:
-                marks[t].append(secret)
-    for mark in marks:
-        if len(mark) > 1:
-            mark.sort()
+            found.setdefault(t, set()).add(secret)
+    marks: list[list[int]] = [[]] * count
+    for t, secrets in found.items():
+        marks[t] = sorted(secrets)
     return marks
 
 
@@ -133,7 +135,7 @@ class SecretMarker:
                 out.append(token_marks(row_offsets, spans_of(sample, 0)))
                 continue
             sequence_ids = encoding.sequence_ids(row)
-            marks: list[list[int]] = [[] for _ in row_offsets]
+            marks: list[list[int]] = [[]] * len(row_offsets)
             for sequence in (0, 1):
                 keep = [t for t, s in enumerate(sequence_ids) if s == sequence]
                 part = token_marks([row_offsets[t] for t in keep], spans_of(sample, sequence))
