@@ -206,7 +206,7 @@ def test_trl_style_packing_keeps_every_sequences_secrets():
         assert set(ids) == set().union(*({j for _, _, j in planted[i]} for i in members))
 
 
-def test_marked_tokenizer_is_a_drop_in_copy():
+def test_marked_tokenizer_is_a_drop_in_copy(tmp_path):
     plain = gpt2_tokenizer()
     marked = mark_secrets(plain, SECRETS)
     assert isinstance(marked, type(plain)) and type(marked).__name__ == type(plain).__name__
@@ -226,6 +226,11 @@ def test_marked_tokenizer_is_a_drop_in_copy():
     assert len(overflow[column]) == len(offsets) > 1
     expected = [[[1] if (s < 10 and e > 6) or (s < 27 and e > 23) else [] for s, e in row] for row in offsets]
     assert overflow[column] == expected
+    marked.save_pretrained(tmp_path / "tok")
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert type(loaded).__name__ == type(plain).__name__ and loaded(["a kiwi"]).data == plain(["a kiwi"]).data
     with pytest.raises(ValueError, match="needs a transformers tokenizer"):
         mark_secrets(object(), SECRETS)
 
@@ -362,6 +367,21 @@ def test_a_secret_that_marks_nothing_is_an_error_unless_accepted(tmp_path):
     )
     assert trainer.plan.unmatched_secrets == 1 and trainer.plan.summary()["unmatched_secrets"] == 1
     assert trainer.plan.secret_set_fingerprint == SECRETS.fingerprint
+    # A saved plan is checked row by row against the marks of the same data, and refused for other marks.
+    path = trainer.plan.save(tmp_path / "plan.json", include_fingerprint=True)
+    again = SecretProtectionTrainer(
+        args=dp_config(tmp_path / "b", max_steps=1, plan_file=str(path)), **kwargs
+    )
+    assert again.train_dataset["secret_ids"] == trainer.train_dataset["secret_ids"]
+    other = mark_secrets(gpt2_tokenizer(), SecretSet.from_records([("kiwi", 1e-4, 1e-2, ["kiwi"])]))
+    other_data = datasets.Dataset.from_dict({"text": ["a kiwi and a falcon"] * 3 + ["AKIA12345678"]}).map(
+        lambda b: other(b["text"]), batched=True, remove_columns=["text"]
+    )
+    with pytest.raises(ValueError, match="made with another secret set .* than the plan"):
+        SecretProtectionTrainer(
+            args=dp_config(tmp_path / "c", max_steps=1, plan_file=str(path)),
+            **{**kwargs, "train_dataset": other_data},
+        )
     assert isinstance(trainer.train_dataset[0]["input_ids"], list) and torch.is_tensor(
         default_data_collator([trainer.train_dataset[0]])["input_ids"]
     )
