@@ -119,7 +119,8 @@ def prepare_secret_ids(
         drop = [marks] + ([SECRET_IDS_COLUMN] if SECRET_IDS_COLUMN in names else [])
         dataset = dataset.remove_columns(drop)
         logger.info("secret_ids derived from the per-token marks column (dropped before the model)")
-        return dataset.add_column(SECRET_IDS_COLUMN, ids.to_pylist())
+        feature = datasets.Sequence(datasets.Value("int64"))  # typed even when no row has a secret
+        return dataset.add_column(SECRET_IDS_COLUMN, ids.to_pylist(), feature=feature)
     if SECRET_IDS_COLUMN in names:
         found = dataset_fingerprint(dataset)
         what = f"train_dataset's '{SECRET_IDS_COLUMN}' column"
