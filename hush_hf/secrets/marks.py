@@ -54,7 +54,7 @@ def token_marks(offsets: Sequence[Sequence[int]], spans: Sequence[SecretSpan]) -
     """For each token ``(start, end)``, the sorted secrets whose spans overlap ``[start, end)``.
 
     Overlap means ``start < span.end and span.start < end``; empty tokens (special tokens and padding
-    have offsets ``(0, 0)``) are never marked.
+    have offsets ``(0, 0)``) are never marked. Unmarked tokens share one empty list: treat it as read-only.
     """
     count = len(offsets)
     if not spans or not count:
