@@ -59,7 +59,7 @@ def audited(tmp_path_factory):
         tagged = tag_dataset(datasets.Dataset.from_dict({"text": train}), tagger_for(secrets),
                              num_secrets=len(secrets))
         plan = plan_protection(tagged["secret_ids"], secrets.priors, secrets.targets, expected_batch_size=4,
-                               steps=100, drop_secretless=True)
+                               steps=100, drop_secretless=True, allow_unmatched=True)  # canary 1: 0 copies
         write_protection_artifacts(model_dir, plan, clip_norm=0.5)
         report = run_audit(model_dir, train, output_dir=root / "audit", secrets=secrets, canaries=canaries,
                            heldout=heldout, prefix_length=4, suffix_length=4, exposure_method="skewnorm",
