@@ -328,15 +328,14 @@ def test_marks_or_tags_from_another_secret_set_are_refused(tmp_path):
     marked = datasets.Dataset.from_dict({"text": texts}).map(
         lambda b: tokenizer(b["text"]), batched=True, remove_columns=["text"]
     )
-    with pytest.raises(
-        ValueError, match=f"fingerprint {other.fingerprint}.*fingerprint {SECRETS.fingerprint}"
-    ):
+    with pytest.raises(ValueError, match="marks column was made with another secret set") as info:
         SecretProtectionTrainer(
             model=tiny_gpt2(vocab=len(tokenizer)),
             args=_training_args(tmp_path, secrets_file),
             train_dataset=marked,
             data_collator=default_data_collator,
         )
+    assert other.fingerprint not in str(info.value) and SECRETS.fingerprint not in str(info.value)
     tagged = tag_dataset(datasets.Dataset.from_dict({"text": texts}), tagger_for(other), num_secrets=1)
     tagged = tagged.shuffle(seed=0).filter(lambda r: True)  # the record survives
     with pytest.raises(ValueError, match="made with another secret set"):
@@ -377,7 +376,7 @@ def test_a_secret_that_marks_nothing_is_an_error_unless_accepted(tmp_path):
     other_data = datasets.Dataset.from_dict({"text": ["a kiwi and a falcon"] * 3 + ["AKIA12345678"]}).map(
         lambda b: other(b["text"]), batched=True, remove_columns=["text"]
     )
-    with pytest.raises(ValueError, match="made with another secret set .* than the plan"):
+    with pytest.raises(ValueError, match="made with another secret set than the plan"):
         SecretProtectionTrainer(
             args=dp_config(tmp_path / "c", max_steps=1, plan_file=str(path)),
             **{**kwargs, "train_dataset": other_data},

@@ -39,7 +39,7 @@ def find_marks_column(column_names: Sequence[str]) -> str | None:
     found = [name for name in column_names if name.startswith(MARKS_PREFIX)]
     if len(found) > 1:
         raise ValueError(
-            f"the dataset has {len(found)} secret marks columns ({', '.join(found)}): it was tokenized "
+            f"the dataset has {len(found)} secret marks columns ('{MARKS_PREFIX}...'): it was tokenized "
             "with several marked tokenizers; keep the one made with the secret set you train with"
         )
     return found[0] if found else None

@@ -37,9 +37,10 @@ def _record_fingerprint(dataset: datasets.Dataset, fingerprint: str | None) -> d
 def check_fingerprint(found: str | None, expected: str | None, *, what: str, against: str) -> None:
     """ValueError when two known secret-set fingerprints differ (unknown ones cannot be compared)."""
     if found is not None and expected is not None and found != expected:
+        # The fingerprints are not shown: each is a hash of its secrets, which could confirm a guess.
         raise ValueError(
-            f"{what} was made with another secret set (fingerprint {found}) than {against} "
-            f"(fingerprint {expected}); tag or tokenize again with this secret set"
+            f"{what} was made with another secret set than {against} (their fingerprints differ); "
+            "tag or tokenize again with this secret set"
         )
 
 

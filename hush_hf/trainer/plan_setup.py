@@ -105,10 +105,9 @@ def prepare_secret_ids(
     marks = find_marks_column(names)
     if marks is not None:
         found = marks_fingerprint(marks)
-        check_fingerprint(found, expected, what=f"train_dataset's '{marks}' column", against=against)
-        check_fingerprint(
-            found, plan_fingerprint, what=f"train_dataset's '{marks}' column", against="the plan"
-        )
+        what = "train_dataset's secret marks column"
+        check_fingerprint(found, expected, what=what, against=against)
+        check_fingerprint(found, plan_fingerprint, what=what, against="the plan")
         import datasets
 
         if not isinstance(dataset, datasets.Dataset):
