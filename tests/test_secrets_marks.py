@@ -386,3 +386,27 @@ def test_a_secret_that_marks_nothing_is_an_error_unless_accepted(tmp_path):
     assert isinstance(trainer.train_dataset[0]["input_ids"], list) and torch.is_tensor(
         default_data_collator([trainer.train_dataset[0]])["input_ids"]
     )
+
+
+@pytest.mark.parametrize("strategy", ["wrapped", "bfd"])
+def test_real_trl_packing_keeps_marks_aligned(strategy):
+    pack_dataset = pytest.importorskip("trl.data_utils").pack_dataset
+    texts, planted = planted_corpus(30, seed=5)
+    plain = gpt2_tokenizer()
+    tokenizer = mark_secrets(plain, SECRETS)
+
+    def tokenize(batch, indices):
+        out = tokenizer(batch["text"])
+        offsets = plain(batch["text"], return_offsets_mapping=True)["offset_mapping"]
+        out["where"] = [[[i, s, e] for s, e in row] for i, row in zip(indices, offsets, strict=True)]
+        return out
+
+    data = datasets.Dataset.from_dict({"text": texts}).map(
+        tokenize, batched=True, with_indices=True, remove_columns=["text"]
+    )
+    packed = pack_dataset(data, seq_length=24, strategy=strategy)
+    column = find_marks_column(packed.column_names)
+    got = secret_ids_from_marks(packed.with_format("arrow")[column]).to_pylist()
+    for ids, where in zip(got, packed["where"], strict=True):
+        expected = {j for row, s, e in where for a, b, j in planted[row] if s < e and s < b and a < e}
+        assert set(ids) == expected
