@@ -12,7 +12,6 @@ from scipy import special
 import hush_hf.accounting.blowup as blowup
 from hush_hf.accounting import SecretGroups, calibrate_noise, posterior_bounds
 from hush_hf.accounting.blowup import (
-    _dense_arrays,
     _hockey_stick_from_pmf,
     composed_hockey_stick,
     loss_grid_step,
@@ -61,7 +60,7 @@ def test_composed_curve_matches_dp_accounting_pld():
 def test_hockey_stick_read_from_pmf_matches_library_method():
     _, pmf = _one_step_dense(PMF, 1e-12, 2.0, 1e-3)
     composed = pmf.self_compose(30)
-    lower, probs, infinity = _dense_arrays(composed)
+    lower, probs, infinity = composed._lower_loss, composed._probs, composed._infinity_mass
     curve = _hockey_stick_from_pmf(lower, probs, infinity, 1e-3, 30)
     picks = np.linspace(0, curve.losses.size - 1, 25).astype(int)
     reference = composed.get_delta_for_epsilon(curve.losses[picks])
@@ -150,3 +149,15 @@ def test_tiny_noise_gives_the_trivial_bound_instead_of_crashing():
         steps=300, lp_c=1e12, accountant="tight", noise_multiplier=1e-3,
     )
     assert np.all(plan.secrets.bound == 1.0) and not plan.meets_targets
+
+
+def test_astronomically_small_priors_calibrate_through_the_renyi_floor():
+    # Long random keys: p ~ 1e-28..1e-30 with targets ~1e-20, far below the PLD's ~1e-15 floor.
+    groups = SecretGroups.from_lists([[0.01] * 5, [0.004] * 75])
+    priors, targets = [1.85e-28, 1e-30], [6.5e-20, 1e-20]
+    tight = calibrate_noise(groups, priors, targets, 1000, "tight")
+    rdp = calibrate_noise(groups, priors, targets, 1000, "rdp")
+    assert np.all(tight.bounds <= targets) and np.all(tight.bounds >= priors)
+    assert tight.sigma <= rdp.sigma * (1 + 2e-4)  # at least as tight as the Renyi bound it falls back to
+    bounds = posterior_bounds(groups, priors, tight.sigma, 1000, "tight")
+    assert np.all(bounds <= targets)

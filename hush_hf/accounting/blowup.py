@@ -33,12 +33,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
 from scipy import signal
 
+from hush_hf.accounting.composition import self_compose
 from hush_hf.accounting.connect_dots import grid_bounds, one_step_pmf
 from hush_hf.accounting.counts import CountDistributions
 from hush_hf.accounting.mixture import conditional_pmf
+from hush_hf.accounting.renyi import rdp_bounds
 
 #: Width of the privacy-loss grid, relative to the one-step loss scale E[S] / sigma (the standard
 #: deviation of the privacy loss when it is nearly Gaussian). Connect-the-dots is exact at the grid
@@ -53,6 +54,8 @@ MAX_ONE_STEP_POINTS = 1 << 15
 #: Mass the library may truncate when composing; it is moved to +infinity (pessimistic).
 COMPOSITION_TAIL_MASS = 1e-15
 _SEARCH_WINDOW = 16
+#: Priors below this also get the Renyi bound (see ``tight_bounds``).
+PLD_FLOOR_PRIOR = 1e-12
 
 
 def loss_grid_step(pi: np.ndarray, sigma: float) -> float:
@@ -98,26 +101,14 @@ def composed_hockey_stick(
     """delta_T on the loss grid for one distribution of S (``pi`` = pmf given S <= K).
 
     The one-step PMF dominates the exact connect-the-dots PMF point by point (``connect_dots``), so
-    its T-fold convolution (dp_accounting's FFT self-composition, truncated tails sent to +inf)
+    its T-fold convolution (``composition``: FFT self-composition, truncated tails sent to +inf)
     over-estimates every hockey-stick value of the T-fold product pair.
     """
     step = loss_grid_step(pi, sigma) if step is None else step
     one = one_step_pmf(pi, tail_mass, sigma, step)
-    dense = pld_pmf.DensePLDPmf(step, one.k_lo, one.masses, one.infinity, pessimistic_estimate=True)
-    composed = dense.self_compose(steps, COMPOSITION_TAIL_MASS) if steps > 1 else dense
-    lower, probs, infinity_mass = _dense_arrays(composed)
-    return _hockey_stick_from_pmf(lower, probs, infinity_mass, step, steps)
-
-
-def _dense_arrays(pmf: pld_pmf.PLDPmf) -> tuple[int, np.ndarray, float]:
-    """(lowest loss index, probabilities, mass at +inf) of a dense dp_accounting PMF.
-
-    dp_accounting exposes these only as attributes; its own ``get_delta_for_epsilon`` is a Python
-    loop (0.1 s per call at 5e4 points). tests/test_accounting_tight.py checks the values read
-    here against ``get_delta_for_epsilon``.
-    """
-    dense = pmf.to_dense_pmf()
-    return int(dense._lower_loss), np.asarray(dense._probs, dtype=np.float64), float(dense._infinity_mass)
+    composed = self_compose(one.masses, one.infinity, steps, COMPOSITION_TAIL_MASS)
+    lower = one.k_lo * steps + composed.lower
+    return _hockey_stick_from_pmf(lower, composed.probs, composed.infinity, step, steps)
 
 
 def _hockey_stick_from_pmf(
@@ -160,7 +151,14 @@ def noiseless_bounds(rates: np.ndarray, steps: int, priors: np.ndarray) -> np.nd
 def tight_bounds(
     dists: CountDistributions, sigma: np.ndarray, steps: int, priors: np.ndarray, rows: np.ndarray
 ) -> np.ndarray:
-    """Posterior bounds for queries (row, prior) at each row's sigma."""
+    """Posterior bounds for queries (row, prior) at each row's sigma.
+
+    Below priors of PLD_FLOOR_PRIOR the PLD cannot resolve the bound: its truncated composition
+    mass (1e-15) and FFT rounding put a floor near 1e-15 under every delta_T. There the Renyi bound
+    (``renyi``, log space throughout, valid for any prior in (0, 1)) is evaluated too and the
+    smaller of the two valid bounds kept, so that astronomically small priors (long random keys)
+    still calibrate; at such priors ``tight`` is as tight as ``rdp``, not tighter.
+    """
     sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (dists.num_rows,))
     priors = np.asarray(priors, dtype=np.float64)
     rows = np.asarray(rows, dtype=np.int64)
@@ -180,4 +178,7 @@ def tight_bounds(
         rate = -math.log(max(float(dists.pmf[r, 0]), 1e-300)) * (1.0 + 1e-12)
         noiseless = noiseless_bounds(rate, steps, priors[queries])
         out[queries] = np.minimum(curve.blowup(priors[queries]), noiseless)
+    tiny = np.flatnonzero(priors < PLD_FLOOR_PRIOR)
+    if tiny.size:
+        out[tiny] = np.minimum(out[tiny], rdp_bounds(dists, sigma, steps, priors[tiny], rows[tiny]))
     return out

@@ -52,6 +52,8 @@ CANDIDATES_PER_ROUND = 8
 #: Rounding ratios of the shared Poisson laws, then resolutions of the envelope groups.
 POISSON_RATIOS = (1.1, 1.01)
 ENVELOPE_RESOLUTIONS = (1e-3, 1e-4, 1e-5)
+#: A shared-law cover is used only if each of its laws covers this many secrets on average.
+MIN_SHARING = 4
 #: Below this many pending secrets, go straight to their own laws.
 SMALL_PENDING = 16
 #: Secrets evaluated with their own law before the envelope steps (the most likely failures).
@@ -332,6 +334,8 @@ class _Search:
             if pending.size <= SMALL_PENDING and not refresh:
                 break
             cover = poisson_cover(self.rates[pending], self.groups.sizes[pending], ratio)
+            if not refresh and cover.laws.num_rows * MIN_SHARING > pending.size:
+                continue  # hardly shared: own laws and envelopes certify these for fewer evaluations
             pending, excess, _ = self._apply(pending, cover, sigma, excess, keep_smaller=refresh)
         return pending, excess
 
