@@ -164,3 +164,22 @@ def test_canary_exposures_refuses_bad_input():
     other = CanarySpace(length=2)
     with pytest.raises(ValueError, match="one canary space"):
         canary_exposures(model, tokenizer, [Canary(0, "123", 1, SPACE), Canary(1, "12", 1, other)])
+
+
+def test_several_canaries_share_one_fit_and_get_the_single_canary_estimates(monkeypatch):
+    from hush_hf.audit import exposure as module
+
+    sample = np.random.default_rng(5).normal(10.0, 2.0, size=500)
+    canaries = [4.0, 9.5, 13.0]
+    expected = [estimated_exposure(c, sample, 10**6, "skewnorm") for c in canaries]
+    fits = []
+    real_fit = module.fit_skewnorm
+    monkeypatch.setattr(module, "fit_skewnorm", lambda s: fits.append(1) or real_fit(s))
+    shared = module.estimated_exposures(canaries, sample, 10**6, "skewnorm")
+    assert len(fits) == 1
+    for (exposure, rank), (want_exposure, want_rank) in zip(shared, expected, strict=True):
+        assert exposure == pytest.approx(want_exposure, rel=1e-12)
+        assert rank == pytest.approx(want_rank, rel=1e-12)
+    assert module.estimated_exposures(canaries, sample, 10**6, "empirical") == [
+        estimated_exposure(c, sample, 10**6, "empirical") for c in canaries
+    ]

@@ -71,19 +71,26 @@ def estimated_exposure(canary_score: float, sampled_scores: Any, space_size: int
     skew-normal fitted to it by maximum likelihood (Carlini et al. 2019, Sec. 4.3). The estimate
     lies in [1, |R|], so the exposure lies in [0, log2 |R|].
     """
+    return estimated_exposures([canary_score], sampled_scores, space_size, method)[0]
+
+
+def estimated_exposures(canary_scores: Sequence[float], sampled_scores: Any, space_size: int,
+                        method: Literal["empirical", "skewnorm"] = "skewnorm") -> list[tuple[float, float]]:
+    """:func:`estimated_exposure` of several canaries against one shared sample: the skew-normal is
+    fitted once (the fit, not the scoring, dominates when it is repeated per canary)."""
     sample = _finite("sampled_scores", sampled_scores)
-    canary = float(_finite("canary_score", [canary_score])[0])
+    canaries = _finite("canary_score", canary_scores)
     if sample.size < 2:
         raise ValueError(f"sampled_scores must hold at least 2 scores, got {sample.size}")
     if method == "empirical":
-        below = np.count_nonzero(sample < canary) + 0.5 * np.count_nonzero(sample == canary)
-        fraction = float(below) / sample.size
+        below = [np.count_nonzero(sample < c) + 0.5 * np.count_nonzero(sample == c) for c in canaries]
+        fractions = np.asarray(below, dtype=np.float64) / sample.size
     elif method == "skewnorm":
-        fraction = float(fit_skewnorm(sample).cdf(canary))
+        fractions = np.asarray(fit_skewnorm(sample).cdf(canaries), dtype=np.float64)
     else:
         raise ValueError(f"method must be 'empirical' or 'skewnorm', got {method!r}")
-    rank = 1.0 + (space_size - 1) * min(max(fraction, 0.0), 1.0)
-    return exposure_from_rank(rank, space_size), rank
+    ranks = 1.0 + (space_size - 1) * np.clip(fractions, 0.0, 1.0)
+    return [(exposure_from_rank(float(rank), space_size), float(rank)) for rank in ranks]
 
 
 def fit_skewnorm(sample: np.ndarray) -> Any:
@@ -158,10 +165,10 @@ def canary_exposures(model: Any, tokenizer: Any, canaries: Sequence[Canary], *,
     canary_scores = log_perplexity([c.value for c in canaries])
     rng = np.random.default_rng(seed)
     sample = log_perplexity(space.random_values(check_positive_int("num_samples", num_samples), rng))
+    estimates = estimated_exposures(canary_scores, sample, space.size, method)
     return [
-        CanaryExposure(canary.index, *estimated_exposure(own, sample, space.size, method), space.size, method,
-                       sample.size, canary.repetitions)
-        for canary, own in zip(canaries, canary_scores, strict=True)
+        CanaryExposure(canary.index, exposure, rank, space.size, method, sample.size, canary.repetitions)
+        for canary, (exposure, rank) in zip(canaries, estimates, strict=True)
     ]
 
 
