@@ -86,3 +86,65 @@ def test_card_and_hush_report_carry_the_crt_section(tmp_path):
     )
     with pytest.raises(ValueError, match="recall must be a number in"):
         render_report(plan_path, None, tmp_path / "bad", clip_norm=1.0, crt_recall=1.5)
+
+
+# ------------------------------------------------------------------------------ CRT Prop. 7 occurrences
+OCCURRENCES = {"rows": [4, 0, 2], "sentences": [5, 0, 2], "unique": [1, 0, 2]}
+
+
+def test_occurrences_reach_the_report_json_markdown_and_card(tmp_path):
+    plan = make_plan()
+    section = crt_section(plan, recall=None, occurrences=OCCURRENCES)
+    assert section["occurrences"] == OCCURRENCES
+    report = build_privacy_report(plan, clip_norm=1.0, crt=section)
+    json.dumps(report, allow_nan=False)
+    text = report_markdown(report)
+    assert "**Occurrences (CRT Prop. 7).**" in text and "at most 2 per secret here" in text
+    assert "1 of 3 secrets repeat a sentence" in text
+    # Most unique occurrences first: secret 2 (2), secret 0 (1), secret 1 (0).
+    assert text.index("| 2 | 2 | 2 | 2 |") < text.index("| 0 | 4 | 5 | 1 |") < text.index("| 1 | 0 | 0 | 0 |")
+    card = write_protection_artifacts(tmp_path / "model", plan, clip_norm=1.0, crt=section)["card"]
+    assert "**Occurrences (CRT Prop. 7).**" in card.read_text()
+
+
+def test_hush_report_takes_the_occurrences_from_a_hush_redact_report(tmp_path):
+    plan_path = make_plan().save(tmp_path / "plan.json")
+    redaction = tmp_path / "data.jsonl.redaction.json"
+    redaction.write_text(json.dumps({"input_rows": 6, "secret_occurrences": OCCURRENCES}))
+    out = render_report(plan_path, None, tmp_path / "report", clip_norm=1.0, crt_occurrences=redaction)
+    report = json.loads(out["json"].read_text())
+    assert report["crt"]["occurrences"] == OCCURRENCES and report["crt"]["recall"] is None
+    no_counts = tmp_path / "plain.redaction.json"
+    no_counts.write_text(json.dumps({"input_rows": 6}))
+    with pytest.raises(ValueError, match=r"plain\.redaction\.json: no secret_occurrences .*--secrets"):
+        render_report(plan_path, None, tmp_path / "bad", clip_norm=1.0, crt_occurrences=no_counts)
+
+
+@pytest.mark.parametrize(
+    ("counts", "match"),
+    [
+        ({"rows": [1, 1, 1]}, r"missing \['unique'\]"),
+        ({**OCCURRENCES, "pages": [1, 1, 1]}, r"unknown \['pages'\]"),
+        ({"rows": [1, 1], "unique": [1, 1]}, r"occurrences\['rows'\] must hold one count per secret \(3\)"),
+        ({"rows": [1, 1, 1], "unique": [1, -1, 1]}, r"occurrences\['unique'\]\[1\] must be an integer >= 0"),
+        ({"rows": [1, 1, 1], "unique": [1, 1.5, 1]}, r"occurrences\['unique'\]\[1\] .* got 1\.5"),
+        ({"rows": [1, 0, 1], "unique": [1, 1, 1]}, r"secret 1 has unique sentences but no rows"),
+        ({"rows": [3, 3, 3], "sentences": [3, 1, 3], "unique": [1, 2, 1]}, r"secret 1 has more unique"),
+    ],
+)
+def test_bad_occurrences_are_refused_naming_the_field(counts, match):
+    with pytest.raises(ValueError, match=match):
+        crt_section(make_plan(), recall=None, occurrences=counts)
+
+
+def test_occurrence_counts_of_a_dataset_go_into_the_section_unchanged():
+    import datasets
+
+    from hush_hf.crt import occurrence_counts
+    from hush_hf.secrets import Secret, SecretSet
+
+    secrets = SecretSet([Secret(name, 1e-6, 1e-3) for name in ("Falcon", "Heron", "Osprey")])
+    texts = ["Falcon flies. Falcon flies.", "Osprey dives. Falcon flies.", "nothing here."]
+    counts = occurrence_counts(datasets.Dataset.from_dict({"text": texts}), secrets)
+    section = crt_section(make_plan(), recall=None, occurrences=counts)
+    assert section["occurrences"] == {"rows": [2, 0, 1], "sentences": [3, 0, 1], "unique": [1, 0, 1]}

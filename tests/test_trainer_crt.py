@@ -230,3 +230,13 @@ def test_plain_trainer_with_attach_runs_the_crt_schedule(tmp_path):
     trainer.train()
     assert callback.crt.total_steps == trainer.state.global_step == 4
     assert len([h for h in trainer.state.log_history if "dp_batch_size" in h]) == 2
+
+
+def test_trainer_report_carries_the_occurrences_it_is_given(tmp_path):
+    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS)
+    trainer, _ = trainer_for(tmp_path, tiny_gpt2(), crt_dataset(), plan, 1)  # no CRT mode, no recall
+    assert trainer.crt_report_section() is None
+    trainer.crt_occurrences = {"rows": [2, 1], "unique": [1, 1]}
+    assert trainer.crt_report_section()["occurrences"] == {"rows": [2, 1], "unique": [1, 1]}
+    card = trainer.write_protection_artifacts(tmp_path / "out")["card"].read_text()
+    assert "**Occurrences (CRT Prop. 7).**" in card

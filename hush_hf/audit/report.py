@@ -221,6 +221,8 @@ def crt_lines(crt: Mapping[str, Any]) -> list[str]:
                   f"clipping or noise besides the {crt['steps']} DP steps; the per-secret bounds above "
                   "hold unchanged (public steps are post-processing with data independent of every tagged "
                   "secret).", ""]
+    if crt.get("occurrences"):
+        lines += occurrence_lines(crt["occurrences"]) + [""]
     if crt.get("recall") is None:
         return lines + ["No measured recall of the redaction policies was given (`crt_recall`), so no "
                         "confidentiality is stated for secrets that no tagger marks."]
@@ -237,6 +239,25 @@ def crt_lines(crt: Mapping[str, Any]) -> list[str]:
               f"**({_g(crt['confidentiality_epsilon'])}, {_g(crt['confidentiality_delta'])})-Bayesian "
               "confidentiality**; it rests on the recall the user measured, which hush_hf does not check."]
     return lines
+
+
+def occurrence_lines(occurrences: Mapping[str, Any], top: int = 10) -> list[str]:
+    """Per secret index: rows and unique occurrences (CRT Prop. 7), the ``top`` with most unique ones."""
+    rows, unique = np.asarray(occurrences["rows"]), np.asarray(occurrences["unique"])
+    sentences = occurrences.get("sentences")
+    repeats = ""
+    if sentences is not None:
+        repeated = int(np.count_nonzero(np.asarray(sentences) > unique))
+        repeats = f" {repeated} of {unique.size} secrets repeat a sentence (counted once after dedup)."
+    order = np.argsort(-unique, kind="stable")[:top]
+    header = ["secret index", "rows", *(["sentences"] if sentences is not None else []), "unique occurrences"]
+    table = [[int(j), int(rows[j]), *([int(sentences[j])] if sentences is not None else []), int(unique[j])]
+             for j in order]
+    return [f"**Occurrences (CRT Prop. 7).** Dedup keeps one copy of a repeated sentence, so the group "
+            f"a secret's confidentiality is over is its unique occurrences: at most "
+            f"{int(unique.max(initial=0))} per secret here.{repeats} Every secret's counts are in "
+            "privacy_report.json (`crt.occurrences`); the secrets with the most unique occurrences:",
+            "", *_table(header, table)]
 
 
 def _drawn_from(what: str, pool: str | None) -> str:
@@ -339,6 +360,18 @@ def load_audit(path: str | Path) -> dict[str, Any]:
     return check_attacks(data)
 
 
+def load_occurrences(path: str | Path) -> dict[str, Any]:
+    """``secret_occurrences`` of a ``hush redact --secrets`` report JSON (per secret: rows, sentences,
+    unique); a JSON holding those keys directly is taken as is."""
+    data = json.loads(Path(path).read_text())
+    found = None
+    if isinstance(data, dict):
+        found = data.get("secret_occurrences", data if "unique" in data else None)
+    if found is None:
+        raise ValueError(f"{path}: no secret_occurrences (write them with `hush redact --secrets FILE`)")
+    return found
+
+
 def recorded(data: Mapping[str, Any], key: str) -> Any:
     """``key`` (clip_norm, noise_multiplier) as recorded in an audit.json (top level) or a
     privacy_report.json (under ``training``); ``None`` if absent."""
@@ -350,12 +383,15 @@ def recorded(data: Mapping[str, Any], key: str) -> Any:
 def render_report(plan_path: str | Path, audit_json: str | Path | None, output_dir: str | Path, *,
                   clip_norm: float | None = None, noise_multiplier: float | None = None,
                   model_name: str | None = None, crt_recall: float | None = None,
-                  crt_conservative_recall: float | None = None, crt_delta: float = 1e-5) -> dict[str, Path]:
+                  crt_conservative_recall: float | None = None, crt_delta: float = 1e-5,
+                  crt_occurrences: str | Path | None = None) -> dict[str, Path]:
     """``hush report``: plan JSON + audit JSON -> privacy_report.json/.md and PNG plots in ``output_dir``.
 
     ``clip_norm`` and ``noise_multiplier`` (the sigma training used) default to the ones recorded in
     the audit JSON (``run_audit`` records them when known); sigma then defaults to the plan's.
-    ``crt_recall`` (measured recall of the redaction policies) adds the CRT section (CRT Thm. 8.3).
+    ``crt_recall`` (measured recall of the redaction policies) adds the CRT section (CRT Thm. 8.3);
+    ``crt_occurrences``, the report JSON of ``hush redact --secrets``, adds each secret's rows and
+    unique occurrences to it (CRT Prop. 7).
     """
     from hush_hf.planning.plan import ProtectionPlan
 
@@ -367,11 +403,12 @@ def render_report(plan_path: str | Path, audit_json: str | Path | None, output_d
         clip_norm = recorded(raw, "clip_norm") if clip_norm is None else clip_norm
         noise_multiplier = recorded(raw, "noise_multiplier") if noise_multiplier is None else noise_multiplier
     crt = None
-    if crt_recall is not None:
+    if crt_recall is not None or crt_occurrences is not None:
         from hush_hf.crt.confidentiality import crt_section
 
         crt = crt_section(plan, recall=crt_recall, conservative_recall=crt_conservative_recall,
-                          delta=crt_delta, noise_multiplier=check_noise_multiplier(noise_multiplier))
+                          delta=crt_delta, noise_multiplier=check_noise_multiplier(noise_multiplier),
+                          occurrences=None if crt_occurrences is None else load_occurrences(crt_occurrences))
     report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
                                   noise_multiplier=noise_multiplier, crt=crt)
     return write_privacy_report(report, output_dir, plan=plan)

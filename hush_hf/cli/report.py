@@ -20,6 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--crt-conservative-recall", type=float, default=None, help="recall of pi_c (default: --crt-recall)"
     )
     crt.add_argument("--crt-delta", type=float, default=1e-5, help="delta of the per-example (eps, delta)")
+    crt.add_argument(
+        "--crt-occurrences",
+        default=None,
+        metavar="REDACTION_JSON",
+        help="report of `hush redact --secrets`: each secret's rows and unique occurrences (CRT Prop. 7)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         crt_recall=args.crt_recall,
         crt_conservative_recall=args.crt_conservative_recall,
         crt_delta=args.crt_delta,
+        crt_occurrences=args.crt_occurrences,
     )
     for name, path in paths.items():
         print(f"{name}: {path}")

@@ -6,7 +6,12 @@ private rows with DP steps (``SecretProtectionConfig(crt_schedule=...)``, lines 
 ``bayesian_confidentiality`` is Prop. 6 / Thm. 8.3.
 """
 
-from hush_hf.crt.confidentiality import bayesian_confidentiality, crt_section, example_epsilon
+from hush_hf.crt.confidentiality import (
+    bayesian_confidentiality,
+    crt_section,
+    example_epsilon,
+    occurrences_section,
+)
 from hush_hf.crt.dedup import DedupReport, dedup_dataset, occurrence_counts, sentence_spans
 from hush_hf.crt.policies import POLICY_NAMES, Policy, build_policies, secrets_policy
 from hush_hf.crt.redaction import (
@@ -37,6 +42,7 @@ __all__ = [
     "dedup_dataset",
     "merge_spans",
     "occurrence_counts",
+    "occurrences_section",
     "redact_dataset",
     "secrets_policy",
     "sentence_spans",

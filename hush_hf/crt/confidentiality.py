@@ -10,6 +10,12 @@ gamma delta + delta_2 (Thm. 8.3).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+OCCURRENCE_KEYS = ("rows", "sentences", "unique")
 
 
 def _check_share(field: str, value: object) -> float:
@@ -55,14 +61,57 @@ def example_epsilon(max_sampling_prob: float, noise_multiplier: float, steps: in
     return float(accountant.get_epsilon(delta))
 
 
+def occurrences_section(counts: Mapping[str, Any], num_secrets: int) -> dict[str, list[int]]:
+    """Per secret index j (CRT Prop. 7): ``rows`` (examples containing j) and ``unique`` (distinct
+    sentences containing j: what Dedup leaves, the group CRT's group confidentiality is over), and,
+    when given, ``sentences`` (with repeats); checked and returned as lists of ints of length J.
+
+    ``counts``: a :func:`hush_hf.crt.occurrence_counts` result or the ``secret_occurrences`` of a
+    ``hush redact --secrets`` report. Counts only: no secret text.
+    """
+    if not isinstance(counts, Mapping):
+        raise ValueError(f"occurrences must be a mapping of {OCCURRENCE_KEYS}, got {type(counts).__name__}")
+    unknown = sorted(set(counts) - set(OCCURRENCE_KEYS))
+    missing = [key for key in ("rows", "unique") if key not in counts]
+    if unknown or missing:
+        raise ValueError(
+            f"occurrences must have keys rows and unique (and may have sentences); "
+            f"missing {missing}, unknown {unknown}"
+        )
+    checked: dict[str, np.ndarray] = {}
+    for key in (k for k in OCCURRENCE_KEYS if k in counts):
+        values = np.asarray(counts[key], dtype=object)
+        if values.ndim != 1 or values.size != num_secrets:
+            raise ValueError(
+                f"occurrences[{key!r}] must hold one count per secret ({num_secrets}), "
+                f"got shape {values.shape}"
+            )
+        for j, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"occurrences[{key!r}][{j}] must be an integer >= 0, got {value!r}")
+        checked[key] = values.astype(np.int64)
+    bad = np.flatnonzero((checked["unique"] > 0) & (checked["rows"] == 0))
+    if bad.size:
+        raise ValueError(f"occurrences: secret {int(bad[0])} has unique sentences but no rows")
+    if "sentences" in checked:
+        bad = np.flatnonzero(checked["unique"] > checked["sentences"])
+        if bad.size:
+            raise ValueError(
+                f"occurrences: secret {int(bad[0])} has more unique sentences "
+                f"({int(checked['unique'][bad[0]])}) than sentences ({int(checked['sentences'][bad[0]])})"
+            )
+    return {key: values.tolist() for key, values in checked.items()}
+
+
 def crt_section(
-    plan: object,
+    plan: Any,
     *,
     recall: float | None,
     conservative_recall: float | None = None,
     delta: float = 1e-5,
     noise_multiplier: float | None = None,
     training: dict | None = None,
+    occurrences: Mapping[str, Any] | None = None,
 ) -> dict:
     """The report's CRT section (JSON-ready): CRT Thm. 8.3 for the secrets the taggers do not mark.
 
@@ -71,10 +120,13 @@ def crt_section(
     policy deciding the public rows (pi_c; default ``recall``: the public set was decided by pi alone).
     eps is :func:`example_epsilon` for one occurrence at the plan's largest sampling probability and
     the sigma training used. ``training``: counts of a CRT-mode run (schedule, public_rows,
-    public_steps), shown as given.
+    public_steps), shown as given. ``occurrences``: each secret's rows and unique occurrences
+    (:func:`occurrences_section`, CRT Prop. 7), added under ``"occurrences"`` when given.
     """
     sigma = plan.noise_multiplier if noise_multiplier is None else float(noise_multiplier)
     section = {"recall": None, "steps": plan.steps, "training": dict(training or {})}
+    if occurrences is not None:
+        section["occurrences"] = occurrences_section(occurrences, plan.num_secrets)
     if recall is None:
         return section
     recall = _check_share("recall", recall)

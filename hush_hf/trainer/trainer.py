@@ -210,10 +210,15 @@ class SecretProtectionTrainer(Trainer):
             **{"crt": self.crt_report_section(), **kwargs},
         )
 
+    #: Each secret's rows and unique occurrences for the report's CRT section (CRT Prop. 7), e.g.
+    #: ``trainer.crt_occurrences = hush_hf.crt.occurrence_counts(text_dataset, secret_set)``.
+    crt_occurrences: Any = None
+
     def crt_report_section(self) -> dict[str, Any] | None:
-        """The report's CRT section: the CRT-mode counts and, with ``crt_recall``, CRT Thm. 8.3."""
+        """The report's CRT section: the CRT-mode counts, ``crt_occurrences`` and, with ``crt_recall``,
+        CRT Thm. 8.3."""
         args, crt = self.args, self.dp.crt
-        if crt is None and args.crt_recall is None:
+        if crt is None and args.crt_recall is None and self.crt_occurrences is None:
             return None
         from hush_hf.crt import crt_section
 
@@ -230,4 +235,5 @@ class SecretProtectionTrainer(Trainer):
             conservative_recall=args.crt_conservative_recall,
             noise_multiplier=self.dp.noise_multiplier,
             training=training,
+            occurrences=self.crt_occurrences,
         )
