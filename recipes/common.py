@@ -245,23 +245,32 @@ def loud(message: str) -> str:
 
 
 class Stopwatch:
-    """Wall-clock seconds per named phase: ``with watch("planning"): ...``; ``watch.seconds`` holds them."""
+    """Seconds per named phase: ``with watch("planning"): ...``; ``watch.seconds`` holds the wall-clock
+    time and ``watch.cpu_seconds`` the process CPU time (all threads; on a shared machine it is the one
+    that says what the work costs)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}
         self._start = time.perf_counter()
+        self._cpu_start = time.process_time()
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
-            logger.info("%s: %.1f s", phase, time.perf_counter() - start)
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + wall
+            self.cpu_seconds[phase] = self.cpu_seconds.get(phase, 0.0) + cpu
+            logger.info("%s: %.1f s (CPU %.1f s)", phase, wall, cpu)
 
     def total(self) -> float:
         return time.perf_counter() - self._start
+
+    def total_cpu(self) -> float:
+        return time.process_time() - self._cpu_start
 
 
 # ------------------------------------------------------------------------------------ outputs
