@@ -1,15 +1,14 @@
 """CRT's canary experiment (Zhao et al. 2022, Sec. 5): GPT-2 on dialogues, non-private vs DP-SGD vs hush_hf.
 
-    accelerate launch recipes/gpt2_canary.py            # offline default (all arms; see below)
-    accelerate launch recipes/gpt2_canary.py --methods non_private uniform_dp hush_hf  # <= 10 min, 2 CPUs
-    accelerate launch recipes/gpt2_canary.py --smoke    # < 60 s (CI)
+    accelerate launch recipes/gpt2_canary.py            # offline default: CRT Fig. 3, <= 10 min, 2 CPUs
+    accelerate launch recipes/gpt2_canary.py --smoke    # about a minute (CI)
     accelerate launch recipes/gpt2_canary.py --preset paper --model_name_or_path distilgpt2 \
         --dataset_name <dialogue dataset> --text_column <column>
 
-Ten canaries "My ID is: <6 random digits>" are inserted 20 times each into the training dialogues
-(CRT, Sec. 5.1). Each canary is declared a secret with the prior of a blind guess, p = 1/|R| = 1e-6,
-and a target posterior r (``--canary_target``, default 1e-3). Three models are trained for the same
-T steps of expected batch size B:
+Ten canaries "My ID is: <6 random digits>" are inserted ``--canary_repetitions`` times each (CRT,
+Sec. 5.1: 20; the offline preset: 10) into the training dialogues. Each canary is declared a secret
+with the prior of a blind guess, p = 1/|R| = 1e-6, and a target posterior r (``--canary_target``,
+default 1e-3). Three models are trained for the same T steps of expected batch size B:
 
 - ``non_private``: plain ``transformers.Trainer`` (shuffled batches of B, no clipping, no noise);
 - ``uniform_dp``: DP-SGD with uniform Poisson sampling (every example at rate B/n: the LP with a
@@ -34,16 +33,19 @@ rank estimated from a skew-normal fit to ``--exposure_samples`` random candidate
 membership inference on the canaries (the 10 inserted canary texts against fresh random values of
 the same format, CRT A.5) and on ordinary examples (training vs held-out dialogues; loss attack).
 
-Run time: the three arms without redaction take <= 10 minutes on 2 CPU cores with the offline
-preset; the CRT arms add 3 runs per gamma (two of them 2T steps), about 1.2x those three runs per
-gamma as measured on the smoke preset (2-core CPU, shared), so the full offline default (4 gammas)
-takes about 6x as long (estimated, not yet measured). ``--gammas 0 0.5`` halves the CRT part.
+Runs: the three arms without redaction do not depend on gamma and are trained once; the CRT arms are
+trained once per gamma (crt and hush_hf_crt take 2T optimizer steps: T public, T DP), 3 + 3 x 4 = 15
+models in all. crt's plan is evaluated at uniform_dp's sigma (calibrated higher only if that does
+not certify every canary on the redacted rows).
 
-Presets: ``offline`` (default): the Chit Chat Challenge dialogues (7,168 chats; 1,000 training
-chats keep the run within 10 minutes on 2 CPU cores, so the 200 canary rows are 1 in 6 rows, which
-makes memorisation visible in a short run), a 2-layer GPT-2 of width 64 with the GPT-2 vocabulary
-built from its config (no weights offline), chats cut at 40 tokens, B = 32, T = 50. ``smoke``: 120
-chats, T = 4, B = 8, the CRT arms at gamma = 0.5 only. ``paper``: distilgpt2 (CRT's model) on
+Presets: ``offline`` (default): the Chit Chat Challenge dialogues (7,168 chats; 200 training chats
+and 10 x 10 canary rows, so a canary row is 1 in 3 and is seen ~8 times in T = 16 steps), a
+2-layer GPT-2 of width 64 with the GPT-2 vocabulary built from its config (no weights offline),
+chats cut at 20 tokens, B = 16, T = 16, 200 exposure candidates. The 50,257-token vocabulary is
+~97% of the cost of a token (output layer, softmax, its ghost norms), hence so few tokens: all 15
+models fit in 10 minutes of CPU time (see docs/benchmarks.md). ``smoke``: 120 chats, T = 3, B = 8,
+the KL accountant, uniform_dp planned (the CRT arm's noise) but not trained, the CRT arms at
+gamma = 0.5 only: every arm's code path in about a minute. ``paper``: distilgpt2 (CRT's model) on
 ``--dataset_name``, B = 256, T = 1000.
 
 Outputs in ``--output_dir`` (default ``outputs/gpt2_canary``): ``results.json``, ``results.md``,
@@ -92,21 +94,27 @@ METHODS = BASE_METHODS + CRT_METHODS
 SIX_DIGITS = r"(?<!\d)\d{6}(?!\d)"  # pi_c: every canary of the default space
 
 PRESETS: dict[str, dict[str, Any]] = {
+    # offline: the 15 models of CRT Fig. 3 (3 + 3 per gamma) within 10 minutes of one CPU core. The
+    # GPT-2 vocabulary (50,257) is ~97% of the cost of a token, so few tokens: B x T x length is small.
     "offline": {
-        "max_steps": 50,
-        "expected_batch_size": 32.0,
-        "per_device_train_batch_size": 32,
+        "max_steps": 16,
+        "expected_batch_size": 16.0,
+        "per_device_train_batch_size": 16,
         "learning_rate": 3e-3,
-        "logging_steps": 10,
-        "max_seq_length": 40,
-        "max_train_examples": 1000,
-        "max_test_examples": 200,
-        "exposure_samples": 1000,
-        "canary_nonmembers": 200,
-        "mia_examples": 150,
+        "logging_steps": 4,
+        "max_seq_length": 20,
+        "max_train_examples": 200,
+        "canary_repetitions": 10,
+        "max_test_examples": 64,
+        "exposure_samples": 200,
+        "canary_nonmembers": 50,
+        "mia_examples": 32,
     },
+    # smoke: every arm's code path once in about a minute; uniform_dp is planned (crt's noise), not trained
     "smoke": {
-        "max_steps": 4,
+        "methods": ["non_private", "hush_hf", *CRT_METHODS],
+        "accountant": "kl",  # calibrates in ms; the tight accountant has its own tests
+        "max_steps": 3,
         "expected_batch_size": 8.0,
         "per_device_train_batch_size": 8,
         "learning_rate": 3e-3,
@@ -350,26 +358,42 @@ def redacted_train(
 
 
 def crt_plans(
-    args: GPT2CanaryArguments, config: Any, data: Any, secrets: Any, output_dir: Path, gamma: float
+    args: GPT2CanaryArguments,
+    config: Any,
+    data: Any,
+    secrets: Any,
+    output_dir: Path,
+    gamma: float,
+    uniform_sigma: float,
 ) -> dict[str, Any]:
-    """Plans of the CRT arms on the redacted rows: ``crt`` uniform (every w_i = 1), ``hush_hf_crt`` the LP."""
+    """Plans of the CRT arms on the redacted rows: ``crt`` uniform (every w_i = 1) at uniform_dp's sigma
+    (CRT's DP-SGD noise; calibrated higher only if that sigma does not certify every target here),
+    ``hush_hf_crt`` the LP with its own calibrated sigma."""
     from hush_hf.planning.plan import plan_protection
     from hush_hf.trainer.plan_setup import column
 
+    def plan(lp_c: float, sigma: float | None) -> Any:
+        return plan_protection(
+            column(data, "secret_ids"),
+            secrets.priors,
+            secrets.targets,
+            expected_batch_size=config.expected_batch_size,
+            steps=config.max_steps,
+            lp_c=lp_c,
+            accountant=config.accountant,
+            noise_multiplier=sigma,
+            allow_unmatched=True,  # redaction masked the known canaries: matching nothing is the point
+        )
+
     plans = {}
-    for method, lp_c in (("crt", 1e6), ("hush_hf_crt", config.lp_c)):  # c = 1e6 keeps every example
-        if method in args.methods:
-            plans[method] = plan_protection(
-                column(data, "secret_ids"),
-                secrets.priors,
-                secrets.targets,
-                expected_batch_size=config.expected_batch_size,
-                steps=config.max_steps,
-                lp_c=lp_c,
-                accountant=config.accountant,
-                allow_unmatched=True,  # redaction masked the known canaries: matching nothing is the point
-            )
-            plans[method].save(output_dir / "plans" / f"{method}_gamma{gamma:g}.json")
+    if "crt" in args.methods:  # c = 1e6 keeps every example
+        plans["crt"] = plan(1e6, uniform_sigma)
+        if not plans["crt"].meets_targets:
+            plans["crt"] = plan(1e6, None)
+    if "hush_hf_crt" in args.methods:
+        plans["hush_hf_crt"] = plan(config.lp_c, None)
+    for method, found in plans.items():
+        found.save(output_dir / "plans" / f"{method}_gamma{gamma:g}.json")
     return plans
 
 
@@ -736,9 +760,10 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
                     args, train_text, canaries, secrets, gamma, mask=mask, crt=True
                 )
                 crt_records.append({"arm": "crt", **record})
-                planned = (
-                    crt_plans(args, config, crt_data, secrets, output_dir, gamma) if main_process else None
-                )
+                planned = None
+                if main_process:
+                    uniform_sigma = plans["uniform_dp"].noise_multiplier
+                    planned = crt_plans(args, config, crt_data, secrets, output_dir, gamma, uniform_sigma)
                 gamma_plans = broadcast_object(planned)
                 crt_data = tokenized(crt_data)
         for method in crt_methods:
@@ -747,12 +772,7 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
                 train_and_attack(method, None, redacted, run_dir, gamma)
                 continue
             plan = gamma_plans[method]
-            overrides: dict[str, Any] = {"crt_schedule": "interleave"}
-            if method == "crt":  # CRT's DP-SGD: the noise of uniform_dp (at least what this plan needs)
-                overrides["noise_multiplier"] = max(
-                    plan.noise_multiplier, plans["uniform_dp"].noise_multiplier
-                )
-            train_and_attack(method, plan, crt_data, run_dir, gamma, **overrides)
+            train_and_attack(method, plan, crt_data, run_dir, gamma, crt_schedule="interleave")
 
     notes = [
         "Canaries are referred to by index; their values are secrets and are written nowhere"
@@ -803,6 +823,7 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
         "crt": crt_records,
         "notes": notes,
         "timings_seconds": {**watch.seconds, "total": watch.total()},
+        "timings_cpu_seconds": {**watch.cpu_seconds, "total": watch.total_cpu()},
         "files": [RESULTS_JSON, RESULTS_MARKDOWN, "canaries.png", "plans/", "run.log"]
         + (["crt_fig3.png"] if crt_methods else []),
     }
@@ -819,9 +840,10 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
 
             save_canaries(output_dir / "canaries_PRIVATE.json", canaries)
         results["timings_seconds"]["total"] = watch.total()
+        results["timings_cpu_seconds"]["total"] = watch.total_cpu()
         write_json(output_dir / RESULTS_JSON, results)
         (output_dir / RESULTS_MARKDOWN).write_text(results_markdown(results), encoding="utf-8")
-        logger.info("Results in %s (%.0f s)", output_dir, watch.total())
+        logger.info("Results in %s (%.0f s, CPU %.0f s)", output_dir, watch.total(), watch.total_cpu())
     return results
 
 
