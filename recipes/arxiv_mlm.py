@@ -617,6 +617,13 @@ def results_markdown(results: dict[str, Any]) -> str:
         "",
         "![Fig. 1](fig1.png)",
         "",
+        "Timings (wall seconds, process CPU seconds in brackets): "
+        + ", ".join(
+            f"{phase} {seconds:.0f} [{results['cpu_seconds'].get(phase, float('nan')):.0f}]"
+            for phase, seconds in results["timings_seconds"].items()
+        )
+        + "; per plan: `plan_seconds` in results.json.",
+        "",
     ]
     for note in results["notes"]:
         parts.append(f"- {note}")
@@ -739,6 +746,7 @@ def run(args: ArxivMLMArguments, config: Any) -> dict[str, Any]:
         "runs": runs,
         "notes": notes,
         "timings_seconds": {**watch.seconds, "total": watch.total()},
+        "cpu_seconds": {**watch.cpu_seconds, "total": watch.total_cpu()},
         "files": [RESULTS_JSON, RESULTS_MARKDOWN, "fig1.png", "plans/", "run.log"],
     }
     if main_process:
@@ -747,6 +755,7 @@ def run(args: ArxivMLMArguments, config: Any) -> dict[str, Any]:
             title += f" | NOISE / {args.accounting_scale:g}: BOUNDS NOT VALID FOR THESE MODELS"
         plot_fig1(rows, output_dir / "fig1.png", init_loss=init_loss, title=title)
         results["timings_seconds"]["total"] = watch.total()
+        results["cpu_seconds"]["total"] = watch.total_cpu()
         write_json(output_dir / RESULTS_JSON, results)
         (output_dir / RESULTS_MARKDOWN).write_text(results_markdown(results), encoding="utf-8")
         logger.info("Results in %s (%.0f s)", output_dir, watch.total())

@@ -81,6 +81,9 @@ def test_arxiv_mlm_smoke_under_accelerate_launch(tmp_path):
     assert plans == ["hush_hf_c+4.json", "paper_c+4.json"]  # the plans of the trained c
     table = (out / "results.md").read_text()
     assert "| 2^2 |" in table and "| 2^4 |" in table
+    assert "planning" in results["timings_seconds"] and "planning" in results["cpu_seconds"]
+    planning = results["timings_seconds"]["planning"], results["cpu_seconds"]["planning"]
+    assert f"planning {planning[0]:.0f} [{planning[1]:.0f}]" in table  # the planning phase on its own
     assert "Training runs" in done.stderr  # progress bars
     assert_no_secret_leaks(out, smoke_secret_words())
 

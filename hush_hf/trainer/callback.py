@@ -563,12 +563,7 @@ class GhostClippingCallback(TrainerCallback):
         if public:
             self._finish_public_step(count)
             return
-        _, world_size = rank_and_world_size()
-        if world_size > 1:
-            all_reduce_sum_([p.grad for p in self._params])
-            drawn = torch.tensor([float(count)], dtype=torch.float64, device=self._params[0].device)
-            all_reduce_sum_([drawn])
-            count = int(drawn.item())
+        count = self._reduce_across_ranks(count)
         privatize_gradients_(
             self._params,
             noise_multiplier=float(self.noise_multiplier),
@@ -581,14 +576,19 @@ class GhostClippingCallback(TrainerCallback):
         self._drawn_since_log.append(count)
         self._steps_run = step + 1
 
+    def _reduce_across_ranks(self, count: int) -> int:
+        """Sum every rank's gradients (in place) and drawn-row counts; returns the total count."""
+        _, world_size = rank_and_world_size()
+        if world_size == 1:
+            return count
+        all_reduce_sum_([p.grad for p in self._params])
+        drawn = torch.tensor([float(count)], dtype=torch.float64, device=self._params[0].device)
+        all_reduce_sum_([drawn])
+        return int(drawn.item())
+
     def _finish_public_step(self, count: int) -> None:
         """CRT public step: the summed gradient of all ranks divided by the rows drawn (a mean)."""
-        _, world_size = rank_and_world_size()
-        if world_size > 1:
-            all_reduce_sum_([p.grad for p in self._params])
-            drawn = torch.tensor([float(count)], dtype=torch.float64, device=self._params[0].device)
-            all_reduce_sum_([drawn])
-            count = int(drawn.item())
+        count = self._reduce_across_ranks(count)
         with torch.no_grad():
             for p in self._params:
                 p.grad.div_(max(count, 1))
