@@ -85,6 +85,7 @@ def worker(out_path: str) -> None:
             out_path,
         )
     dist.barrier()
+    dist.destroy_process_group()  # join gloo's threads now, not in static destructors at exit
 
 
 def free_port() -> int:

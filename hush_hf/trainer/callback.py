@@ -47,6 +47,7 @@ from hush_hf.trainer.distributed import (
     broadcast_object,
     check_process_group_matches_launch,
     check_replicas_agree,
+    destroy_process_group_at_exit,
     rank_and_world_size,
 )
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs
@@ -339,6 +340,7 @@ class GhostClippingCallback(TrainerCallback):
         if trial is not None:
             raise ValueError("hyperparameter search (trial=) is not supported with DP training")
         check_process_group_matches_launch()
+        destroy_process_group_at_exit()
         digest = plan_digest(self.plan)
         if broadcast_object(digest) != digest:
             raise RuntimeError(

@@ -7,6 +7,7 @@ itself, once per step, with ``ReduceOp.SUM``. Every helper is a no-op in a singl
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 BUCKET_NUMEL = 1 << 25  # 32M entries (128 MiB in float32) per all-reduce
+_SHUTDOWN_REGISTERED = False
 
 
 def is_distributed() -> bool:
@@ -39,6 +41,26 @@ def check_process_group_matches_launch() -> None:
             f"the launcher started WORLD_SIZE={launched} processes but this one is in a process group of "
             f"{world_size}; on a machine without GPUs set use_cpu=True in the training arguments"
         )
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy the default process group when the interpreter exits (registered once).
+
+    A gloo group left alive at exit is torn down by static destructors while its worker threads
+    still run, which can abort a rank with "terminate called without an active exception" after
+    training succeeded. Destroying it from ``atexit`` (before that teardown) joins those threads;
+    no barrier, so a rank whose peer already died still exits.
+    """
+    global _SHUTDOWN_REGISTERED
+    if _SHUTDOWN_REGISTERED or not is_distributed():
+        return
+    atexit.register(_destroy_process_group)
+    _SHUTDOWN_REGISTERED = True
+
+
+def _destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def broadcast_object(value: Any, src: int = 0) -> Any:
