@@ -32,18 +32,22 @@ def make_plan(
     expected_batch_size: float | None = None,
     secret_ids: list[list[int]] | None = None,
 ) -> ProtectionPlan:
-    """A ProtectionPlan with the given rho; its secret report is consistent with ``secret_ids``
-    (default: one secret in example 0). Bounds are placeholders below the targets."""
+    """A ProtectionPlan with the given rho, memberships ``secret_ids`` (default: one secret in
+    example 0) and sigma. Its bounds are the real ones at that sigma, and each target is set above
+    its bound (at least 1e-2), so the plan verifies as a calibrated plan would."""
+    from hush_hf.accounting import SecretGroups, posterior_bounds
+    from hush_hf.planning.memberships import membership_matrix
+
     probs = np.asarray(probs, dtype=np.float64)
     if secret_ids is None:
         secret_ids = [[0]] + [[] for _ in range(probs.size - 1)]
     m = 1 + max((j for ids in secret_ids for j in ids), default=0)
-    counts = np.zeros(m, dtype=np.int64)
-    sums = np.zeros(m)
-    for i, ids in enumerate(secret_ids):
-        for j in set(ids):
-            counts[j] += 1
-            sums[j] += probs[i]
+    membership = membership_matrix(secret_ids, m)
+    groups = SecretGroups.from_membership(membership, probs)
+    prior = np.full(m, 1e-4)
+    bound = np.asarray(posterior_bounds(groups, prior, noise_multiplier, steps, accountant="tight"))
+    target = np.maximum(1e-2, np.minimum(1.5 * bound, 0.5 * (1 + bound)))
+    assert np.all(bound < target), "choose a larger noise multiplier: no target < 1 holds"
     return ProtectionPlan(
         weights=np.ones(probs.size),
         sampling_probs=probs,
@@ -54,12 +58,13 @@ def make_plan(
         expected_batch_size=float(probs.sum() if expected_batch_size is None else expected_batch_size),
         steps=steps,
         secrets=SecretReport(
-            num_examples=counts,
-            sum_rho=sums,
-            prior=np.full(m, 1e-4),
-            target=np.full(m, 1e-2),
-            bound=np.full(m, 5e-3),
+            num_examples=groups.sizes.astype(np.int64),
+            sum_rho=groups.sum_rho(),
+            prior=prior,
+            target=target,
+            bound=bound,
         ),
+        memberships=membership,
     )
 
 

@@ -16,8 +16,10 @@ from hush_hf.audit.report import (
     build_privacy_report,
     check_attacks,
     check_clip_norm,
+    check_noise_multiplier,
     crt_lines,
     guarantee_lines,
+    verified_plan,
     void_warning,
     write_privacy_report,
 )
@@ -58,7 +60,7 @@ def protection_section(report: Mapping[str, Any]) -> str:
     if t is None or s is None:
         lines += ["No protection plan was recorded for this model: it carries **no** secret-protection "
                   "guarantee."]
-    elif not t["bounds_hold"]:
+    elif not t["bounds_hold"] and not s["meets_targets"]:
         lines += [void_warning(t), "", "The model therefore carries **no** certified secret protection; "
                   "the plan's numbers are listed for reference only.", "", "### Numbers", "",
                   *guarantee_lines(report)]
@@ -104,6 +106,17 @@ def protection_section(report: Mapping[str, Any]) -> str:
         lines += ["", "### Redaction (CRT)", "", *crt_lines(report["crt"])]
     lines += ["", "### Audit", ""]
     lines += _audit_lines(report.get("attacks") or {})
+    if t is not None and s is not None:
+        lines += ["", "### Check it yourself", "",
+                  "Every bound above was recomputed from the plan when this model was trained. To recompute "
+                  "them again from the files in this repository (the plan's sampling probabilities, which "
+                  "examples contain which secret, the noise and the number of steps), install hush_hf and "
+                  "run, in a download of this repository:", "",
+                  "```bash", "pip install hush-hf", "hush verify .", "```", "",
+                  "It prints each secret's target against its recomputed bound and exits with status 0 when "
+                  "every target holds, 1 otherwise. With the training data at hand, `hush verify --plan "
+                  "hush_plan.json --dataset DATA --secrets SECRETS` also recomputes which examples contain "
+                  "which secret."]
     lines += ["", "Full report: `privacy_report.md` / `privacy_report.json`; plan: `hush_plan.json`.",
               SECTION_END, ""]
     return "\n".join(lines)
@@ -163,21 +176,26 @@ def build_model_card(report: Mapping[str, Any], *, model_name: str | None = None
 def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: float,
                                report: Mapping[str, Any] | None = None, model_name: str | None = None,
                                noise_multiplier: float | None = None,
-                               crt: Mapping[str, Any] | None = None) -> dict[str, Path]:
+                               crt: Mapping[str, Any] | None = None,
+                               bounds_verified: bool = False) -> dict[str, Path]:
     """Write README.md (card), hush_plan.json, privacy_report.json/.md and plots into ``output_dir``.
 
     What ``SecretProtectionTrainer.save_model``/``push_to_hub`` call beside the weights. ``clip_norm``
     is the trainer's ``per_example_clip_norm``; ``noise_multiplier`` the sigma it actually trained
     with when not the plan's (below the plan's, the card says the bounds do NOT hold); ``report`` is
     a ``run_audit`` result (or its attacks); ``crt`` a CRT section (``hush_hf.crt.crt_section``). An
-    existing README.md keeps its content; the Secret
-    protection section is added or replaced.
+    existing README.md keeps its content; the Secret protection section is added or replaced. Every
+    bound written is recomputed at the sigma used (unless ``bounds_verified``: the trainer passes a
+    plan whose bounds it recomputed at train start).
     """
     clip_norm = check_clip_norm(clip_norm)
     attacks = check_attacks(report)
     output_dir = Path(output_dir)
+    if not bounds_verified:
+        plan = verified_plan(plan, check_noise_multiplier(noise_multiplier))
     privacy_report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
-                                          noise_multiplier=noise_multiplier, crt=crt)  # validates first
+                                          noise_multiplier=noise_multiplier, crt=crt,
+                                          bounds_verified=True)  # validates before writing
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {"plan": plan.save(output_dir / PLAN_FILE)}
     paths.update(write_privacy_report(privacy_report, output_dir, plan=plan))

@@ -78,13 +78,22 @@ def check_noise_multiplier(noise_multiplier: object) -> float | None:
     return float(noise_multiplier)
 
 
+def verified_plan(plan: Any, noise_multiplier: float | None = None) -> Any:
+    """``plan`` with every secret's bound recomputed at the sigma training used (default: the plan's)
+    from its rho, recorded memberships and T (``hush_hf.planning.verification``): what a report or a
+    card states is never a number read from the plan file."""
+    from hush_hf.planning.verification import recompute_bounds
+
+    return plan.with_bounds(recompute_bounds(plan, check_noise_multiplier(noise_multiplier)).bound)
+
+
 def training_section(plan: Any, clip_norm: float | None,
                      noise_multiplier: float | None = None) -> dict[str, Any]:
     """What the guarantee rests on: accountant, sigma, C, B, T, sampling and the LP's outcome.
 
-    ``noise_multiplier`` is the sigma training actually used when it differs from the plan's. The
-    plan's bounds were computed at the plan's sigma and decrease as sigma grows, so they hold for
-    any sigma >= it and are void below it (``bounds_hold``).
+    ``noise_multiplier`` is the sigma training actually used when it differs from the plan's.
+    ``bounds_hold`` says whether that sigma is at least the plan's; the report's bounds are always
+    recomputed at the sigma used (see :func:`verified_plan`).
     """
     summary = plan.summary()
     sigma = plan.noise_multiplier if noise_multiplier is None else noise_multiplier
@@ -132,13 +141,17 @@ def secrets_section(plan: Any) -> dict[str, Any]:
 def build_privacy_report(plan: Any | None, *, clip_norm: float | None,
                          attacks: Mapping[str, Any] | None = None, model_name: str | None = None,
                          noise_multiplier: float | None = None,
-                         crt: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                         crt: Mapping[str, Any] | None = None,
+                         bounds_verified: bool = False) -> dict[str, Any]:
     """The report as a JSON-ready dict. ``plan=None`` reports attacks alone (e.g. an unprotected baseline);
     ``noise_multiplier``: the sigma training used, if not the plan's (see :func:`training_section`);
     ``crt``: a :func:`hush_hf.crt.confidentiality.crt_section` (CRT's confidentiality for what the
-    taggers miss, given a measured recall), added under ``"crt"`` when given."""
+    taggers miss, given a measured recall), added under ``"crt"`` when given. The plan's bounds are
+    recomputed at that sigma unless ``bounds_verified`` (the caller just did)."""
     clip_norm = check_clip_norm(clip_norm, allow_none=True)
     noise_multiplier = check_noise_multiplier(noise_multiplier)
+    if plan is not None and not bounds_verified:
+        plan = verified_plan(plan, noise_multiplier)
     return {
         "format_version": REPORT_FORMAT_VERSION,
         "generated_by": f"hush_hf {__version__}",
@@ -169,8 +182,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 def void_warning(training: Mapping[str, Any]) -> str:
     return (f"**WARNING: training used noise multiplier {training['noise_multiplier']:.4g}, below the "
-            f"{training['planned_noise_multiplier']:.4g} the plan calibrated: the certified bounds below do "
-            "NOT hold for this model.**")
+            f"{training['planned_noise_multiplier']:.4g} the plan calibrated: the targets do NOT hold for "
+            "this model; the bounds below were recomputed at the noise actually used.**")
 
 
 def guarantee_lines(report: Mapping[str, Any]) -> list[str]:
@@ -356,8 +369,9 @@ def write_privacy_report(report: Mapping[str, Any], output_dir: str | Path, *,
 
 def load_audit(path: str | Path) -> dict[str, Any]:
     """Attack results from an audit.json (or a privacy_report.json, whose ``attacks`` are taken)."""
-    data = json.loads(Path(path).read_text())
-    return check_attacks(data)
+    from hush_hf.jsonfile import read_json
+
+    return check_attacks(read_json(path, what="audit file"))
 
 
 def load_occurrences(path: str | Path) -> dict[str, Any]:
@@ -393,15 +407,19 @@ def render_report(plan_path: str | Path, audit_json: str | Path | None, output_d
     ``crt_occurrences``, the report JSON of ``hush redact --secrets``, adds each secret's rows and
     unique occurrences to it (CRT Prop. 7).
     """
+    from hush_hf.jsonfile import read_json
     from hush_hf.planning.plan import ProtectionPlan
 
     plan = ProtectionPlan.load(plan_path)
     attacks: dict[str, Any] = {}
     if audit_json is not None:
-        raw = json.loads(Path(audit_json).read_text())
+        raw = read_json(audit_json, what="audit file")
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"audit file {str(audit_json)!r}: expected a JSON object")
         attacks = check_attacks(raw)
         clip_norm = recorded(raw, "clip_norm") if clip_norm is None else clip_norm
         noise_multiplier = recorded(raw, "noise_multiplier") if noise_multiplier is None else noise_multiplier
+    plan = verified_plan(plan, noise_multiplier)
     crt = None
     if crt_recall is not None or crt_occurrences is not None:
         from hush_hf.crt.confidentiality import crt_section
@@ -410,5 +428,5 @@ def render_report(plan_path: str | Path, audit_json: str | Path | None, output_d
                           delta=crt_delta, noise_multiplier=check_noise_multiplier(noise_multiplier),
                           occurrences=None if crt_occurrences is None else load_occurrences(crt_occurrences))
     report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
-                                  noise_multiplier=noise_multiplier, crt=crt)
+                                  noise_multiplier=noise_multiplier, crt=crt, bounds_verified=True)
     return write_privacy_report(report, output_dir, plan=plan)

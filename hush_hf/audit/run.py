@@ -37,6 +37,7 @@ from hush_hf.audit.report import (
     check_clip_norm,
     check_noise_multiplier,
     recorded,
+    verified_plan,
     write_privacy_report,
 )
 from hush_hf.audit.scoring import ModelKind, check_positive_int
@@ -210,6 +211,8 @@ def run_audit(
         clip_norm = recorded(written, "clip_norm") if clip_norm is None else clip_norm
         if noise_multiplier is None:
             noise_multiplier = recorded(written, "noise_multiplier")
+    if plan is not None:  # bounds recomputed at the sigma trained with, never read from the plan file
+        plan = verified_plan(plan, noise_multiplier)
     model, tokenizer, kind = load_model(model_dir, kind=kind, device=device)
     reference = None
     if reference_model_dir is not None:
@@ -264,6 +267,6 @@ def run_audit(
         {"format_version": 1, "model_kind": kind, "clip_norm": clip_norm,
          "noise_multiplier": noise_multiplier, "attacks": attacks}, indent=2))
     report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks,
-                                  noise_multiplier=noise_multiplier)
+                                  noise_multiplier=noise_multiplier, bounds_verified=True)
     write_privacy_report(report, output_dir, plan=plan)
     return report

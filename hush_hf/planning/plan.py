@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from hush_hf.accounting import (
     ACCOUNTANTS,
@@ -60,6 +62,10 @@ class ProtectionPlan:
     ``sampling_probs[i] = B * weights[i] / sum(weights)`` (Alg. 2 line 3); ``noise_multiplier`` is the
     smallest sigma (in units of the clip norm) at which the accountant certifies
     ``secrets.bound[j] <= secrets.target[j]`` for all j, given T steps (Alg. 2 lines 4-5).
+
+    A saved plan carries a ``digest`` (SHA-256 of its content); :meth:`load` refuses a file whose
+    content no longer matches it. The digest catches edits, not forgery: what certifies a model is
+    the bounds recomputed from the plan's rho, memberships, sigma and T (``hush_hf.planning.verification``).
     """
 
     weights: np.ndarray
@@ -74,6 +80,9 @@ class ProtectionPlan:
     lp: dict[str, Any] = field(default_factory=dict)
     calibrated: bool = True
     secret_set_fingerprint: str | None = None
+    #: (num_secrets x num_examples) 0/1 CSR: which examples contain which secret (indices only). What
+    #: a saved plan's bounds are recomputed from (``hush verify``); None in hand-built plans.
+    memberships: sp.csr_matrix | None = None
 
     @property
     def num_examples(self) -> int:
@@ -124,14 +133,27 @@ class ProtectionPlan:
             "lp_gap": self.lp.get("gap"),
         }
 
+    def with_bounds(self, bounds: np.ndarray) -> ProtectionPlan:
+        """This plan with ``secrets.bound`` replaced (e.g. by bounds recomputed at the sigma trained with)."""
+        bounds = np.asarray(bounds, dtype=np.float64)
+        if bounds.shape != self.secrets.target.shape:
+            raise ValueError(f"bounds has shape {bounds.shape}, expected {self.secrets.target.shape}")
+        return replace(self, secrets=replace(self.secrets, bound=bounds))
+
     # -- persistence ---------------------------------------------------------------------------
     def to_json(self, *, include_fingerprint: bool = False) -> dict[str, Any]:
-        """The plan as JSON; the secret-set fingerprint only with ``include_fingerprint`` (a local plan
-        file: the fingerprint hashes the secrets, so it stays out of published copies)."""
+        """The plan as JSON-ready data, ``digest`` included (see :func:`content_digest`); the secret-set
+        fingerprint only with ``include_fingerprint`` (a local plan file: the fingerprint hashes the
+        secrets, so it stays out of published copies)."""
+        data = self._content(include_fingerprint)
+        data["digest"] = content_digest(json.loads(json.dumps(data)))
+        return data
+
+    def _content(self, include_fingerprint: bool) -> dict[str, Any]:
         extra = {}
         if include_fingerprint and self.secret_set_fingerprint is not None:
             extra["secret_set_fingerprint"] = self.secret_set_fingerprint
-        return {
+        data = {
             **extra,
             "format_version": PLAN_FORMAT_VERSION,
             "noise_multiplier": self.noise_multiplier,
@@ -147,6 +169,10 @@ class ProtectionPlan:
             "weights": self.weights.tolist(),
             "sampling_probs": self.sampling_probs.tolist(),
         }
+        if self.memberships is not None:
+            csr = sp.csr_matrix(self.memberships)
+            data["memberships"] = {"indptr": csr.indptr.tolist(), "indices": csr.indices.tolist()}
+        return data
 
     def save(self, path: str | Path, *, include_fingerprint: bool = False) -> Path:
         path = Path(path)
@@ -155,14 +181,29 @@ class ProtectionPlan:
         return path
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ProtectionPlan:
+    def from_json(cls, data: dict[str, Any], *, source: str = "plan") -> ProtectionPlan:
+        """A plan from :meth:`to_json` data; ValueError naming ``source`` and the field if it is
+        malformed, or if its content no longer matches its digest (an edited plan)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         version = data.get("format_version")
         if version != PLAN_FORMAT_VERSION:
             raise ValueError(
-                f"plan format_version={version!r} is not supported (expected {PLAN_FORMAT_VERSION})"
+                f"{source}: format_version={version!r} is not supported (expected {PLAN_FORMAT_VERSION})"
             )
+        check_digest(data, source)
+        try:
+            return cls._from_content(data)
+        except KeyError as err:
+            raise ValueError(f"{source}: missing field {err.args[0]!r}") from None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{source}: malformed plan ({err})") from None
+
+    @classmethod
+    def _from_content(cls, data: dict[str, Any]) -> ProtectionPlan:
+        weights = np.asarray(data["weights"], dtype=np.float64)
         return cls(
-            weights=np.asarray(data["weights"], dtype=np.float64),
+            weights=weights,
             sampling_probs=np.asarray(data["sampling_probs"], dtype=np.float64),
             noise_multiplier=float(data["noise_multiplier"]),
             accountant=data["accountant"],
@@ -174,11 +215,16 @@ class ProtectionPlan:
             lp=dict(data.get("lp", {})),
             calibrated=bool(data.get("calibrated", True)),
             secret_set_fingerprint=data.get("secret_set_fingerprint"),
+            memberships=_memberships_from_json(data.get("memberships"), len(data["secrets"]["target"]),
+                                               weights.size),
         )
 
     @classmethod
     def load(cls, path: str | Path) -> ProtectionPlan:
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """Read a plan file; ValueError naming the file for a missing, truncated, malformed or edited one."""
+        from hush_hf.jsonfile import read_json
+
+        return cls.from_json(read_json(path, what="plan file"), source=f"plan file {str(path)!r}")
 
     # -- datasets ------------------------------------------------------------------------------
     def attach(self, dataset: Any, *, num_proc: int | None = None) -> Any:
@@ -193,6 +239,44 @@ class ProtectionPlan:
             return {WEIGHT_COLUMN: weights[indices].tolist(), SAMPLING_PROB_COLUMN: probs[indices].tolist()}
 
         return dataset.map(add, with_indices=True, batched=True, num_proc=num_proc, desc="Attaching plan")
+
+
+def content_digest(data: dict[str, Any]) -> str:
+    """SHA-256 of a plan's JSON content (every key but ``digest``, keys sorted, compact separators).
+
+    Computed on parsed JSON, so a file written by :meth:`ProtectionPlan.save` verifies exactly.
+    """
+    body = {k: v for k, v in data.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_digest(data: dict[str, Any], source: str = "plan") -> None:
+    """ValueError unless ``data`` carries a digest matching its content."""
+    recorded = data.get("digest")
+    if recorded is None:
+        raise ValueError(
+            f"{source} has no digest, so edits to it cannot be detected; hush_hf writes one into every "
+            "plan it saves: re-create the plan (`hush plan` or ProtectionPlan.save)"
+        )
+    if recorded != content_digest(data):
+        raise ValueError(
+            f"{source} was edited after hush_hf wrote it: its content does not match its digest. "
+            "A plan's numbers (noise multiplier, sampling probabilities, targets) must not be changed by "
+            "hand; re-create the plan with `hush plan` (or plan_protection) with the settings you want"
+        )
+
+
+def _memberships_from_json(data: Any, num_secrets: int, num_examples: int) -> sp.csr_matrix | None:
+    if data is None:
+        return None
+    indptr = np.asarray(data["indptr"], dtype=np.int64)
+    indices = np.asarray(data["indices"], dtype=np.int64)
+    if indptr.size != num_secrets + 1 or indptr[0] != 0 or np.any(np.diff(indptr) < 0) \
+            or indptr[-1] != indices.size or np.any((indices < 0) | (indices >= num_examples)):
+        raise ValueError("memberships do not describe the plan's secrets and examples")
+    ones = np.ones(indices.size, dtype=np.float64)
+    return sp.csr_matrix((ones, indices, indptr), shape=(num_secrets, num_examples))
 
 
 def plan_protection(
@@ -299,6 +383,7 @@ def plan_protection(
         },
         calibrated=noise_multiplier is None,
         secret_set_fingerprint=secret_set_fingerprint,
+        memberships=membership,
     )
 
 

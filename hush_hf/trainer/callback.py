@@ -38,6 +38,7 @@ from transformers.trainer_utils import get_last_checkpoint, seed_worker
 
 from hush_hf.clipping import GhostClipper
 from hush_hf.planning.plan import ProtectionPlan
+from hush_hf.planning.verification import Verification
 from hush_hf.sampling import WeightedPoissonSampler, draw_dp_seed
 from hush_hf.sampling.seeds import check_dp_seed
 from hush_hf.trainer.crt import CrtBatchSampler, CrtSchedule, build_schedule
@@ -62,7 +63,7 @@ from hush_hf.trainer.plan_setup import (
     load_plan,
     loud_warning,
     plan_digest,
-    resolve_noise_multiplier,
+    verify_plan_for_training,
 )
 from hush_hf.trainer.run_state import RunState, load_run_state, same_sampling, save_run_state
 from hush_hf.trainer.validation import (
@@ -76,6 +77,8 @@ logger = logging.getLogger(__name__)
 
 LOG_NOISE_MULTIPLIER = "dp_noise_multiplier"
 LOG_BATCH_SIZE = "dp_batch_size"
+#: Trainer's statistics of the drawn batches: total_flos is 6 x parameters x tokens actually drawn.
+BATCH_STATISTICS = ("total_flos", "num_input_tokens_seen", "train_tokens_per_second")
 
 
 def check_clippable(model: nn.Module, clip_norm: float) -> None:
@@ -155,6 +158,7 @@ class GhostClippingCallback(TrainerCallback):
         check_noise_multiplier(noise_multiplier)
         self._requested_noise = noise_multiplier
         self.noise_multiplier: float | None = None  # resolved against the data in install()
+        self.verification: Verification | None = None  # bounds recomputed at that sigma in install()
         self._configured_seed = None if dp_seed is None else check_dp_seed(dp_seed)
         if self._configured_seed is not None:
             loud_warning(
@@ -187,6 +191,13 @@ class GhostClippingCallback(TrainerCallback):
     @property
     def expected_batch_size(self) -> float:
         return self.plan.expected_batch_size
+
+    @property
+    def verified_plan(self) -> ProtectionPlan:
+        """The plan with the bounds recomputed at the sigma training uses: what reports and cards state."""
+        if self.verification is None:
+            raise RuntimeError("the plan is verified when the callback is installed on a trainer")
+        return self.plan.with_bounds(self.verification.bound)
 
     # ------------------------------------------------------------------------- installation
     @classmethod
@@ -234,7 +245,7 @@ class GhostClippingCallback(TrainerCallback):
         secret_ids = (
             column(dataset, SECRET_IDS_COLUMN) if SECRET_IDS_COLUMN in column_names(dataset) else None
         )
-        self.noise_multiplier = resolve_noise_multiplier(
+        self.noise_multiplier, self.verification = verify_plan_for_training(
             self.plan, self._requested_noise, secret_ids=secret_ids
         )
         if self.crt_schedule != "off":
@@ -313,9 +324,10 @@ class GhostClippingCallback(TrainerCallback):
         def train(resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs: Any) -> Any:
             self.prepare_run(trainer, resume_from_checkpoint, trial)
             try:
-                return original_train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+                output = original_train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
             finally:
                 self.finish_run()
+            return without_batch_statistics(output)
 
         def training_step(model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Tensor:
             return self.training_step(trainer, model, inputs)
@@ -327,6 +339,7 @@ class GhostClippingCallback(TrainerCallback):
         trainer.get_train_dataloader = functools.partial(self.train_dataloader, trainer)
         trainer.training_step = training_step
         trainer._get_grad_norm = no_grad_norm
+        trainer.floating_point_ops = no_floating_point_ops
         trainer.log = log
         original_values = trainer.set_initial_training_values
         trainer.set_initial_training_values = lambda *a, **k: self.training_values(original_values(*a, **k))
@@ -519,7 +532,7 @@ class GhostClippingCallback(TrainerCallback):
 
     def add_log_fields(self, logs: dict[str, float]) -> dict[str, float]:
         """Training logs get sigma and the mean drawn batch size since the last log; never a grad norm."""
-        logs = dict(logs)
+        logs = {k: v for k, v in logs.items() if k not in BATCH_STATISTICS}
         if logs.pop("grad_norm", None) is not None:
             logger.warning("dropped 'grad_norm' from the logs: it is a statistic of the pre-noise gradient")
         if "loss" in logs and self._drawn_since_log:
@@ -608,6 +621,22 @@ class GhostClippingCallback(TrainerCallback):
 def _as_list(values: Any) -> list[Any]:
     """A column as Python values (Arrow arrays from ``column`` included)."""
     return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
+
+
+def no_floating_point_ops(inputs: Any) -> int:
+    """Stands in for ``Trainer.floating_point_ops``: Trainer sums it into ``total_flos`` (trainer_state.json,
+    train_results.json), i.e. 6 x parameters x the tokens of the batches actually drawn, which the noise
+    does not hide. Counted as 0, and the key is dropped from the logs and the train metrics."""
+    return 0
+
+
+def without_batch_statistics(output: Any) -> Any:
+    """``Trainer.train``'s output with ``total_flos`` and token counts taken out of its metrics."""
+    metrics = getattr(output, "metrics", None)
+    if isinstance(metrics, dict):
+        for key in BATCH_STATISTICS:
+            metrics.pop(key, None)
+    return output
 
 
 def no_grad_norm(model: nn.Module, grad_norm: Any = None) -> None:

@@ -18,15 +18,13 @@ from typing import Any
 import numpy as np
 
 from hush_hf.planning.plan import SAMPLING_PROB_COLUMN, WEIGHT_COLUMN, ProtectionPlan, plan_protection
+from hush_hf.planning.verification import Verification, recompute_bounds
 from hush_hf.trainer.validation import check_noise_multiplier
 
 logger = logging.getLogger(__name__)
 
 SECRET_IDS_COLUMN = "secret_ids"
 PLAN_COLUMNS = (SECRET_IDS_COLUMN, WEIGHT_COLUMN, SAMPLING_PROB_COLUMN)
-# Above these sizes, recomputing per-secret bounds for a warning is not "cheap".
-MAX_MEMBERSHIPS_FOR_BOUNDS = 200_000
-MAX_SECRETS_FOR_BOUNDS = 20_000
 
 
 def loud_warning(message: str) -> None:
@@ -273,56 +271,40 @@ def check_secret_ids_match(plan: ProtectionPlan, secret_ids: Any) -> None:
         )
 
 
-def resolve_noise_multiplier(
+def verify_plan_for_training(
     plan: ProtectionPlan, requested: float | None, *, secret_ids: Any = None
-) -> float:
-    """The sigma to train with: the plan's calibrated one unless ``requested``; loud about weaker noise."""
-    calibrated = float(plan.noise_multiplier)
-    if requested is None:
-        if not plan.meets_targets:
-            loud_warning(
-                f"the plan's noise_multiplier={calibrated:.6g} was given, not calibrated, and does NOT "
-                f"meet every secret's target (max bound/target {plan.summary()['bound_over_target_max']:.4g})"
-            )
-        return calibrated
+) -> tuple[float, Verification]:
+    """The sigma to train with and every secret's bound recomputed at it (never read from the plan).
+
+    sigma is the plan's unless ``requested``. The bounds are recomputed from the plan's rho, the
+    memberships (the dataset's ``secret_ids`` when it has them, else the plan's), sigma and T with the
+    plan's accountant. A plan that misses a target at the plan's own sigma is refused (an edited or
+    mis-made plan); with an explicitly requested sigma it trains, with a loud warning.
+    """
     check_noise_multiplier(requested)
-    requested = float(requested)
-    if requested == 0:
+    sigma = float(plan.noise_multiplier if requested is None else requested)
+    verification = recompute_bounds(plan, sigma, secret_ids=secret_ids)
+    if verification.meets_targets:
+        logger.info("protection plan verified: %s", verification.describe())
+        if requested is not None and sigma > plan.noise_multiplier:
+            logger.info("noise_multiplier=%.6g exceeds the plan's %.6g (more protection)", sigma,
+                        plan.noise_multiplier)
+        return sigma, verification
+    if requested is None:
+        raise ValueError(
+            f"the protection plan does NOT meet its targets: {verification.describe()}. The plan's own "
+            "numbers cannot be trusted (was it edited, or made with a given noise_multiplier?); re-create it "
+            "with `hush plan` / plan_protection, or set noise_multiplier explicitly to train without the "
+            "certified targets"
+        )
+    if sigma == 0:
         loud_warning(
             "noise_multiplier=0: training WITHOUT noise. This is a non-private baseline; the secrets' "
-            "targets do NOT hold and the model may reveal them."
+            f"targets do NOT hold and the model may reveal them ({verification.describe()})."
         )
-    elif requested < calibrated:
-        detail = _bound_detail(plan, requested, secret_ids)
+    else:
         loud_warning(
-            f"noise_multiplier={requested:.6g} is below the plan's calibrated {calibrated:.6g}: "
-            f"the certified per-secret targets do NOT hold{detail}."
+            f"noise_multiplier={sigma:.6g} was set explicitly (the plan's is {plan.noise_multiplier:.6g}): "
+            f"the certified per-secret targets do NOT hold; {verification.describe()}."
         )
-    elif requested > calibrated:
-        logger.info(
-            "noise_multiplier=%.6g exceeds the calibrated %.6g (more protection)", requested, calibrated
-        )
-    return requested
-
-
-def _bound_detail(plan: ProtectionPlan, sigma: float, secret_ids: Any) -> str:
-    """``" (max bound/target ...)"`` at ``sigma`` when the memberships are known and small, else ``""``."""
-    if secret_ids is None or plan.num_secrets > MAX_SECRETS_FOR_BOUNDS:
-        return ""
-    from hush_hf.accounting import SecretGroups, posterior_bounds
-    from hush_hf.planning.memberships import membership_matrix
-
-    membership = membership_matrix(secret_ids, plan.num_secrets)
-    if membership.nnz > MAX_MEMBERSHIPS_FOR_BOUNDS:
-        return ""
-    groups = SecretGroups.from_membership(membership, plan.sampling_probs)
-    bounds = np.asarray(
-        posterior_bounds(groups, plan.secrets.prior, sigma, plan.steps, accountant=plan.accountant)
-    )
-    ratio = bounds / plan.secrets.target
-    worst = int(np.argmax(ratio))
-    return (
-        f" (at this sigma the {plan.accountant} accountant bounds secret #{worst}'s posterior by "
-        f"{bounds[worst]:.4g} against a target of {plan.secrets.target[worst]:.4g}: bound/target "
-        f"{ratio[worst]:.4g}; {int(np.sum(ratio > 1))} of {ratio.size} secrets exceed their targets)"
-    )
+    return sigma, verification

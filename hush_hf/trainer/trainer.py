@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,13 @@ from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments
 
 from hush_hf.planning.plan import ProtectionPlan
-from hush_hf.trainer.callback import GhostClippingCallback, check_clippable, no_grad_norm
+from hush_hf.trainer.callback import (
+    GhostClippingCallback,
+    check_clippable,
+    no_floating_point_ops,
+    no_grad_norm,
+    without_batch_statistics,
+)
 from hush_hf.trainer.config import SecretProtectionConfig, as_secret_protection_config
 from hush_hf.trainer.distributed import broadcast_object, rank_and_world_size
 from hush_hf.trainer.losses import lm_per_example_loss
@@ -68,6 +75,8 @@ class SecretProtectionTrainer(Trainer):
             check_clippable(model, args.per_example_clip_norm)  # before the (possibly long) planning
         if train_dataset is None:
             raise ValueError("train_dataset is required: the protection plan samples its rows")
+        if hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
+            raise ValueError("train_dataset has 0 rows: nothing to train on (was it filtered to nothing?)")
         plan, train_dataset = self._resolve_plan(args, train_dataset, secrets=secrets, plan=plan)
         eval_dataset = drop_marks(eval_dataset)
         super().__init__(
@@ -158,9 +167,13 @@ class SecretProtectionTrainer(Trainer):
     ) -> Any:
         self.dp.prepare_run(self, resume_from_checkpoint, trial)
         try:
-            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+            output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
         finally:
             self.dp.finish_run()
+        return without_batch_statistics(output)
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        return no_floating_point_ops(inputs)  # total_flos would count the tokens actually drawn
 
     def get_train_dataloader(self) -> Any:
         return self.dp.train_dataloader(self)
@@ -199,14 +212,19 @@ class SecretProtectionTrainer(Trainer):
             self.write_protection_artifacts(self.args.output_dir, model_name=kwargs.get("model_name"))
 
     def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
-        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit)."""
+        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit).
+
+        Every bound they state was recomputed when training was set up, at the sigma training uses
+        (``self.dp.verification``); none is read from the plan file.
+        """
         from hush_hf.audit import write_protection_artifacts
 
         return write_protection_artifacts(
             output_dir,
-            self.plan,
+            self.dp.verified_plan,
             clip_norm=self.args.per_example_clip_norm,
             noise_multiplier=self.dp.noise_multiplier,
+            bounds_verified=True,
             **{"crt": self.crt_report_section(), **kwargs},
         )
 
@@ -237,3 +255,87 @@ class SecretProtectionTrainer(Trainer):
             training=training,
             occurrences=self.crt_occurrences,
         )
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        *,
+        extra_files: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Upload the model, config, tokenizer, card, plan and privacy report, and nothing else.
+
+        Same steps as ``Trainer.push_to_hub`` (save, model card, one commit), but the commit holds only
+        the files :func:`hush_hf.trainer.publishing.publishable_files` allows: never trainer_state.json,
+        ``*_results.json``, ``runs/``, training_args.bin or checkpoints, unless listed in ``extra_files``
+        (paths relative to ``output_dir``).
+        """
+        from transformers.utils.hub import hf_api
+
+        from hush_hf.trainer.publishing import publishable_files, upload_publishable
+
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        model_name = kwargs.pop("model_name", None)
+        if model_name is None and self.args.should_save:
+            model_name = (self.args.hub_model_id or Path(self.args.output_dir).name).split("/")[-1]
+        token = token if token is not None else self.args.hub_token
+        if self.hub_model_id is None:
+            self.init_hf_repo(token=token, private=private)
+        self.save_model(_internal_call=True)
+        if not self.is_world_process_zero():
+            return None
+        publishable_files(self.args.output_dir, extra_files)  # a missing extra file fails before the card
+        tags = list(getattr(self.model, "model_tags", None) or [])
+        if tags:
+            given = kwargs.get("tags") or []
+            given = [given] if isinstance(given, str) else list(given)
+            kwargs["tags"] = given + [t for t in tags if t not in given]
+        self.create_model_card(model_name=model_name, **kwargs)
+        self._finish_current_push()
+        return upload_publishable(
+            hf_api(),
+            repo_id=self.hub_model_id,
+            folder=self.args.output_dir,
+            commit_message=commit_message,
+            token=token,
+            revision=revision if revision is not None else self.args.hub_revision,
+            run_as_future=not blocking,
+            extra_files=extra_files,
+        )
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """``hub_strategy="every_save"``: push the current model with its artifacts, through the allow-list.
+
+        (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup,
+        since checkpoints hold the secret DP seed.)
+        """
+        from transformers.utils.hub import PushInProgress, hf_api
+
+        from hush_hf.trainer.publishing import upload_publishable
+
+        if not self.is_world_process_zero() or str(getattr(self.args.hub_strategy, "value", "")) == "end":
+            return
+        if not self.args.hub_always_push and self.push_in_progress is not None \
+                and not self.push_in_progress.is_done():
+            return
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        self.save_model(self.args.output_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(self.args.output_dir)
+        job = upload_publishable(
+            hf_api(),
+            repo_id=self.hub_model_id,
+            folder=self.args.output_dir,
+            commit_message=f"Training in progress, step {self.state.global_step}",
+            token=self.args.hub_token,
+            revision=self.args.hub_revision,
+            run_as_future=True,
+        )
+        if self.push_in_progress is None or self.push_in_progress.is_done():
+            self.push_in_progress = PushInProgress([job])
+        else:
+            self.push_in_progress.jobs.append(job)
