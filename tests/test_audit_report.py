@@ -10,26 +10,37 @@ from hush_hf.audit.exposure import CanaryExposure, summarize_exposures
 from hush_hf.audit.membership import evaluate_scores
 from hush_hf.audit.reconstruction import reconstruct, summarize_reconstructions
 from hush_hf.audit.report import build_privacy_report, render_report, report_markdown
+from hush_hf.accounting import SecretGroups, posterior_bounds
+from hush_hf.planning import membership_matrix
 from hush_hf.planning.plan import ProtectionPlan, SecretReport
 
 
+SECRET_IDS = [[0], [0], [1], [], [1], [1], [], [2], [], []]
+PRIORS = np.array([1e-6, 1e-6, 1e-5])
+
+
 def make_plan(*, bound_scale: float = 0.9, calibrated: bool = True) -> ProtectionPlan:
-    """A plan over 3 secrets and 10 examples, built directly (numbers chosen by hand)."""
-    target = np.array([1e-3, 5e-4, 2e-3])
+    """A plan over 3 secrets and 10 examples, built directly: its bounds are the real ones at
+    sigma = 4.25 and T = 300, and each target is bound / bound_scale."""
     weights = np.array([1.0, 1.0, 0.5, 0.0, 1.0, 1.0, 1.0, 0.25, 1.0, 1.0])
+    rho = 4.0 * weights / weights.sum()
+    membership = membership_matrix(SECRET_IDS, 3)
+    groups = SecretGroups.from_membership(membership, rho)
+    bound = posterior_bounds(groups, PRIORS, 4.25, 300)
     return ProtectionPlan(
         weights=weights,
-        sampling_probs=4.0 * weights / weights.sum(),
+        sampling_probs=rho,
         noise_multiplier=4.25,
         accountant="tight",
         budget="tight",
         lp_c=1.0,
         expected_batch_size=4.0,
         steps=300,
-        secrets=SecretReport(num_examples=np.array([2, 3, 1]), sum_rho=np.array([0.5, 0.7, 0.1]),
-                             prior=np.array([1e-6, 1e-6, 1e-5]), target=target, bound=bound_scale * target),
+        secrets=SecretReport(num_examples=groups.sizes, sum_rho=groups.sum_rho(), prior=PRIORS,
+                             target=bound / bound_scale, bound=bound),
         lp={"solver": "highs", "status": "optimal", "gap": 1e-3},
         calibrated=calibrated,
+        memberships=membership,
     )
 
 
@@ -60,8 +71,10 @@ def test_report_numbers_come_from_the_plan():
     assert t["noise_std"] == pytest.approx(2.125) and t["expected_batch_size"] == 4.0
     assert t["retained_fraction"] == pytest.approx(0.9) and t["max_sampling_prob"] == pytest.approx(4 / 7.75)
     assert s["count"] == 3 and s["meets_targets"] and s["num_over_target"] == 0
-    assert s["target"] == {"min": 5e-4, "median": 1e-3, "max": 2e-3, "mean": pytest.approx(3.5e-3 / 3)}
-    assert s["bound_over_target"]["max"] == pytest.approx(0.9)
+    target = plan.secrets.target
+    assert s["target"] == {"min": target.min(), "median": np.median(target), "max": target.max(),
+                           "mean": pytest.approx(target.mean())}
+    assert s["bound_over_target"]["max"] == pytest.approx(0.9, rel=1e-12)
     assert sum(s["histograms"]["target"]["counts"]) == 3
     json.dumps(report, allow_nan=False)  # JSON-ready
 
@@ -97,7 +110,9 @@ def test_card_states_the_guarantee_in_plain_words():
     assert "# acme/tiny-model" in text and "## Secret protection" in text
     assert "3 protected secrets" in text
     assert "guesses it with probability at most its certified bound b_j" in text
-    assert "Targets range from 0.0005 to 0.002 (median 0.001)" in text
+    target = make_plan().secrets.target
+    assert f"Targets range from {target.min():.4g} to {target.max():.4g} (median {np.median(target):.4g})" in text
+    assert "hush verify ." in text  # readers are told how to recompute the bounds
     assert "sigma*C = 4.25 * 0.5" in text and "T = 300 steps" in text and "`tight` accountant" in text
     assert "Canary exposure: max 3.1 bits" in text
     assert f"AUC {ATTACKS['membership'][0]['auc']:.4g}" in text

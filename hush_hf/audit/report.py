@@ -50,6 +50,7 @@ def _log_histogram(values: np.ndarray, bins: int = 20) -> dict[str, list[float]]
         return {"edges": [], "counts": []}
     low, high = np.log10(values.min()), np.log10(values.max())
     edges = np.logspace(low, high if high > low else low + 1e-9, bins + 1)
+    edges[0], edges[-1] = min(edges[0], values.min()), max(edges[-1], values.max())  # 10**log10(x) != x
     counts, edges = np.histogram(values, bins=edges)
     return {"edges": edges.tolist(), "counts": counts.tolist()}
 
