@@ -23,7 +23,15 @@ def load_text_dataset(name_or_path: str, *, split: str = "train") -> Any:
             raise ValueError(
                 f"dataset file {str(path)!r} has suffix {path.suffix!r}; supported: {sorted(LOCAL_BUILDERS)}"
             )
-        return datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
+        if not path.read_bytes().strip():
+            raise ValueError(f"dataset file {str(path)!r} is empty: it has no rows")
+        try:
+            loaded = datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
+        except StopIteration:  # datasets' json builder on a file without a single record
+            raise ValueError(f"dataset file {str(path)!r} has no rows") from None
+        if len(loaded) == 0:
+            raise ValueError(f"dataset file {str(path)!r} has no rows")
+        return loaded
     if path.suffix.lower() in LOCAL_BUILDERS or name_or_path.startswith((".", "/")):
         raise ValueError(f"dataset file {str(path)!r} does not exist")
     return datasets.load_dataset(name_or_path, split=split)

@@ -5,15 +5,14 @@ import json
 import numpy as np
 import pytest
 
+from hush_hf.accounting import SecretGroups, posterior_bounds
 from hush_hf.audit.card import SECTION_END, SECTION_START, build_model_card, write_protection_artifacts
 from hush_hf.audit.exposure import CanaryExposure, summarize_exposures
 from hush_hf.audit.membership import evaluate_scores
 from hush_hf.audit.reconstruction import reconstruct, summarize_reconstructions
 from hush_hf.audit.report import build_privacy_report, render_report, report_markdown
-from hush_hf.accounting import SecretGroups, posterior_bounds
 from hush_hf.planning import membership_matrix
 from hush_hf.planning.plan import ProtectionPlan, SecretReport
-
 
 SECRET_IDS = [[0], [0], [1], [], [1], [1], [], [2], [], []]
 PRIORS = np.array([1e-6, 1e-6, 1e-5])
@@ -111,7 +110,8 @@ def test_card_states_the_guarantee_in_plain_words():
     assert "3 protected secrets" in text
     assert "guesses it with probability at most its certified bound b_j" in text
     target = make_plan().secrets.target
-    assert f"Targets range from {target.min():.4g} to {target.max():.4g} (median {np.median(target):.4g})" in text
+    lo, hi, median = target.min(), target.max(), np.median(target)
+    assert f"Targets range from {lo:.4g} to {hi:.4g} (median {median:.4g})" in text
     assert "hush verify ." in text  # readers are told how to recompute the bounds
     assert "sigma*C = 4.25 * 0.5" in text and "T = 300 steps" in text and "`tight` accountant" in text
     assert "Canary exposure: max 3.1 bits" in text

@@ -30,9 +30,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """ValueError naming the argument, before the model or any data is read."""
+    from pathlib import Path
+
+    if not Path(args.model_dir).is_dir():
+        raise ValueError(f"--model-dir {args.model_dir!r} is not a folder")
+    if not (Path(args.model_dir) / "config.json").is_file():
+        raise ValueError(f"--model-dir {args.model_dir!r} has no config.json: not a saved model")
+    for name in ("secrets", "canaries"):
+        value = getattr(args, name)
+        if value is not None and not Path(value).is_file():
+            raise ValueError(f"--{name} file {value!r} does not exist")
+    if args.reference_model is not None and not Path(args.reference_model).is_dir():
+        raise ValueError(f"--reference-model {args.reference_model!r} is not a folder")
+    for name in ("max_examples", "prefix_length", "suffix_length", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if Path(args.output_dir).is_file():
+        raise ValueError(f"--output-dir {args.output_dir!r} is a file")
+
+
 def run(args: argparse.Namespace) -> int:
     from hush_hf.audit import run_audit
     from hush_hf.data import load_text_dataset
+
+    check_arguments(args)
 
     def load(name):
         return None if name is None else load_text_dataset(name, split=args.split)

@@ -28,8 +28,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """ValueError naming the argument, before any file is read."""
+    import math
+    from pathlib import Path
+
+    for name, value in (("--plan", args.plan), ("--audit", args.audit)):
+        if value is not None and not Path(value).is_file():
+            raise ValueError(f"{name} file {value!r} does not exist")
+    if args.clip_norm is not None and not (math.isfinite(args.clip_norm) and args.clip_norm > 0):
+        raise ValueError(f"--clip-norm must be a positive number, got {args.clip_norm!r}")
+    sigma = args.noise_multiplier
+    if sigma is not None and not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"--noise-multiplier must be a finite number >= 0, got {sigma!r}")
+    if Path(args.output_dir).is_file():
+        raise ValueError(f"--output-dir {args.output_dir!r} is a file")
+
+
 def run(args: argparse.Namespace) -> int:
     from hush_hf.audit import render_report
+
+    check_arguments(args)
 
     paths = render_report(
         args.plan,

@@ -208,6 +208,30 @@ class TermIndex:
                         out.update(SecretSpan(*span, j) for j in ids)
 
 
+#: The kinds of ``re.error`` messages, without what follows them: ``error.msg`` quotes parts of the
+#: pattern (group names, escapes, character ranges), i.e. of the secret.
+REGEX_ERROR_KINDS = (
+    "redefinition of group name", "unknown group name", "bad character in group name", "missing group name",
+    "bad escape", "bad character range", "unterminated character set", "unterminated name",
+    "unterminated subpattern", "unbalanced parenthesis", "nothing to repeat", "multiple repeat",
+    "unknown extension", "look-behind requires fixed-width pattern", "cannot refer to an open group",
+    "invalid group reference", "global flags not at the start", "bad inline flags", "unknown flag",
+    "missing flag", "missing -, : or )", "missing )", "missing :", "missing ), unterminated comment",
+    "the repetition number is too large", "min repeat greater than max repeat", "octal escape value",
+    "incomplete escape", "cannot refer to group defined in the same lookbehind subpattern",
+    "conditional backref with more than two branches", "expected",
+)
+
+
+def regex_error_kind(error: re.error) -> str:
+    """What kind of syntax error ``error`` is, in words that never quote the pattern."""
+    message = str(error.msg)
+    for kind in REGEX_ERROR_KINDS:
+        if message.startswith(kind):
+            return kind
+    return "invalid syntax"
+
+
 def compile_pattern(index: int, pattern: str | re.Pattern[str], flags: int) -> re.Pattern[str]:
     """``pattern`` compiled with ``flags``; errors name the secret, never the pattern."""
     if isinstance(pattern, re.Pattern):
@@ -217,10 +241,9 @@ def compile_pattern(index: int, pattern: str | re.Pattern[str], flags: int) -> r
     try:
         return re.compile(pattern, flags)
     except re.error as error:
-        # error.msg and error.pos only: str(error) could be extended to quote the pattern.
         raise ValueError(
             f"pattern of secret #{index} is not a valid regular expression: "
-            f"{error.msg} at position {error.pos}"
+            f"{regex_error_kind(error)} at position {error.pos}"
         ) from None
 
 

@@ -1,0 +1,185 @@
+"""Plans are re-verified before anything is certified: digest, recomputed bounds at train start,
+reports and cards from those bounds only, and `hush verify` (exit 0/1/2)."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import numpy as np
+import pytest
+
+from hush_hf.accounting import SecretGroups, posterior_bounds
+from hush_hf.cli import main
+from hush_hf.planning import membership_matrix, plan_protection
+from hush_hf.planning.plan import ProtectionPlan, content_digest
+from hush_hf.planning.verification import recompute_bounds
+from hush_hf.trainer import SecretProtectionTrainer
+from tests.test_trainer_helpers import (
+    dp_config,
+    pad_collate,
+    single_thread,  # noqa: F401  (autouse fixture)
+    tiny_gpt2,
+    token_dataset,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
+
+SECRET_IDS = [[0], [0], [1], [], [1], [0, 1], [], [2], [2], []]
+PRIORS, TARGETS = np.array([1e-3, 1e-3, 1e-4]), np.array([0.05, 0.1, 0.01])
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def plan() -> ProtectionPlan:
+    return plan_protection(SECRET_IDS, PRIORS, TARGETS, expected_batch_size=2.0, steps=STEPS)
+
+
+def reference_bounds(plan: ProtectionPlan, sigma: float) -> np.ndarray:
+    """Independent of the plan's numbers: memberships from SECRET_IDS, rho from the plan's weights."""
+    rho = 2.0 * plan.weights / plan.weights.sum()
+    groups = SecretGroups.from_membership(membership_matrix(SECRET_IDS, 3), rho)
+    return np.asarray(posterior_bounds(groups, PRIORS, sigma, STEPS, accountant="tight"))
+
+
+def edited(plan: ProtectionPlan, path, *, resign: bool):
+    """The plan's JSON with noise_multiplier divided by 10, as a user might edit it; ``resign``
+    also recomputes the digest (a deliberate forgery, which only the recomputed bounds can catch)."""
+    data = plan.to_json()
+    data["noise_multiplier"] /= 10
+    if resign:
+        data["digest"] = content_digest(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def tagged_dataset():
+    return token_dataset(len(SECRET_IDS)).add_column("secret_ids", SECRET_IDS)
+
+
+def trainer_for(tmp_path, plan, **overrides):
+    return SecretProtectionTrainer(
+        model=tiny_gpt2(seed=0),
+        args=dp_config(tmp_path / "run", max_steps=STEPS, **overrides),
+        train_dataset=tagged_dataset(),
+        data_collator=pad_collate,
+        plan=plan,
+    )
+
+
+def test_recomputed_bounds_match_an_independent_evaluation(plan):
+    verification = recompute_bounds(plan)
+    np.testing.assert_allclose(verification.bound, reference_bounds(plan, plan.noise_multiplier), rtol=1e-12)
+    assert verification.meets_targets and verification.memberships_from == "the plan"
+    weak = recompute_bounds(plan, plan.noise_multiplier / 10, secret_ids=SECRET_IDS)
+    assert not weak.meets_targets and weak.memberships_from == "the dataset's secret_ids"
+    assert "exceed their targets" in weak.describe()
+
+
+def test_an_edited_plan_file_is_refused_because_its_digest_no_longer_matches(plan, tmp_path):
+    path = edited(plan, tmp_path / "plan.json", resign=False)
+    with pytest.raises(ValueError, match="was edited after hush_hf wrote it"):
+        ProtectionPlan.load(path)
+    with pytest.raises(ValueError, match="was edited after hush_hf wrote it"):
+        trainer_for(tmp_path, str(path))
+    data = plan.to_json()
+    del data["digest"]
+    (tmp_path / "nodigest.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="has no digest"):
+        ProtectionPlan.load(tmp_path / "nodigest.json")
+
+
+def test_a_forged_plan_with_a_valid_digest_is_refused_by_the_recomputed_bounds(plan, tmp_path):
+    forged = ProtectionPlan.load(edited(plan, tmp_path / "forged.json", resign=True))
+    assert forged.meets_targets  # the bounds in the file still claim every target holds
+    with pytest.raises(ValueError, match="does NOT meet its targets: .* 3 of 3 secrets exceed") as info:
+        trainer_for(tmp_path, forged)
+    assert "set noise_multiplier explicitly" in str(info.value)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_with_an_explicit_noise_multiplier_it_trains_loudly_and_the_card_states_recomputed_bounds(
+    plan, tmp_path
+):
+    sigma = plan.noise_multiplier / 10
+    with pytest.warns(UserWarning, match="certified per-secret targets do NOT hold"):
+        trainer = trainer_for(tmp_path, plan, noise_multiplier=sigma)
+    trainer.train()
+    trainer.save_model()
+    out = tmp_path / "run"
+    report = json.loads((out / "privacy_report.json").read_text())
+    expected = reference_bounds(plan, sigma)
+    assert report["secrets"]["bound"]["max"] == pytest.approx(expected.max(), rel=1e-12)
+    assert report["secrets"]["num_over_target"] == 3 and not report["secrets"]["meets_targets"]
+    saved = ProtectionPlan.load(out / "hush_plan.json")  # the published plan carries the same bounds
+    np.testing.assert_allclose(saved.secrets.bound, expected, rtol=1e-12)
+    card = (out / "README.md").read_text()
+    assert "the targets do NOT hold" in card and "Each bound is at most the target" not in card
+
+
+def test_a_calibrated_plan_trains_and_its_card_certifies_the_recomputed_bounds(plan, tmp_path):
+    trainer = trainer_for(tmp_path, plan)
+    np.testing.assert_allclose(
+        trainer.dp.verification.bound, reference_bounds(plan, plan.noise_multiplier), rtol=1e-12
+    )
+    trainer.save_model()
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "Each bound is at most the target r_j" in card and "hush verify ." in card
+
+
+def test_a_plan_made_with_too_little_noise_is_refused_unless_the_noise_is_explicit(plan, tmp_path):
+    weak = plan_protection(
+        SECRET_IDS, PRIORS, TARGETS, expected_batch_size=2.0, steps=STEPS,
+        noise_multiplier=plan.noise_multiplier / 4,
+    )
+    with pytest.raises(ValueError, match="does NOT meet its targets"):
+        trainer_for(tmp_path, weak)
+    with pytest.warns(UserWarning, match="do NOT hold"):
+        trainer_for(tmp_path, weak, noise_multiplier=weak.noise_multiplier)
+
+
+def model_dir(folder, plan, trained_sigma=None):
+    """What write_protection_artifacts leaves beside the weights, as far as `hush verify` reads it."""
+    folder.mkdir()
+    plan.save(folder / "hush_plan.json")
+    sigma = plan.noise_multiplier if trained_sigma is None else trained_sigma
+    (folder / "privacy_report.json").write_text(json.dumps({"training": {"noise_multiplier": sigma}}))
+    return str(folder)
+
+
+def test_hush_verify_exits_0_for_a_good_plan_and_1_for_a_bad_one(plan, tmp_path, capsys):
+    assert main(["verify", model_dir(tmp_path / "good", plan)]) == 0
+    out = capsys.readouterr().out
+    assert "OK: all 3 targets hold" in out and "bound/target" in out
+
+    weak = plan_protection(
+        SECRET_IDS, PRIORS, TARGETS, expected_batch_size=2.0, steps=STEPS,
+        noise_multiplier=plan.noise_multiplier / 10,
+    )
+    assert main(["verify", model_dir(tmp_path / "bad", weak)]) == 1
+    assert "FAILED: 3 of 3 secrets exceed their targets" in capsys.readouterr().out
+
+    # Trained below the plan's noise: the privacy report's sigma is the one verified.
+    assert main(["verify", model_dir(tmp_path / "under", plan, plan.noise_multiplier / 10)]) == 1
+    assert "from the privacy report" in capsys.readouterr().out
+
+    assert main(["verify", "--plan", str(edited(plan, tmp_path / "e.json", resign=False))]) == 2
+    assert "was edited" in capsys.readouterr().err
+    assert main(["verify", "--plan", str(edited(plan, tmp_path / "f.json", resign=True))]) == 1
+
+
+def test_hush_verify_with_the_dataset_recomputes_the_memberships(plan, tmp_path, capsys):
+    plan_path = plan.save(tmp_path / "plan.json")
+    data = tmp_path / "data"
+    datasets.Dataset.from_dict({"text": ["x"] * len(SECRET_IDS), "secret_ids": SECRET_IDS}).save_to_disk(
+        str(data)
+    )
+    assert main(["verify", "--plan", str(plan_path), "--dataset", str(data)]) == 0
+    assert "memberships" not in capsys.readouterr().err
+    other = tmp_path / "other"
+    reversed_ids = SECRET_IDS[::-1]
+    datasets.Dataset.from_dict({"text": ["x"] * len(SECRET_IDS), "secret_ids": reversed_ids}).save_to_disk(
+        str(other)
+    )
+    assert main(["verify", "--plan", str(plan_path), "--dataset", str(other)]) == 2
+    assert "do not match the plan" in capsys.readouterr().err
