@@ -285,7 +285,7 @@ class SecretProtectionTrainer(Trainer):
         token = token if token is not None else self.args.hub_token
         if self.hub_model_id is None:
             self.init_hf_repo(token=token, private=private)
-        self.save_model(_internal_call=True)
+        Trainer.save_model(self, _internal_call=True)  # the weights; create_model_card writes the artifacts
         if not self.is_world_process_zero():
             return None
         publishable_files(self.args.output_dir, extra_files)  # a missing extra file fails before the card
@@ -323,7 +323,8 @@ class SecretProtectionTrainer(Trainer):
                 and not self.push_in_progress.is_done():
             return
         self.callback_handler.on_push_begin(self.args, self.state, self.control)
-        self.save_model(self.args.output_dir)
+        Trainer.save_model(self, self.args.output_dir, _internal_call=True)  # internal: no push from there
+        self.write_protection_artifacts(self.args.output_dir)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(self.args.output_dir)
         job = upload_publishable(

@@ -1,0 +1,121 @@
+"""What a DP run publishes: an allow-list up to the Hub commit (HfApi mocked, no network), and no
+statistics of the drawn batches (total_flos, token counts) in logs, metrics or trainer_state.json."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from huggingface_hub import HfApi
+
+from hush_hf.trainer.publishing import publishable_files
+from tests.test_trainer import build
+from tests.test_trainer_helpers import single_thread  # noqa: F401  (autouse fixture)
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
+
+PUBLISHED = {
+    "README.md", "config.json", "generation_config.json", "model.safetensors", "hush_plan.json",
+    "privacy_report.json", "privacy_report.md", "bound_over_target.png", "targets.png",
+}
+
+
+@pytest.fixture
+def commits(monkeypatch):
+    """Every commit the code under test makes: (paths in the commit, kwargs); nothing leaves the machine."""
+    made = []
+
+    def create_repo(self, repo_id, **kwargs):
+        return SimpleNamespace(repo_id=repo_id if "/" in repo_id else f"me/{repo_id}")
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        made.append(({op.path_in_repo for op in operations}, {"repo_id": repo_id, **kwargs}))
+        if kwargs.get("run_as_future"):
+            future = Future()
+            future.set_result(None)
+            return future
+        return SimpleNamespace(commit_url="https://example.invalid/commit")
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("upload_folder must not be used: it uploads a whole folder")
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    monkeypatch.setattr(HfApi, "upload_folder", refuse)
+    return made
+
+
+def run_clm_style_outputs(trainer):
+    """What transformers' run_clm.py leaves in output_dir after training, besides the model."""
+    result = trainer.train()
+    trainer.save_model()
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)  # train_results.json and all_results.json
+    trainer.save_state()  # trainer_state.json
+    out = trainer.args.output_dir
+    runs = Path(out) / "runs" / "events"
+    runs.mkdir(parents=True)
+    (runs / "events.out.tfevents.0").write_bytes(b"loss per step")
+    return result
+
+
+def test_push_to_hub_uploads_only_the_allow_list(tmp_path, commits):
+    trainer = build(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, hub_model_id="me/tiny")
+    run_clm_style_outputs(trainer)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"trainer_state.json", "train_results.json", "all_results.json", "runs", "checkpoint-2",
+            "training_args.bin"} <= names  # present locally...
+    trainer.push_to_hub()
+    (paths, kwargs), = commits
+    assert paths == PUBLISHED  # ...but never uploaded
+    assert kwargs["repo_id"] == "me/tiny" and kwargs["run_as_future"] is False
+
+    trainer.push_to_hub(extra_files=["trainer_state.json", "runs"])  # named explicitly: uploaded
+    assert commits[1][0] == PUBLISHED | {"trainer_state.json", "runs/events/events.out.tfevents.0"}
+    with pytest.raises(ValueError, match="extra_files: 'nope.json' does not exist"):
+        trainer.push_to_hub(extra_files=["nope.json"])
+    assert len(commits) == 2
+
+
+def test_pushes_during_training_go_through_the_allow_list(tmp_path, commits):
+    trainer = build(
+        tmp_path, max_steps=2, save_strategy="steps", save_steps=1, push_to_hub=True,
+        hub_model_id="me/tiny", hub_strategy="every_save", hub_always_push=True,
+    )
+    trainer.train()
+    trainer._finish_current_push()
+    assert len(commits) == 2  # one per save (checkpoint-1 and checkpoint-2 exist locally by then)
+    for paths, kwargs in commits:
+        assert paths == PUBLISHED and kwargs["run_as_future"] is True
+        assert not any(p.startswith("checkpoint-") for p in paths)
+
+
+def test_a_dp_run_logs_no_flos_or_token_counts(tmp_path):
+    trainer = build(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    result = trainer.train()
+    assert "total_flos" not in result.metrics and "train_loss" in result.metrics
+    assert trainer.state.total_flos == 0 and trainer.state.num_input_tokens_seen == 0
+    for log in trainer.state.log_history:
+        assert not {"total_flos", "num_input_tokens_seen"} & set(log)
+    saved = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
+    assert saved["total_flos"] == 0
+    assert all("total_flos" not in log for log in saved["log_history"])
+
+
+def test_publishable_files_picks_model_tokenizer_and_protection_files(tmp_path):
+    for name in ["model-00001-of-00002.safetensors", "model.safetensors.index.json", "adapter_config.json",
+                 "adapter_model.safetensors", "tokenizer.json", "vocab.txt", "merges.txt",
+                 "special_tokens_map.json", "privacy_report.md", "eval_results.json", "trainer_state.json",
+                 "training_args.bin", "optimizer.pt", "hush_dp_state.json", "notes.txt"]:
+        (tmp_path / name).write_text("x")
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / "model.safetensors").write_text("x")
+    assert publishable_files(tmp_path) == sorted([
+        "adapter_config.json", "adapter_model.safetensors", "merges.txt", "model-00001-of-00002.safetensors",
+        "model.safetensors.index.json", "privacy_report.md", "special_tokens_map.json", "tokenizer.json",
+        "vocab.txt",
+    ])
+    assert "notes.txt" in publishable_files(tmp_path, ["notes.txt"])
