@@ -333,7 +333,10 @@ def run_one(
     model = build_model(args, vocab_size, config.seed)
     trainer = SecretProtectionTrainer(
         model=model,
-        args=run_config(config, output_dir / "runs" / f"sigma_{sigma:g}", eval_strategy="steps"),
+        # sigma is swept on purpose: set explicitly, so a plan that misses its targets still trains (loudly).
+        args=run_config(
+            config, output_dir / "runs" / f"sigma_{sigma:g}", eval_strategy="steps", noise_multiplier=sigma
+        ),
         train_dataset=train,
         eval_dataset=validation,
         data_collator=default_data_collator,
