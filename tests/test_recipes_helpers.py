@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -87,7 +88,36 @@ def assert_files(folder: Path, names: list[str]) -> None:
             assert path.read_bytes()[:8] == PNG_MAGIC, name
 
 
+def strings_in(value) -> list[str]:
+    """Every key and string value in parsed JSON (numbers left out)."""
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [str(k), *strings_in(v)]]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def leak_check_texts(folder: Path) -> str:
+    """``output_texts``, except that a protection plan contributes its strings only: a plan holds
+    example and secret indices by the thousand, which a secret that is a number (``"63"``) would
+    match without anything having leaked; a secret could reach a plan only as a string."""
+    parts = []
+    for p in folder.rglob("*"):
+        if not (p.is_file() and p.suffix in {".json", ".md", ".log", ".txt"}):
+            continue
+        text = p.read_text(encoding="utf-8", errors="replace")
+        if p.suffix == ".json":
+            try:
+                data = json.loads(text)
+            except ValueError:
+                data = None
+            if isinstance(data, dict) and "sampling_probs" in data and "digest" in data:
+                text = "\n".join(strings_in(data))
+        parts.append(text)
+    return "\n".join(parts)
+
+
 def assert_no_secret_leaks(folder: Path, secret_words: set[str]) -> None:
     """No secret word appears in the outputs, except words the code itself writes."""
-    leaked = (words_of(output_texts(folder)) & {w.casefold() for w in secret_words}) - template_words()
+    leaked = (words_of(leak_check_texts(folder)) & {w.casefold() for w in secret_words}) - template_words()
     assert not leaked, f"{len(leaked)} secret word(s) appear in the outputs"

@@ -186,7 +186,7 @@ def test_dataset_reordered_after_planning_is_refused(tmp_path):
 def test_noise_below_the_calibrated_sigma_warns_loudly(tmp_path):
     with pytest.warns(
         UserWarning,
-        match=r"noise_multiplier=0.5 was set explicitly \(the plan's is 1\): the certified "
+        match=r"noise_multiplier=0.5 is below the plan's calibrated 1: the certified "
         r"per-secret targets do NOT hold",
     ):
         build(tmp_path, noise_multiplier=0.5)

@@ -191,8 +191,8 @@ def test_push_to_hub_uploads_the_card_with_the_protection_section(tmp_path, monk
     uploaded = {}
 
     class FakeApi:
-        def upload_folder(self, folder_path, **kwargs):
-            uploaded.update({p.name: p.read_bytes() for p in Path(folder_path).iterdir() if p.is_file()})
+        def create_commit(self, repo_id, operations, **kwargs):
+            uploaded.update({op.path_in_repo: Path(op.path_or_fileobj).read_bytes() for op in operations})
 
     monkeypatch.setattr(
         trainer, "init_hf_repo", lambda **kwargs: setattr(trainer, "hub_model_id", "org/model")

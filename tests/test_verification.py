@@ -115,6 +115,7 @@ def test_with_an_explicit_noise_multiplier_it_trains_loudly_and_the_card_states_
     np.testing.assert_allclose(saved.secrets.bound, expected, rtol=1e-12)
     card = (out / "README.md").read_text()
     assert "the targets do NOT hold" in card and "Each bound is at most the target" not in card
+    assert main(["verify", str(out)]) == 1  # what was saved, re-checked from the outside
 
 
 def test_a_calibrated_plan_trains_and_its_card_certifies_the_recomputed_bounds(plan, tmp_path):
@@ -125,6 +126,7 @@ def test_a_calibrated_plan_trains_and_its_card_certifies_the_recomputed_bounds(p
     trainer.save_model()
     card = (tmp_path / "run" / "README.md").read_text()
     assert "Each bound is at most the target r_j" in card and "hush verify ." in card
+    assert main(["verify", str(tmp_path / "run")]) == 0
 
 
 def test_a_plan_made_with_too_little_noise_is_refused_unless_the_noise_is_explicit(plan, tmp_path):

@@ -303,8 +303,13 @@ def verify_plan_for_training(
             f"targets do NOT hold and the model may reveal them ({verification.describe()})."
         )
     else:
+        relation = (
+            f"is below the plan's calibrated {plan.noise_multiplier:.6g}"
+            if sigma < plan.noise_multiplier
+            else "was set explicitly"
+        )
         loud_warning(
-            f"noise_multiplier={sigma:.6g} was set explicitly (the plan's is {plan.noise_multiplier:.6g}): "
-            f"the certified per-secret targets do NOT hold; {verification.describe()}."
+            f"noise_multiplier={sigma:.6g} {relation}: the certified per-secret targets do NOT hold; "
+            f"{verification.describe()}."
         )
     return sigma, verification

@@ -274,7 +274,7 @@ class SecretProtectionTrainer(Trainer):
         ``*_results.json``, ``runs/``, training_args.bin or checkpoints, unless listed in ``extra_files``
         (paths relative to ``output_dir``).
         """
-        from transformers.utils.hub import hf_api
+        from transformers import trainer as hf_trainer  # its hf_api(), looked up as Trainer does
 
         from hush_hf.trainer.publishing import publishable_files, upload_publishable
 
@@ -297,7 +297,7 @@ class SecretProtectionTrainer(Trainer):
         self.create_model_card(model_name=model_name, **kwargs)
         self._finish_current_push()
         return upload_publishable(
-            hf_api(),
+            hf_trainer.hf_api(),
             repo_id=self.hub_model_id,
             folder=self.args.output_dir,
             commit_message=commit_message,
@@ -313,7 +313,8 @@ class SecretProtectionTrainer(Trainer):
         (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup,
         since checkpoints hold the secret DP seed.)
         """
-        from transformers.utils.hub import PushInProgress, hf_api
+        from transformers import trainer as hf_trainer
+        from transformers.utils.hub import PushInProgress
 
         from hush_hf.trainer.publishing import upload_publishable
 
@@ -328,7 +329,7 @@ class SecretProtectionTrainer(Trainer):
         if self.processing_class is not None:
             self.processing_class.save_pretrained(self.args.output_dir)
         job = upload_publishable(
-            hf_api(),
+            hf_trainer.hf_api(),
             repo_id=self.hub_model_id,
             folder=self.args.output_dir,
             commit_message=f"Training in progress, step {self.state.global_step}",
