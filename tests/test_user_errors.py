@@ -129,7 +129,7 @@ def test_a_bad_regex_names_the_kind_of_error_without_quoting_the_secret():
 def test_plan_summary_states_the_real_minimum():
     plan = plan_protection([[0], [0], [1], [0, 1], [1], [1], []], np.full(2, 1e-4), np.full(2, 0.05),
                            expected_batch_size=2.0, steps=3)
-    assert "examples per secret min 3 / median 3.5 / max 4" in format_summary(plan)
+    assert "examples per matched secret min 3 / median 3.5 / max 4" in format_summary(plan)
 
 
 def test_the_trainer_on_a_zero_row_dataset_says_so(tmp_path):
