@@ -15,9 +15,11 @@ from hush_hf.clipping.factors import (
     OuterSum,
     gram,
     inner,
+    norm_strategy,
     squared_norm_of_sum,
     weighted_sum,
 )
+from hush_hf.clipping.factors import materialize as materialize_use
 
 B, ROWS, COLS = 3, 7, 5
 
@@ -103,6 +105,53 @@ def test_float32_inputs_are_computed_in_at_least_float32_and_half_is_upcast() ->
     assert value.dtype == torch.float32
     exact = torch.einsum("btr,btk->brk", row.values.double(), col.values.double()).pow(2).flatten(1).sum(1)
     torch.testing.assert_close(value.double(), exact, rtol=1e-6, atol=0)
+
+
+def dense_use(g: torch.Generator, steps: int, rows: int = ROWS, cols: int = COLS) -> OuterSum:
+    return OuterSum(
+        DenseFactor(torch.randn(B, steps, rows, generator=g, dtype=torch.float64)),
+        DenseFactor(torch.randn(B, steps, cols, generator=g, dtype=torch.float64)),
+    )
+
+
+def test_norm_strategy_picks_the_cheaper_way() -> None:
+    """Per example: ghost ~ sum_{u<=v} T_u T_v (rows + cols), materialised ~ (sum_u T_u + 1) rows cols."""
+    g = torch.Generator().manual_seed(5)
+    # rows + cols = 12, rows * cols = 35: T = 2 -> ghost (4 * 12 = 48 < 3 * 35 = 105);
+    # T = 4 -> materialise (5 * 35 = 175 < 16 * 12 = 192).
+    assert norm_strategy([dense_use(g, 2)]) == "ghost"
+    assert norm_strategy([dense_use(g, 4)]) == "materialize"
+    # Two uses (cross term included): 2 + 2 steps: ghost (4 + 4 + 4) * 12 = 144 < 5 * 35 = 175;
+    # 3 + 3 steps: materialise, 7 * 35 = 245 < (9 + 9 + 9) * 12 = 324.
+    assert norm_strategy([dense_use(g, 2), dense_use(g, 2)]) == "ghost"
+    assert norm_strategy([dense_use(g, 3), dense_use(g, 3)]) == "materialize"
+    # A one-hot side (embedding rows) or a materialised use keeps the ghost form.
+    ids = OneHotFactor(torch.randint(0, ROWS, (B, 40), generator=g), ROWS)
+    assert norm_strategy([OuterSum(ids, DenseFactor(torch.randn(B, 40, COLS, generator=g)))]) == "ghost"
+    assert norm_strategy([dense_use(g, 40), random_grad("materialized", g, 0)]) == "ghost"
+
+
+def test_no_per_example_tensor_with_a_vocabulary_sized_dimension() -> None:
+    g = torch.Generator().manual_seed(6)
+    logits_use = dense_use(g, 64, rows=120, cols=32)  # 64 * 152 > 120 * 32 + ...: cheaper to materialise
+    assert norm_strategy([logits_use]) == "materialize"
+    assert norm_strategy([logits_use], never_materialize_dim=120) == "ghost"
+    assert norm_strategy([logits_use], never_materialize_dim=121) == "materialize"
+
+
+@pytest.mark.parametrize("steps", [[4], [3, 5]], ids=["one-use", "two-uses"])
+def test_materialised_norm_equals_the_ghost_norm(steps: list[int]) -> None:
+    g = torch.Generator().manual_seed(7)
+    uses = [dense_use(g, t) for t in steps]
+    assert norm_strategy(uses) == "materialize"
+    expected = sum(materialize(u) for u in uses).pow(2).flatten(1).sum(1)
+    torch.testing.assert_close(squared_norm_of_sum(uses).double(), expected)
+    pairs = [(i, j) for i in range(len(uses)) for j in range(i, len(uses))]
+    ghost_only = sum(inner(uses[i], uses[j]) * (1 if i == j else 2) for i, j in pairs)
+    torch.testing.assert_close(ghost_only.double(), expected)
+    torch.testing.assert_close(materialize_use(uses[0]).values, materialize(uses[0]))
+    with pytest.raises(ValueError, match="two dense factors"):
+        materialize_use(OuterSum(OneHotFactor(torch.zeros(B, 2, dtype=torch.long), ROWS), uses[0].col))
 
 
 def test_mismatched_factor_sizes_are_refused() -> None:

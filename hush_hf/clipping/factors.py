@@ -129,15 +129,62 @@ def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
     return _inner_materialized_outer(h, g)
 
 
-def squared_norm_of_sum(uses: Sequence[PerExampleGrad]) -> Tensor:
+def materialize(g: OuterSum) -> Materialized:
+    """``G_i = sum_t row_{i,t} col_{i,t}^T`` formed explicitly: one batched matmul, (b, rows, cols)."""
+    row, col = _dense(g.row), _dense(g.col)
+    if row is None or col is None:
+        raise ValueError("only a gradient with two dense factors is materialised (never a one-hot side)")
+    dtype = compute_dtype(row, col)
+    return Materialized(torch.bmm(row.to(dtype).transpose(1, 2), col.to(dtype)))
+
+
+def _dense_outer_shape(g: PerExampleGrad) -> tuple[int, int] | None:
+    if isinstance(g, OuterSum) and isinstance(g.row, DenseFactor) and isinstance(g.col, DenseFactor):
+        return g.row.size, g.col.size
+    return None
+
+
+def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None) -> str:
+    """``"materialize"`` or ``"ghost"``: the cheaper way to get one parameter's per-example norm.
+
+    Mixed ghost clipping (Bu et al. 2023, "Differentially private optimization on large model at
+    small cost", Sec. 4): per example, the ghost norm of uses with T_u positions costs about
+    ``sum_{u<=v} T_u T_v (rows + cols)`` (two Gram matrices), materialising ``G = sum_u row_u^T col_u``
+    costs ``(sum_u T_u) rows cols``. Materialising is chosen only when it is cheaper, every use has
+    two dense factors (a one-hot side is an embedding table: its rows are a vocabulary), and neither
+    side reaches ``never_materialize_dim`` (the model's vocabulary): no per-example tensor with a
+    vocabulary-sized dimension is ever formed. When it is chosen the (b, rows, cols) tensor is smaller
+    than the use's factors (b, T, rows + cols) themselves, so it never raises peak memory much.
+    """
+    shapes = {_dense_outer_shape(g) for g in uses}
+    if len(shapes) != 1 or None in shapes:
+        return "ghost"
+    ((rows, cols),) = shapes
+    if never_materialize_dim is not None and max(rows, cols) >= never_materialize_dim:
+        return "ghost"
+    steps = [g.row.values.shape[1] for g in uses]  # type: ignore[union-attr]
+    ghost = sum(steps[u] * steps[v] for u in range(len(steps)) for v in range(u, len(steps))) * (rows + cols)
+    return "materialize" if sum(steps) * rows * cols + rows * cols < ghost else "ghost"
+
+
+def squared_norm_of_sum(
+    uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None
+) -> Tensor:
     """``||sum_u G_{u,i}||^2 = sum_u ||G_{u,i}||^2 + 2 sum_{u<v} <G_{u,i}, G_{v,i}>``, shape (b,).
 
     One entry per use of one parameter in the forward pass. With several uses (tied weights: an
     embedding reused as the output projection) the cross terms are what makes the norm exact;
-    leaving them out can under-estimate it, which would void the clipping bound.
+    leaving them out can under-estimate it, which would void the clipping bound. Computed the
+    cheaper way (``norm_strategy``): from the factors' Gram matrices, or by materialising the
+    per-example gradient for that moment only (the factors stay what the clipped sum is built from).
     """
     if not uses:
         raise ValueError("squared_norm_of_sum needs at least one use")
+    if norm_strategy(uses, never_materialize_dim) == "materialize":
+        total_grad = materialize(uses[0]).values  # type: ignore[arg-type]
+        for g in uses[1:]:
+            total_grad += materialize(g).values  # type: ignore[arg-type]
+        return total_grad.pow(2).flatten(1).sum(dim=1)
     total: Tensor | None = None
     for u, g in enumerate(uses):
         for v in range(u, len(uses)):
@@ -160,7 +207,8 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
 
     For an ``OuterSum`` this is ``sum_{i,t} w_i row_{i,t} col_{i,t}^T``: one (rows x b*T) @ (b*T x cols)
     product for dense factors, a scatter-add of rows for a one-hot factor (an embedding's rows).
-    With ``w_i = c_i`` it is the clipped sum that the second backward adds to ``p.grad``.
+    With ``w_i = c_i`` it is the clipped sum that ``GhostClipper.clipped_backward`` adds to ``p.grad``
+    (book-keeping: c_i folded into the factor, one matmul; no second backward pass).
     """
     if isinstance(g, Materialized):
         dtype = compute_dtype(g.values)

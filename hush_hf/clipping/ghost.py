@@ -3,8 +3,13 @@
 DP-SGD needs ``sum_i clip(g_i, C) = sum_i min(1, C/||g_i||) g_i`` with g_i the gradient of loss_i
 w.r.t. ALL trainable parameters (Hush, Algorithm 2, lines 6 and 9; Abadi et al. 2016). Ghost
 clipping (Li et al. 2022) gets ||g_i|| from each layer's input x and output gradient dL/dy without
-forming g_i, then runs a second backward pass on ``sum_i c_i loss_i`` with the clip coefficients
-c_i held constant; its gradient is exactly the clipped sum.
+forming g_i. Book-keeping (Bu et al. 2023, "Differentially private optimization on large model at
+small cost") then gets the clipped sum from the same x and dy, with no second backward pass: for a
+Linear weight, ``sum_i c_i sum_t dy_{i,t} x_{i,t}^T`` is one matmul with c_i folded into dy
+(``factors.weighted_sum``). One backward pass (without the parameter gradients) plus the norms and
+one weight-gradient-sized product per layer: about the cost of a plain step. Each parameter's norm
+is taken the cheaper way, from Gram matrices or by materialising the per-example gradient for a
+moment (mixed ghost clipping, ``factors.norm_strategy``); never with a vocabulary-sized dimension.
 
 Why not Opacus's ``GradSampleHooksFastGradientClipping`` itself: it computes each layer's norm in
 isolation inside a per-layer backward hook and raises on tied parameters ("Parameter tying is not
@@ -13,14 +18,16 @@ to the word embedding. The exact norm of a tied weight needs all of its uses tog
 term, see ``factors.squared_norm_of_sum``); summing per-use norms can under-estimate it, which
 would void the guarantee. Its embedding norm also ignores ``padding_idx`` (over-estimates). So this
 engine keeps Opacus's design (forward hooks that record activations, a registry of per-layer rules
-keyed by exact type, two backward passes, hooks only, no wrapping) but records each layer call,
-gets all output gradients at once with one ``torch.autograd.grad`` (which skips the parameter
-gradients), and combines the uses of each parameter before taking the norm.
+keyed by exact type, hooks only, no wrapping) but records each layer call, gets all output gradients
+at once with one ``torch.autograd.grad`` (which skips the parameter gradients), combines the uses of
+each parameter before taking the norm, and builds the clipped gradient itself from the factors.
+Because the applied gradient is built from the very factors the norms were taken of, a parameter use
+that no rule saw cannot reach ``p.grad`` unclipped: it is missing from the update instead.
 
 What it refuses rather than under-clip: a parameter read outside its layer's call (the first call's
 self-check compares autograd's gradient with the one the norms describe, see
 ``GhostClipper._self_check``), modules that couple the examples of a batch (BatchNorm, at
-construction), and rounding between the two passes (a clip margin, see ``CLIP_MARGINS``).
+construction), and rounding (a clip margin, see ``CLIP_MARGINS``).
 """
 
 from __future__ import annotations
@@ -66,24 +73,25 @@ CLIP_MARGINS: dict[torch.dtype, float] = {
 """Relative clip-norm margin by the narrowest floating dtype of the step: examples are clipped to
 C' = C * (1 - margin), so that the gradient actually applied, c_i g_i, stays within C.
 
-Why a margin: the norm of g_i comes from the first backward (factors in at least float32), the
-applied c_i g_i from the second backward, and the two round differently. The second pass scales
-every intermediate gradient by c_i before rounding it; with bf16/fp16 activations (autocast) or
-parameters each rounding is up to 2^-9 (bf16) relative. Measured here (tiny GPT-2, BERT, Gemma-2,
-2 to 12 layers, bf16 autocast, one example per batch, no margin): ||c_i g_i|| exceeded C by up to
-0.37% (about 2^-8); 2^-6 = 1.6% leaves 4x headroom. In float32 the excess was at most 6e-8 (2^-24);
-2^-20 leaves 16x. The margins are measured, not proven. The cost of the margin is clipping at most
-``margin`` more than asked (a slightly smaller signal, never a weaker guarantee).
+Why a margin: the norm of g_i and the applied c_i g_i are computed along different routes (Gram
+matrices vs one matmul, in at least float32, then cast to the parameter dtype) and round differently.
+The margins were measured when the applied gradient still came from a second backward pass, which
+rounds every intermediate gradient in the activation dtype (up to 2^-9 relative in bf16): tiny GPT-2,
+BERT, Gemma-2, 2 to 12 layers, bf16 autocast, one example per batch, no margin: ||c_i g_i|| exceeded
+C by up to 0.37% (about 2^-8); 2^-6 = 1.6% leaves 4x headroom. In float32 the excess was at most 6e-8
+(2^-24); 2^-20 leaves 16x. Book-keeping builds c_i g_i from the same (bf16) factors the norm was taken
+of, in float32, so its rounding gap is smaller; the margins are kept, measured, not proven. The cost
+of the margin is clipping at most ``margin`` more than asked (a smaller signal, never a weaker guarantee).
 """
 
 _CHECK_RTOL = 1e-4
-"""Self-check tolerance in float32+: per parameter, ||applied - rebuilt|| <= 1e-4 * sum_i ||c_i g_i||
+"""Self-check tolerance in float32+: per parameter, ||autograd - rebuilt|| <= 1e-4 * sum_i ||c_i g_i||
 (measured gap: at most 3e-7)."""
 
 _CHECK_RTOL_REDUCED = 2.0**-4
-"""Self-check tolerance under bf16/fp16: the second backward's rounding alone made the applied gradient
-differ from the rebuilt one by up to 1.1% of sum_i ||c_i g_i|| (one example per batch; 0.4% with 8),
-on the models measured for ``CLIP_MARGINS``; 2^-4 = 6.25% leaves 5x headroom."""
+"""Self-check tolerance under bf16/fp16: autograd's bf16 rounding alone made its gradient differ from
+the rebuilt one by up to 1.1% of sum_i ||c_i g_i|| (one example per batch; 0.4% with 8), on the models
+measured for ``CLIP_MARGINS``; 2^-4 = 6.25% leaves 5x headroom."""
 
 
 @dataclass(frozen=True)
@@ -113,10 +121,10 @@ class _Call:
 
 @dataclass(frozen=True)
 class _Pass:
-    """What the first backward found: norms and, while the self-check is pending, the factors."""
+    """What the backward pass found: norms and the factors the clipped sum is built from."""
 
     norms: Tensor  # (b,) float64
-    uses: dict[int, list[PerExampleGrad]]  # parameter id -> its recorded uses (empty once verified)
+    uses: dict[int, list[PerExampleGrad]]  # parameter id -> its recorded uses
     dtype: torch.dtype  # narrowest floating dtype of the step (activations, outputs, parameters, loss)
 
     @property
@@ -199,6 +207,13 @@ def _fold_factor(call: _Call, batch: int) -> int | None:
     return n
 
 
+def _vocabulary_size(layers: list[_HookedLayer]) -> int | None:
+    """The largest embedding table's row count: no per-example gradient with a dimension this large is
+    ever materialised (see ``factors.norm_strategy``). None when the model has no embedding."""
+    sizes = [layer.module.num_embeddings for layer in layers if isinstance(layer.module, nn.Embedding)]
+    return max(sizes) if sizes else None
+
+
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
@@ -229,9 +244,9 @@ class GhostClipper:
     that no norm counted. So the first call that sees a nonzero gradient compares, for every trainable
     parameter, the gradient autograd computes with the one rebuilt from the recorded factors, and
     raises ``UnsupportedLayerError`` naming the parameter on a mismatch (``_self_check``); nothing of
-    that call reaches ``p.grad`` then. It costs, once, one parameter-sized product per weight (about
-    the weight-gradient part of a backward) and one extra gradient-sized buffer (in
-    ``per_example_norms`` also one extra backward): +30% on the first call of a 4-layer GPT-2 here.
+    that call reaches ``p.grad`` then. It costs, once, one extra backward pass and one extra
+    gradient-sized buffer. Once verified, a use the record misses could only be missing from the
+    update (the applied gradient is built from the recorded factors), never applied unclipped.
     The norms are per-example statistics of private data: do not log them.
     """
 
@@ -247,6 +262,7 @@ class GhostClipper:
         self._model = model
         self._max_norm = float(max_norm)
         self._layers = _plan_layers(model)
+        self._vocab = _vocabulary_size(self._layers)
         self._params = _trainable(model)
         self._trainable_ids = [id(p) for _, p in self._params]
         self._verified = False  # the self-check (see class docstring) has passed once
@@ -398,7 +414,7 @@ class GhostClipper:
         self._forwards = 0
 
     # ----------------------------------------------------------------------------- norms
-    def _first_pass(self, per_example_loss: Tensor) -> _Pass:
+    def _first_pass(self, per_example_loss: Tensor, *, retain_graph: bool = True) -> _Pass:
         calls, forwards = self._take_calls()
         self._check_usable()
         loss = self._check_loss(per_example_loss)
@@ -413,7 +429,9 @@ class GhostClipper:
         # Memory: every hooked layer's output gradient is alive until processed (about one more
         # copy of the activations, the logits' gradient included).
         out_grads = list(
-            torch.autograd.grad(loss.sum(), [c.output for c in calls], retain_graph=True, allow_unused=True)
+            torch.autograd.grad(
+                loss.sum(), [c.output for c in calls], retain_graph=retain_graph, allow_unused=True
+            )
         )
         if self._calls or self._forwards:
             self.reset()
@@ -434,13 +452,12 @@ class GhostClipper:
             for name in call.layer.param_names:
                 uses.setdefault(id(call.layer.module._parameters[name]), []).append(grads[name])
         for per_use in uses.values():
-            squared += squared_norm_of_sum(per_use).to(torch.float64)
+            squared += squared_norm_of_sum(per_use, self._vocab).to(torch.float64)
         norms = squared.sqrt()
         bad = torch.nonzero(~torch.isfinite(norms)).flatten()
         if bad.numel():
             raise FloatingPointError(f"per-example gradient norm is not finite for example(s) {bad.tolist()}")
-        # The factors are only needed again by the self-check; otherwise free them now.
-        return _Pass(norms, uses if not self._verified else {}, dtype)
+        return _Pass(norms, uses, dtype)
 
     def _narrowest_dtype(self, calls: list[_Call], loss: Tensor) -> torch.dtype:
         """The least precise floating dtype among the recorded activations and outputs, the trainable
@@ -482,56 +499,64 @@ class GhostClipper:
     def clipped_backward(self, per_example_loss: Tensor) -> Tensor:
         """Adds ``sum_i min(1, C/||g_i||) g_i`` to ``p.grad`` (accumulating); returns the norms (float64).
 
-        Two passes over the graph of one forward: norms (``per_example_norms``), then the backward of
-        ``sum_i c_i loss_i`` with c_i constant, whose gradient is exactly the clipped sum. Examples are
-        clipped to C * (1 - margin) with the rounding margin of ``CLIP_MARGINS`` (2^-20 in float32,
-        2^-6 under bf16/fp16), so the applied c_i g_i stays within C. The first call runs the self-check.
+        One backward pass over the graph of one forward (the output gradients of the hooked layers, not
+        the parameter gradients; the graph is freed like ``backward()`` frees it), the norms, then the
+        clipped sum built from the recorded factors with c_i folded in (book-keeping; one
+        weight-gradient-sized product per use, ``factors.weighted_sum``). Examples are clipped to
+        C * (1 - margin) with the rounding margin of ``CLIP_MARGINS`` (2^-20 in float32, 2^-6 under
+        bf16/fp16), so the applied c_i g_i stays within C. The first call also runs the self-check (one
+        more backward, once); nothing of a refused call reaches ``p.grad``.
         """
-        result = self._first_pass(per_example_loss)
+        result = self._first_pass(per_example_loss, retain_graph=not self._verified)
         norms = result.norms
         if norms.numel() == 0:
             return norms
         coef = self.clip_coefficients(norms, per_example_loss.dtype, margin=result.margin)
         if self._verified:
-            (per_example_loss * coef).sum().backward()
+            for _, p in self._params:
+                uses = result.uses.pop(id(p), [])
+                if uses:
+                    self._accumulate(p, self._clipped_sum(p, uses, coef))
             return norms
-        # Self-check: rebuild first (frees the factors), then take this call's gradient apart from
-        # what p.grad already held.
         rebuilt = self._rebuild(result, coef)
         params = [p for _, p in self._params]
-        held = [p.grad for p in params]
+        got = torch.autograd.grad((per_example_loss * coef).sum(), params, allow_unused=True)
+        self._self_check(result, coef, rebuilt, {id(p): g for p, g in zip(params, got, strict=True)})
+        del got
         for p in params:
-            p.grad = None
-        try:
-            (per_example_loss * coef).sum().backward()
-            self._self_check(result, coef, rebuilt, {id(p): p.grad for p in params})
-        except BaseException:
-            for p, g in zip(params, held, strict=True):
-                p.grad = g  # nothing of a refused (or failed) call reaches p.grad
-            raise
-        for p, g in zip(params, held, strict=True):
-            if g is not None and p.grad is not None:
-                p.grad = g.add_(p.grad)
-            elif g is not None:
-                p.grad = g
+            if id(p) in rebuilt:
+                self._accumulate(p, rebuilt.pop(id(p)))
         return norms
+
+    @staticmethod
+    def _clipped_sum(p: nn.Parameter, uses: list[PerExampleGrad], coef: Tensor) -> Tensor:
+        """``sum_u sum_i coef_i G_{u,i}`` for one parameter, in at least float32, shaped like ``p``."""
+        total: Tensor | None = None
+        for use in uses:
+            part = weighted_sum(use, coef).reshape(p.shape)
+            total = part if total is None else total.add_(part.to(total.dtype))
+        assert total is not None
+        return total
+
+    @staticmethod
+    def _accumulate(p: nn.Parameter, grad: Tensor) -> None:
+        if p.grad is None:
+            p.grad = grad.to(p.dtype)
+        else:
+            p.grad.add_(grad.to(p.grad.dtype))
 
     # ----------------------------------------------------------------------------- self-check
     def _rebuild(self, result: _Pass, coef: Tensor) -> dict[int, Tensor]:
         """``sum_i coef_i G_{i,p}`` from the recorded factors, for every parameter with a recorded use.
 
-        Built before the second backward and the factors freed at once, so the check holds one extra
+        Built before the check's backward and the factors freed at once, so the check holds one extra
         gradient-sized copy rather than every layer's output gradient (the logits' included).
         """
         rebuilt: dict[int, Tensor] = {}
         for _, p in self._params:
             uses = result.uses.pop(id(p), [])
             if uses:
-                dtype = torch.promote_types(p.dtype, torch.float32)
-                total = torch.zeros(p.shape, dtype=dtype, device=coef.device)
-                for use in uses:
-                    total += weighted_sum(use, coef).to(dtype).reshape(p.shape)
-                rebuilt[id(p)] = total
+                rebuilt[id(p)] = self._clipped_sum(p, uses, coef)
         result.uses.clear()
         return rebuilt
 
@@ -551,8 +576,8 @@ class GhostClipper:
         ``sum_i ||c_i g_i||`` (the scale of the whole clipped gradient, so that parameters whose
         gradient is zero in exact arithmetic, e.g. attention key biases, do not trip it on rounding
         noise), per parameter and over all parameters together: 1e-4 in float32 and wider, 2^-4
-        under bf16/fp16 (where the two passes round apart by ~1%), so with bf16 only a direct use
-        carrying more than ~6% of the gradient is seen; run the first step in float32 for the
+        under bf16/fp16 (where autograd and the rebuilt sum round apart by ~1%), so with bf16 only a
+        direct use carrying more than ~6% of the gradient is seen; run the first step in float32 for the
         sharper check.
 
         Why a gradient comparison and not a check of how the forward reads parameters (e.g. a
