@@ -218,7 +218,11 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
     dtype = compute_dtype(*(f.values for f in (row, col) if isinstance(f, DenseFactor)))
     device = weights.device
     if isinstance(row, DenseFactor) and isinstance(col, DenseFactor):
-        return _weighted_rows(row, weights, dtype).T @ col.values.to(dtype).reshape(-1, col.size)
+        # Fold the weights into the narrower factor (for an output projection: the hidden states,
+        # not the vocabulary-wide logits gradient): a smaller scaled copy, the same one matmul.
+        if row.size <= col.size:
+            return _weighted_rows(row, weights, dtype).T @ col.values.to(dtype).reshape(-1, col.size)
+        return row.values.to(dtype).reshape(-1, row.size).T @ _weighted_rows(col, weights, dtype)
     out = torch.zeros(row.size, col.size, dtype=dtype, device=device)
     if isinstance(row, OneHotFactor) and isinstance(col, DenseFactor):
         return out.index_add_(0, row.ids.reshape(-1), _weighted_rows(col, weights, dtype))
