@@ -25,8 +25,9 @@ Each (model, contender) runs in a fresh process; the contenders of a model run o
 in a rotated order on each repeat (interleaved), so a change in the machine's load hits all of them.
 Reported: the median over timed steps and repeats of the *process CPU seconds* of one full step
 (``time.process_time``, all threads; less sensitive than wall time to other processes on a shared
-machine), its ratio to ``plain``, and the ratio of the process's peak resident set size
-(``ru_maxrss``, which includes the Python/torch runtime and so dilutes the ratio). opacus is an
+machine), its ratio to ``plain``, and the ratio of the process's peak resident set size over the timed steps
+(Linux VmHWM, reset after the warm-up; it includes the model, optimizer state and Python/torch runtime,
+so it is the whole process's footprint, not the step's extra memory). opacus is an
 optional dependency (``pip install hush_hf[bench]``); without it the Opacus cells say ``missing``.
 """
 
@@ -147,7 +148,6 @@ def register_opacus_conv1d() -> None:
 
 def measure(name: str, contender: str, steps: int, warmup: int) -> dict:
     """Process CPU seconds per full step of ``contender`` on model ``name``, in this (fresh) process."""
-    import resource
     import time
 
     import torch
@@ -234,15 +234,28 @@ def measure(name: str, contender: str, steps: int, warmup: int) -> dict:
 
     seconds = []
     for k in range(warmup + steps):
+        if k == warmup:
+            reset_peak_rss()  # the warm-up (hush_hf's one-time self-check included) does not count
         start = time.process_time()
         step(k)
         if k >= warmup:
             seconds.append(time.process_time() - start)
-    return {
-        "cpu_seconds": seconds,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "threads": torch.get_num_threads(),
-    }
+    return {"cpu_seconds": seconds, "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads()}
+
+
+def reset_peak_rss() -> None:
+    """Linux: restart the process's peak-RSS counter (VmHWM) from the current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size since the last reset (Linux VmHWM), MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def classify(message: str) -> str:

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, Partial
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils.hooks import RemovableHandle
@@ -117,6 +118,7 @@ class _Call:
     x_version: int
     output: Tensor  # kept attached: the first pass differentiates w.r.t. it
     output_version: int
+    params: tuple[Tensor, ...]  # the layer's parameters as the call used them (FSDP2: unsharded)
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,9 @@ class _Pass:
     """What the backward pass found: norms and the factors the clipped sum is built from."""
 
     norms: Tensor  # (b,) float64
-    uses: dict[int, list[PerExampleGrad]]  # parameter id -> its recorded uses
+    uses: dict[str, list[PerExampleGrad]]  # parameter name -> its recorded uses
     dtype: torch.dtype  # narrowest floating dtype of the step (activations, outputs, parameters, loss)
+    used: dict[str, list[Tensor]]  # parameter name -> the tensor(s) the forward used for it
 
     @property
     def margin(self) -> float:
@@ -214,6 +217,30 @@ def _vocabulary_size(layers: list[_HookedLayer]) -> int | None:
     return max(sizes) if sizes else None
 
 
+def _canonical_names(model: nn.Module, layers: list[_HookedLayer]) -> dict[tuple[int, str], str]:
+    """(id(layer module), its parameter name) -> the parameter's name in ``model.named_parameters()``.
+
+    Uses are keyed by name, not by tensor identity: FSDP2 swaps a module's registered parameters
+    between sharded DTensors and unsharded tensors around each forward and backward. A tied weight
+    has one name (the first, as ``named_parameters`` reports it) for all of its uses.
+    """
+    first: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        first.setdefault(id(p), name)
+    return {
+        (id(layer.module), n): first[id(layer.module._parameters[n])]
+        for layer in layers
+        for n in layer.param_names
+    }
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    """Whether FSDP2 (``fully_shard``) manages some part of ``model``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
@@ -248,6 +275,12 @@ class GhostClipper:
     gradient-sized buffer. Once verified, a use the record misses could only be missing from the
     update (the applied gradient is built from the recorded factors), never applied unclipped.
     The norms are per-example statistics of private data: do not log them.
+
+    FSDP2 (``fully_shard``): parameters are matched by name (FSDP2 swaps sharded and unsharded
+    parameter objects), the norms need only this rank's activations and output gradients, and each
+    sharded parameter gets the sum over ranks of the ranks' clipped sums, reduce-scattered to its
+    shard (``_accumulate``). That is a collective: every rank must call ``clipped_backward`` equally
+    often, each with at least one example (FSDP's own forward all-gathers demand the same).
     """
 
     def __init__(self, model: nn.Module, max_norm: float) -> None:
@@ -265,6 +298,7 @@ class GhostClipper:
         self._vocab = _vocabulary_size(self._layers)
         self._params = _trainable(model)
         self._trainable_ids = [id(p) for _, p in self._params]
+        self._names = _canonical_names(model, self._layers)
         self._verified = False  # the self-check (see class docstring) has passed once
         self._calls: list[_Call] = []
         self._forwards = 0
@@ -310,7 +344,8 @@ class GhostClipper:
         ):
             # The op multiplies the autocast-dtype copy; the weight gradient is built from it.
             x = x.to(torch.get_autocast_dtype(device_type))
-        self._calls.append(_Call(layer, x, source, source._version, output, output._version))
+        params = tuple(module._parameters[n] for n in layer.param_names)
+        self._calls.append(_Call(layer, x, source, source._version, output, output._version, params))
         if layer.rule.protects_output:
             # The model modifies this output in place (Falcon: ``mlp_output += attention_output``); it
             # continues with a copy, so the recorded output keeps the value autograd differentiates.
@@ -339,7 +374,8 @@ class GhostClipper:
             # goes on with it expanded to the batch, which its broadcasting add reads identically, so that
             # row i of its gradient is example i's own.
             output = output.expand(primary.shape[0], *output.shape[1:])
-        self._calls.append(_Call(layer, call, primary, primary._version, output, output._version))
+        params = tuple(layer.module._parameters[n] for n in layer.param_names)
+        self._calls.append(_Call(layer, call, primary, primary._version, output, output._version, params))
         return output if shared else None
 
     # ----------------------------------------------------------------------------- checks
@@ -347,7 +383,13 @@ class GhostClipper:
         if self._removed:
             raise RuntimeError("this GhostClipper was removed; build a new one")
         current = _trainable(self._model)
-        if [id(p) for _, p in current] != self._trainable_ids:
+        # FSDP2 swaps parameter objects (sharded / unsharded) by design: compare names there.
+        same = (
+            [n for n, _ in current] == [n for n, _ in self._params]
+            if _is_fsdp(self._model)
+            else [id(p) for _, p in current] == self._trainable_ids
+        )
+        if not same:
             raise RuntimeError(
                 "the trainable parameters of the model changed since the GhostClipper was built "
                 "(requires_grad toggled or parameters replaced); remove() it and build a new one"
@@ -423,7 +465,7 @@ class GhostClipper:
         dtype = self._narrowest_dtype(calls, loss)
         squared = torch.zeros(b, dtype=torch.float64, device=loss.device)
         if b == 0:
-            return _Pass(squared, {}, dtype)
+            return _Pass(squared, {}, dtype, {})
         # d(sum_i loss_i)/d(output) of each call; row i is example i's own output gradient.
         # All at once, so the graph is traversed once; the parameter gradients are not computed.
         # Memory: every hooked layer's output gradient is alive until processed (about one more
@@ -436,8 +478,14 @@ class GhostClipper:
         if self._calls or self._forwards:
             self.reset()
             raise RuntimeError("layers ran during the backward pass (gradient checkpointing?): not supported")
-        uses: dict[int, list[PerExampleGrad]] = {}
+        uses: dict[str, list[PerExampleGrad]] = {}
+        used: dict[str, list[Tensor]] = {}
         for k, call in enumerate(calls):
+            module = call.layer.module
+            for name, tensor in zip(call.layer.param_names, call.params, strict=True):
+                seen = used.setdefault(self._names[(id(module), name)], [])
+                if all(t is not tensor for t in seen):
+                    seen.append(tensor)
             g, out_grads[k] = out_grads[k], None  # free each output gradient once used
             if g is None:
                 continue  # output not used by the loss: zero gradient
@@ -446,18 +494,18 @@ class GhostClipper:
                 x, g = x.reshape(b, -1, *x.shape[1:]), g.reshape(b, -1, *g.shape[1:])
             self._paused = True
             try:
-                grads = call.layer.rule.grads(call.layer.module, x, g)
+                grads = call.layer.rule.grads(module, x, g)
             finally:
                 self._paused = False
             for name in call.layer.param_names:
-                uses.setdefault(id(call.layer.module._parameters[name]), []).append(grads[name])
+                uses.setdefault(self._names[(id(module), name)], []).append(grads[name])
         for per_use in uses.values():
             squared += squared_norm_of_sum(per_use, self._vocab).to(torch.float64)
         norms = squared.sqrt()
         bad = torch.nonzero(~torch.isfinite(norms)).flatten()
         if bad.numel():
             raise FloatingPointError(f"per-example gradient norm is not finite for example(s) {bad.tolist()}")
-        return _Pass(norms, uses, dtype)
+        return _Pass(norms, uses, dtype, used)
 
     def _narrowest_dtype(self, calls: list[_Call], loss: Tensor) -> torch.dtype:
         """The least precise floating dtype among the recorded activations and outputs, the trainable
@@ -480,9 +528,8 @@ class GhostClipper:
         if not self._verified and result.norms.numel():
             ones = torch.ones_like(result.norms, dtype=per_example_loss.dtype)
             rebuilt = self._rebuild(result, ones)
-            params = [p for _, p in self._params]
-            got = torch.autograd.grad(per_example_loss.sum(), params, retain_graph=True, allow_unused=True)
-            self._self_check(result, ones, rebuilt, {id(p): g for p, g in zip(params, got, strict=True)})
+            got = self._autograd_grads(per_example_loss.sum(), result, retain_graph=True)
+            self._self_check(result, ones, rebuilt, got)
         return result.norms
 
     def clip_coefficients(self, norms: Tensor, dtype: torch.dtype, *, margin: float = 0.0) -> Tensor:
@@ -513,20 +560,34 @@ class GhostClipper:
             return norms
         coef = self.clip_coefficients(norms, per_example_loss.dtype, margin=result.margin)
         if self._verified:
-            for _, p in self._params:
-                uses = result.uses.pop(id(p), [])
-                if uses:
-                    self._accumulate(p, self._clipped_sum(p, uses, coef))
+            for name, p in self._params:
+                uses = result.uses.pop(name, [])
+                self._accumulate(p, self._clipped_sum(p, uses, coef) if uses else None)
             return norms
         rebuilt = self._rebuild(result, coef)
-        params = [p for _, p in self._params]
-        got = torch.autograd.grad((per_example_loss * coef).sum(), params, allow_unused=True)
-        self._self_check(result, coef, rebuilt, {id(p): g for p, g in zip(params, got, strict=True)})
+        got = self._autograd_grads((per_example_loss * coef).sum(), result, retain_graph=False)
+        self._self_check(result, coef, rebuilt, got)
         del got
-        for p in params:
-            if id(p) in rebuilt:
-                self._accumulate(p, rebuilt.pop(id(p)))
+        for name, p in self._params:
+            self._accumulate(p, rebuilt.pop(name, None))
         return norms
+
+    def _autograd_grads(self, loss: Tensor, result: _Pass, *, retain_graph: bool) -> dict[str, Tensor | None]:
+        """Autograd's gradient of ``loss`` for every trainable parameter, by name: w.r.t. the tensors the
+        forward used (FSDP2: the unsharded parameters), or the registered one for a layer that never ran."""
+        names, tensors = [], []
+        for name, p in self._params:
+            for t in result.used.get(name, [p]):
+                names.append(name)
+                tensors.append(t)
+        got = torch.autograd.grad(loss, tensors, retain_graph=retain_graph, allow_unused=True)
+        out: dict[str, Tensor | None] = {}
+        for name, g in zip(names, got, strict=True):
+            if g is not None:
+                out[name] = g if out.get(name) is None else out[name] + g
+            else:
+                out.setdefault(name, None)
+        return out
 
     @staticmethod
     def _clipped_sum(p: nn.Parameter, uses: list[PerExampleGrad], coef: Tensor) -> Tensor:
@@ -539,34 +600,46 @@ class GhostClipper:
         return total
 
     @staticmethod
-    def _accumulate(p: nn.Parameter, grad: Tensor) -> None:
+    def _accumulate(p: nn.Parameter, grad: Tensor | None) -> None:
+        """``p.grad += grad``. A sharded (FSDP2, DTensor) parameter gets the sum over ranks of each
+        rank's full-size ``grad``, reduce-scattered to its own shard: a collective, so every rank makes
+        the same calls (a parameter with no recorded use contributes zeros)."""
+        if isinstance(p, DTensor):
+            zeros = grad is None
+            local = torch.zeros(p.shape, dtype=p.dtype, device=p.device) if zeros else grad.to(p.dtype)
+            mesh = p.device_mesh
+            grad = DTensor.from_local(local, mesh, [Partial()] * mesh.ndim, run_check=False).redistribute(
+                mesh, p.placements
+            )
+        elif grad is None:
+            return
         if p.grad is None:
             p.grad = grad.to(p.dtype)
         else:
             p.grad.add_(grad.to(p.grad.dtype))
 
     # ----------------------------------------------------------------------------- self-check
-    def _rebuild(self, result: _Pass, coef: Tensor) -> dict[int, Tensor]:
+    def _rebuild(self, result: _Pass, coef: Tensor) -> dict[str, Tensor]:
         """``sum_i coef_i G_{i,p}`` from the recorded factors, for every parameter with a recorded use.
 
         Built before the check's backward and the factors freed at once, so the check holds one extra
         gradient-sized copy rather than every layer's output gradient (the logits' included).
         """
-        rebuilt: dict[int, Tensor] = {}
-        for _, p in self._params:
-            uses = result.uses.pop(id(p), [])
+        rebuilt: dict[str, Tensor] = {}
+        for name, p in self._params:
+            uses = result.uses.pop(name, [])
             if uses:
-                rebuilt[id(p)] = self._clipped_sum(p, uses, coef)
+                rebuilt[name] = self._clipped_sum(p, uses, coef)
         result.uses.clear()
         return rebuilt
 
     def _self_check(
-        self, result: _Pass, coef: Tensor, rebuilt: dict[int, Tensor], added: dict[int, Tensor | None]
+        self, result: _Pass, coef: Tensor, rebuilt: dict[str, Tensor], added: dict[str, Tensor | None]
     ) -> None:
         """Refuse when the gradient autograd computes differs from the one the norms were taken of.
 
-        ``added[id(p)]`` is the gradient of ``sum_i coef_i loss_i`` that autograd gives ``p``;
-        ``rebuilt[id(p)] = sum_i coef_i G_{i,p}`` comes from the recorded factors (``_rebuild``, with
+        ``added[name]`` is the gradient of ``sum_i coef_i loss_i`` that autograd gives the parameter;
+        ``rebuilt[name] = sum_i coef_i G_{i,p}`` comes from the recorded factors (``_rebuild``, with
         ``factors.weighted_sum``: a parameter-sized product, no per-example gradient is formed). They
         agree (to rounding) exactly when every use of every trainable parameter went through a hooked
         call whose rule is right.
@@ -594,7 +667,7 @@ class GhostClipper:
         rtol = _CHECK_RTOL_REDUCED if reduced else _CHECK_RTOL
         gaps: list[tuple[str, float, bool]] = []  # (name, gap, recorded)
         for name, p in self._params:
-            mine, got = rebuilt.get(id(p)), added.get(id(p))
+            mine, got = rebuilt.get(name), added.get(name)
             if got is None:
                 gap = float(mine.norm()) if mine is not None else 0.0
             else:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Shard
 
 from hush_hf.sampling.seeds import NOISE_STREAM, step_seed_sequence
 
@@ -38,6 +39,28 @@ def noise_generator(
     generator = torch.Generator(device=device)
     generator.manual_seed(int(state[0]))
     return generator
+
+
+def shard_rows(full: torch.Tensor, grad: DTensor) -> torch.Tensor:
+    """This rank's rows of ``full`` for a gradient sharded like FSDP2's parameters (``Shard(0)`` on a
+    1-D mesh, ``torch.chunk`` sizes): the noise of a shard is the slice of the noise the unsharded run
+    draws, so sharded and unsharded runs add identical noise. Every rank draws the whole tensor (the
+    generators are sequential); anything else than dim-0 sharding on one mesh dimension is refused."""
+    mesh = grad.device_mesh
+    if mesh.ndim != 1 or tuple(grad.placements) != (Shard(0),):
+        raise ValueError(
+            f"sharded gradients must be Shard(0) on a 1-D device mesh (FSDP2), got {tuple(grad.placements)} "
+            f"on a {mesh.ndim}-D mesh"
+        )
+    pieces = torch.chunk(full, mesh.size(), dim=0)
+    rank = mesh.get_local_rank()
+    local = pieces[rank] if rank < len(pieces) else full[:0]
+    if local.shape != grad.to_local().shape:
+        raise ValueError(
+            f"local gradient shard has shape {tuple(grad.to_local().shape)}, expected {tuple(local.shape)} "
+            "from torch.chunk of the full gradient"
+        )
+    return local
 
 
 def ensure_grads_(params: Sequence[nn.Parameter]) -> None:
@@ -84,6 +107,8 @@ def privatize_gradients_(
                 noise = torch.randn(
                     grad.shape, generator=generators[device], device=device, dtype=noise_dtype
                 )
+                if isinstance(grad, DTensor):
+                    noise, grad = shard_rows(noise, grad), grad.to_local()
                 if grad.dtype in _LOW_PRECISION:
                     grad.copy_(grad.float().add_(noise, alpha=std).div_(expected_batch_size))
                     continue
