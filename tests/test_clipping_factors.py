@@ -13,6 +13,7 @@ from hush_hf.clipping.factors import (
     Materialized,
     OneHotFactor,
     OuterSum,
+    drop_zero_steps,
     gram,
     inner,
     norm_strategy,
@@ -152,6 +153,37 @@ def test_materialised_norm_equals_the_ghost_norm(steps: list[int]) -> None:
     torch.testing.assert_close(materialize_use(uses[0]).values, materialize(uses[0]))
     with pytest.raises(ValueError, match="two dense factors"):
         materialize_use(OuterSum(OneHotFactor(torch.zeros(B, 2, dtype=torch.long), ROWS), uses[0].col))
+
+
+def with_zero_steps(g: OuterSum, keep: list[int], gen: torch.Generator) -> OuterSum:
+    """Zero the dense side at all but ``keep[i]`` random steps of example i (a masked-LM head)."""
+    dense = g.col if isinstance(g.col, DenseFactor) else g.row
+    values = dense.values.clone()
+    for i, k in enumerate(keep):
+        values[i, torch.randperm(values.shape[1], generator=gen)[k:]] = 0.0
+    values[0, 0, 0] = 0.0  # a nonzero step with a zero entry stays
+    zeroed = DenseFactor(values)
+    return OuterSum(g.row, zeroed) if dense is g.col else OuterSum(zeroed, g.col)
+
+
+@pytest.mark.parametrize("kind", ["densexdense", "onehotxdense", "densexonehot"])
+def test_dropping_zero_steps_is_exact(kind: str) -> None:
+    """Fewer steps (at most the largest per-example count), same norms, cross terms and clipped sums."""
+    g = torch.Generator().manual_seed(8)
+    sparse = with_zero_steps(random_grad(kind, g, 12), keep=[3, 0, 1], gen=g)  # example 1: all zero
+    other = random_grad("densexdense", g, 5)
+    compact = drop_zero_steps(sparse)
+    steps = (compact.row.values if isinstance(compact.row, DenseFactor) else compact.row.ids).shape[1]
+    assert steps == 3
+    torch.testing.assert_close(materialize(compact), materialize(sparse))
+    expected = (materialize(sparse) + materialize(other)).pow(2).flatten(1).sum(1)
+    torch.testing.assert_close(squared_norm_of_sum([compact, other]).double(), expected)
+    weights = torch.rand(B, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(
+        weighted_sum(compact, weights).double(), torch.einsum("b,brk->rk", weights, materialize(sparse))
+    )
+    dense = random_grad(kind, g, 12)
+    assert drop_zero_steps(dense) is dense  # nothing to drop: unchanged
 
 
 def test_mismatched_factor_sizes_are_refused() -> None:

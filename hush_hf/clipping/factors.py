@@ -167,6 +167,48 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
     return "materialize" if sum(steps) * rows * cols + rows * cols < ghost else "ghost"
 
 
+_COMPACT_BELOW = 0.75
+"""Drop zero steps when at most this fraction of the T steps carries a nonzero term (``drop_zero_steps``)."""
+
+
+def _nonzero_rows(f: Factor) -> Tensor | None:
+    """(b, T) mask of the steps whose dense factor vector is not all zero (exact: no norm that could
+    underflow); None for a one-hot factor (never zero)."""
+    v = _dense(f)
+    if v is None:
+        return None
+    return (v.amax(dim=-1) > 0) | (v.amin(dim=-1) < 0)
+
+
+def _take_steps(f: Factor, index: Tensor) -> Factor:
+    if isinstance(f, DenseFactor):
+        return DenseFactor(torch.gather(f.values, 1, index[:, :, None].expand(-1, -1, f.values.shape[-1])))
+    return OneHotFactor(torch.gather(f.ids, 1, index), f.size)
+
+
+def drop_zero_steps(g: PerExampleGrad) -> PerExampleGrad:
+    """The same per-example gradient with the steps t whose term row_t col_t^T is zero left out.
+
+    A masked-LM head gets an output gradient only at the ~15% masked positions (padding and ignored
+    labels likewise), and every Gram or matmul over T steps costs that much less on the rest. Exact:
+    a zero step adds nothing to G_i. Each example keeps its nonzero steps, padded to the largest count
+    with steps whose dense factor is zero.
+    """
+    if not isinstance(g, OuterSum):
+        return g
+    masks = [m for m in (_nonzero_rows(g.row), _nonzero_rows(g.col)) if m is not None]
+    if not masks or masks[0].dim() != 2:
+        return g
+    mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
+    steps = mask.shape[1]
+    keep = int(mask.sum(dim=1).max()) if mask.numel() else 0
+    if keep > _COMPACT_BELOW * steps:
+        return g
+    # Nonzero steps first (a stable sort of the mask), then zero-term steps as padding.
+    index = torch.sort(mask.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :keep]
+    return OuterSum(_take_steps(g.row, index), _take_steps(g.col, index))
+
+
 def squared_norm_of_sum(
     uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None
 ) -> Tensor:

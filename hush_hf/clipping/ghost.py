@@ -48,7 +48,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils.hooks import RemovableHandle
 
-from hush_hf.clipping.factors import PerExampleGrad, squared_norm_of_sum, weighted_sum
+from hush_hf.clipping.factors import PerExampleGrad, drop_zero_steps, squared_norm_of_sum, weighted_sum
 from hush_hf.clipping.registry import (
     LayerRule,
     RecordedCall,
@@ -468,37 +468,40 @@ class GhostClipper:
             return _Pass(squared, {}, dtype, {})
         # d(sum_i loss_i)/d(output) of each call; row i is example i's own output gradient.
         # All at once, so the graph is traversed once; the parameter gradients are not computed.
-        # Memory: every hooked layer's output gradient is alive until processed (about one more
-        # copy of the activations, the logits' gradient included).
+        # Memory: every hooked layer's output gradient stays alive (as a factor) until the clipped
+        # sum is built: about one more copy of the layer outputs, the logits' gradient included.
         out_grads = list(
             torch.autograd.grad(
                 loss.sum(), [c.output for c in calls], retain_graph=retain_graph, allow_unused=True
             )
         )
+        # Drop the outputs themselves (the logits among them): nothing needs them any more.
+        recorded = [(c.layer, c.x, c.params) for c in calls]
+        del calls
         if self._calls or self._forwards:
             self.reset()
             raise RuntimeError("layers ran during the backward pass (gradient checkpointing?): not supported")
         uses: dict[str, list[PerExampleGrad]] = {}
         used: dict[str, list[Tensor]] = {}
-        for k, call in enumerate(calls):
-            module = call.layer.module
-            for name, tensor in zip(call.layer.param_names, call.params, strict=True):
+        for k, (layer, x, params) in enumerate(recorded):
+            module = layer.module
+            for name, tensor in zip(layer.param_names, params, strict=True):
                 seen = used.setdefault(self._names[(id(module), name)], [])
                 if all(t is not tensor for t in seen):
                     seen.append(tensor)
-            g, out_grads[k] = out_grads[k], None  # free each output gradient once used
+            g, out_grads[k] = out_grads[k], None
             if g is None:
                 continue  # output not used by the loss: zero gradient
-            x = call.x
             if isinstance(x, Tensor) and x.shape[0] != b:  # a folded call, checked in _check_calls
                 x, g = x.reshape(b, -1, *x.shape[1:]), g.reshape(b, -1, *g.shape[1:])
             self._paused = True
             try:
-                grads = call.layer.rule.grads(module, x, g)
+                grads = layer.rule.grads(module, x, g)
             finally:
                 self._paused = False
-            for name in call.layer.param_names:
-                uses.setdefault(self._names[(id(module), name)], []).append(grads[name])
+            for name in layer.param_names:
+                # Zero steps dropped now (exact), so a masked-LM head keeps ~15% of its logits gradient.
+                uses.setdefault(self._names[(id(module), name)], []).append(drop_zero_steps(grads[name]))
         for per_use in uses.values():
             squared += squared_norm_of_sum(per_use, self._vocab).to(torch.float64)
         norms = squared.sqrt()
