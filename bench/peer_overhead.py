@@ -16,11 +16,12 @@ backward pass(es), clipping, noise and ``torch.optim.AdamW``.
 
 GPT-2's ``Conv1D`` gets Opacus grad and norm samplers registered below (Opacus has none; without
 them it falls back to functorch), so Opacus runs its fastest path; likewise Llama's RMSNorm gets a
-hush_hf rule through ``register_norm_rule`` (hush_hf has none built in). A contender that raises is
-reported as ``refused`` (it declines the model, e.g. Opacus on tied weights) or ``error`` (it
-crashes), with the last line of the message printed; ``skipped`` when per-sample gradients would
-take more than half the machine's available memory. Untied BERT-MLM's unused ``cls.predictions.bias``
-is frozen for every contender (hush_hf refuses a trainable parameter no layer uses).
+direct hush_hf rule through ``register_norm_rule`` (without it, hush_hf's generic torch.func path).
+A contender that raises is reported as ``refused`` (it declines the model, e.g. Opacus on tied
+weights) or ``error`` (it crashes), with the last line of the message printed; ``skipped`` when
+per-sample gradients would take more than half the machine's available memory. Untied BERT-MLM's
+unused ``cls.predictions.bias`` is frozen for every contender (hush_hf refuses a trainable parameter
+no layer uses).
 
 Each (model, contender) runs in a fresh process; the contenders of a model run one after the other,
 in a rotated order on each repeat (interleaved), so a change in the machine's load hits all of them.
@@ -148,7 +149,7 @@ def register_opacus_conv1d() -> None:
 
 
 def register_llama_rms_norm() -> None:
-    """hush_hf rule for LlamaRMSNorm through the public extension point (hush_hf has none built in):
+    """hush_hf rule for LlamaRMSNorm through the public extension point (else the generic path):
     y = w * (x / rms(x)), normalised in float32 and cast back, so grad w_i = sum_t xhat_{i,t} g_{i,t}."""
     import torch
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
