@@ -20,8 +20,8 @@ direct hush_hf rule through ``register_norm_rule`` (without it, hush_hf's generi
 A contender that raises is reported as ``refused`` (it declines the model, e.g. Opacus on tied
 weights) or ``error`` (it crashes), with the last line of the message printed; ``skipped`` when
 per-sample gradients would take more than half the machine's available memory. Untied BERT-MLM's
-unused ``cls.predictions.bias`` is frozen for every contender (hush_hf refuses a trainable parameter
-no layer uses).
+unused ``cls.predictions.bias`` is frozen for every contender (so all of them train the same
+parameters).
 
 Each (model, contender) runs in a fresh process; the contenders of a model run one after the other,
 in a rotated order on each repeat (interleaved), so a change in the machine's load hits all of them.
