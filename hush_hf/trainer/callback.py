@@ -223,8 +223,9 @@ class GhostClippingCallback(TrainerCallback):
         check_single_process_devices(args)
         if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
             raise ValueError(
-                "DeepSpeed and FSDP are not supported with DP training: they shard parameters and own the "
-                "gradient reduction, so ghost clipping cannot see whole per-example norms; launch with DDP "
+                "DeepSpeed and FSDP are not supported with DP training: they own the backward and the "
+                "gradient reduction, which the DP step must drive (the trainer does not yet align Poisson "
+                "shares across FSDP ranks, see configs/accelerate/fsdp.yaml); launch with DDP "
                 "(configs/accelerate/multi_gpu.yaml) and lower per_device_train_batch_size instead"
             )
         if getattr(trainer, "padding_free", False):

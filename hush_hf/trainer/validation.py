@@ -84,9 +84,10 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
         "deepspeed": (args.deepspeed, "DeepSpeed owns the backward and gradient reduction"),
         "fsdp": (
             args.fsdp,
-            "FSDP shards parameters and owns the gradient reduction, so per-example norms over the whole "
-            "model are not available to ghost clipping; use DDP (configs/accelerate/multi_gpu.yaml) with "
-            "bf16 and smaller micro-batches (per_device_train_batch_size) instead",
+            "FSDP owns the gradient reduction, and the trainer does not yet align Poisson shares across "
+            "FSDP ranks (the clipping engine itself supports FSDP2, see configs/accelerate/fsdp.yaml); use "
+            "DDP (configs/accelerate/multi_gpu.yaml) with bf16 and smaller micro-batches "
+            "(per_device_train_batch_size) instead",
         ),
         "auto_find_batch_size": (args.auto_find_batch_size, "it restarts training and would reuse batches"),
         "ignore_data_skip": (args.ignore_data_skip, "a resumed run would replay batches 0, 1, ..."),
