@@ -257,8 +257,16 @@ class _Search:
         so a secret passing there needs no sharper bracket. The bound at hi_j becomes its
         certificate.
         """
-        laws = poisson_binomial(self.groups, secrets, self.mean)
-        self.exact[secrets] = True
+        # Secrets with the same law (to 1e-10, see envelope_cover), prior and target have the same
+        # bracket: each group is bracketed once with its envelope law, which dominates every member.
+        every = secrets
+        cover = envelope_cover(poisson_binomial(self.groups, every, self.mean), 0.0)
+        keys = np.column_stack([cover.row_of, self.priors[every], self.targets[every]])
+        _, first, group = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        group = group.ravel()
+        secrets = every[first]
+        laws = cover.laws.rows(cover.row_of[first])
+        self.exact[every] = True
         priors, targets = self.priors[secrets], self.targets[secrets]
         k = secrets.size
         lo, hi = np.full(k, floor), np.full(k, np.inf)
@@ -294,9 +302,9 @@ class _Search:
                             f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
                             f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g}"
                         )
-        self.bounds[secrets] = bound_hi
-        self.certified[secrets] = True
-        self.certified_at[secrets] = hi
+        self.bounds[every] = bound_hi[group]
+        self.certified[every] = True
+        self.certified_at[every] = hi[group]
         return float(hi.max())
 
     def _next_probe(self, lo: float, f_lo: float, hi: float, f_hi: float, previous: np.ndarray) -> float:
@@ -330,7 +338,7 @@ class _Search:
         under the last law tried (+inf where no law applied). ``refresh``: one pass over
         already-certified secrets, keeping the smaller bound."""
         excess = np.full(pending.size, np.inf)
-        for ratio in POISSON_RATIOS[-1:] if refresh else POISSON_RATIOS:
+        for ratio in POISSON_RATIOS[:1] if refresh else POISSON_RATIOS:  # refresh: coarse laws, cheap
             if pending.size <= SMALL_PENDING and not refresh:
                 break
             cover = poisson_cover(self.rates[pending], self.groups.sizes[pending], ratio)
