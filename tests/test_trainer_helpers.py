@@ -180,3 +180,27 @@ def sgd(model: torch.nn.Module, lr: float = 1.0):
 
 def parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_trimmed_micro_batches_stay_usable_by_models_that_view_their_inputs():
+    # A micro-batch whose trailing positions are padding in every row is trimmed; BERT's MLM loss then
+    # calls labels.view(-1), which fails on a column slice (a random Poisson batch once hit this).
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from hush_hf.trainer.micro_batches import trim_right_padding
+
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]]),
+        "labels": torch.tensor([[-100, 6, -100, -100], [7, -100, -100, -100]]),
+    }
+    out = trim_right_padding(batch)
+    assert out["input_ids"].shape == (2, 2)
+    assert all(v.is_contiguous() for v in out.values())
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
+    )
+    loss = BertForMaskedLM(config)(**out).loss  # the model's own loss, as the first-batch check computes it
+    assert torch.isfinite(loss)

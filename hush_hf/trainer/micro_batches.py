@@ -69,4 +69,5 @@ def trim_right_padding(batch: dict[str, Any]) -> dict[str, Any]:
     keep = int(used.nonzero().max()) + 1 if used.any() else 1
     if keep == length:
         return batch
-    return {k: v[:, :keep] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    # contiguous: models reshape these with .view() (BERT's MLM loss does labels.view(-1))
+    return {k: v[:, :keep].contiguous() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
