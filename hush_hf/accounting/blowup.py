@@ -36,7 +36,7 @@ import numpy as np
 from scipy import signal
 
 from hush_hf.accounting.composition import self_compose
-from hush_hf.accounting.connect_dots import grid_bounds, one_step_pmf
+from hush_hf.accounting.connect_dots import LossRange, loss_range, one_step_pmf
 from hush_hf.accounting.counts import CountDistributions
 from hush_hf.accounting.mixture import conditional_pmf
 from hush_hf.accounting.renyi import rdp_bounds
@@ -58,11 +58,12 @@ _SEARCH_WINDOW = 16
 PLD_FLOOR_PRIOR = 1e-12
 
 
-def loss_grid_step(pi: np.ndarray, sigma: float) -> float:
-    """Privacy-loss grid width for S ~ ``pi`` at noise ``sigma`` (see LOSS_GRID_SCALE)."""
+def loss_grid_step(pi: np.ndarray, sigma: float, span: LossRange | None = None) -> float:
+    """Privacy-loss grid width for S ~ ``pi`` at noise ``sigma`` (see LOSS_GRID_SCALE); ``span``: the
+    law's loss range when the caller already has it."""
     scale = float(pi @ np.arange(pi.size)) / sigma
-    low, high = grid_bounds(pi, sigma)
-    return max(min(LOSS_GRID_SCALE * scale, MAX_LOSS_GRID_STEP), (high - low) / MAX_ONE_STEP_POINTS)
+    span = loss_range(pi, sigma) if span is None else span
+    return max(min(LOSS_GRID_SCALE * scale, MAX_LOSS_GRID_STEP), (span.high - span.low) / MAX_ONE_STEP_POINTS)
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,9 @@ def composed_hockey_stick(
     its T-fold convolution (``composition``: FFT self-composition, truncated tails sent to +inf)
     over-estimates every hockey-stick value of the T-fold product pair.
     """
-    step = loss_grid_step(pi, sigma) if step is None else step
-    one = one_step_pmf(pi, tail_mass, sigma, step)
+    span = loss_range(pi, sigma)
+    step = loss_grid_step(pi, sigma, span) if step is None else step
+    one = one_step_pmf(pi, tail_mass, sigma, step, span)
     composed = self_compose(one.masses, one.infinity, steps, COMPOSITION_TAIL_MASS)
     lower = one.k_lo * steps + composed.lower
     return _hockey_stick_from_pmf(lower, composed.probs, composed.infinity, step, steps)

@@ -195,29 +195,44 @@ def _cell_masses(surv: np.ndarray, cdf: np.ndarray, terms: int) -> tuple[np.ndar
     return np.maximum(difference, 0.0), error
 
 
-def grid_bounds(pi: np.ndarray, sigma: float) -> tuple[float, float]:
-    """(lowest, highest) loss the one-step grid must span for S ~ ``pi`` at ``sigma``."""
+@dataclass(frozen=True)
+class LossRange:
+    """The losses the one-step grid must span (``low``, ``high``) and the y-range (``y_low``, ``y_high``)
+    that brackets their thresholds: computed once per law (each end is a bisection)."""
+
+    low: float
+    high: float
+    y_low: float
+    y_high: float
+
+
+def loss_range(pi: np.ndarray, sigma: float) -> LossRange:
+    """The :class:`LossRange` for S ~ ``pi`` at ``sigma``: from the jump eps_0 (or the lower tail point
+    when P(S=0) = 0) up to the loss at the upper tail point (P-mass ONE_STEP_TAIL above it)."""
     mix = _mixture(pi, sigma)
-    y_hi = _tail_point(mix, ONE_STEP_TAIL, upper=True)
-    top = min(_loss(mix, y_hi), MAX_LOSS)
+    y_high = _tail_point(mix, ONE_STEP_TAIL, upper=True)
+    high = min(_loss(mix, y_high), MAX_LOSS)
     if mix.pi0 > 0:
-        return mix.jump, top
-    return max(_loss(mix, _tail_point(mix, LOWER_TAIL, upper=False)), -MAX_LOSS), top
+        return LossRange(mix.jump, high, -40.0, y_high)
+    y_low = _tail_point(mix, LOWER_TAIL, upper=False)
+    return LossRange(max(_loss(mix, y_low), -MAX_LOSS), high, y_low, y_high)
 
 
-def one_step_pmf(pi: np.ndarray, tail_mass: float, sigma: float, step: float) -> OneStepPmf:
+def one_step_pmf(
+    pi: np.ndarray, tail_mass: float, sigma: float, step: float, span: LossRange | None = None
+) -> OneStepPmf:
     """Pessimistic connect-the-dots PMF of one step for S ~ ``pi`` (given S <= K) on a grid of width
     ``step``; the mass ``tail_mass`` = P(S > K) goes to +infinity (H(P) <= (1 - tau) H(P') + tau).
+    ``span``: the law's :class:`LossRange` when the caller already has it.
     """
     mix = _mixture(pi, sigma)
     if mix.rest <= 0:  # S = 0 surely: P = Q, all loss mass at 0
         return OneStepPmf(0, step, np.array([1.0 - tail_mass]), tail_mass)
-    low, high = grid_bounds(pi, sigma)
-    k_lo = math.floor(low / step)
-    k_hi = max(math.ceil(high / step), k_lo + 1)
+    span = loss_range(pi, sigma) if span is None else span
+    k_lo = math.floor(span.low / step)
+    k_hi = max(math.ceil(span.high / step), k_lo + 1)
     eps = np.arange(k_lo, k_hi + 1) * step
-    y_lo = -40.0 if mix.pi0 > 0 else _tail_point(mix, LOWER_TAIL, upper=False)
-    y = _thresholds(mix, eps, (y_lo, _tail_point(mix, ONE_STEP_TAIL, upper=True)))
+    y = _thresholds(mix, eps, (span.y_low, span.y_high))
     p_surv, p_cdf, q_surv, q_cdf = _survival_and_cdf(mix, y)
     terms = mix.c.size + 1
     cell_p, err_p = _cell_masses(p_surv, p_cdf, terms)
