@@ -204,3 +204,36 @@ def test_posterior_bounds_resolution_is_looser_but_close():
     assert np.all(shared <= exact * 1.05)
     with pytest.raises(ValueError, match="resolution"):
         posterior_bounds(groups, priors, 6.0, 1000, "kl", resolution=-1.0)
+
+
+def test_kinds_tied_in_the_estimate_are_each_bracketed_first(monkeypatch):
+    """A plan's saturated secrets of different (prior, target) kinds tie in the Gaussian estimate,
+    but at small T their own sigmas differ: one secret of each kind is bracketed in the first round,
+    so the largest sigma is found there and no second round of brackets is needed."""
+    from hush_hf.accounting import calibration
+    from hush_hf.accounting.budgets import gaussian_gap
+
+    kinds = [(1e-4, 1e-2), (1e-8, 1e-4)]  # the estimate favours the first (listed first, ties)
+    lists, priors, targets = [], [], []
+    for prior, target in kinds:
+        gap = float(gaussian_gap(np.array([prior]), np.array([target]))[0])
+        for _ in range(12):  # 12 secrets per kind, E[S] proportional to the gap: estimates tie
+            lists.append(np.full(20, 0.05 * gap / 20))
+            priors.append(prior)
+            targets.append(target)
+    groups, priors, targets = SecretGroups.from_lists(lists), np.array(priors), np.array(targets)
+    calls = []
+    original = calibration._Search._bracket
+
+    def recording(self, secrets, floor, excess=None):
+        calls.append(original(self, secrets, floor, excess))
+        return calls[-1]
+
+    monkeypatch.setattr(calibration._Search, "_bracket", recording)
+    cal = calibrate_noise(groups, priors, targets, 40, "tight")
+    assert len(calls) == 1 and calls[0] == cal.sigma
+    own = []
+    for j in (0, 12):  # the first secret of each kind, calibrated alone
+        own.append(calibrate_noise(SecretGroups.from_lists([lists[j]]), [priors[j]], [targets[j]], 40).sigma)
+    assert own[1] > own[0] * 1.01  # the kinds really differ, and the second sets sigma
+    assert cal.sigma == pytest.approx(max(own), rel=1e-4)

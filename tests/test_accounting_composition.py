@@ -1,5 +1,6 @@
-"""Our FFT self-composition equals dp_accounting's DensePLDPmf.self_compose (same truncation, same
-+infinity mass), and keeps a dominating one-step PMF dominating."""
+"""Our FFT self-composition equals dp_accounting's DensePLDPmf.self_compose (same values and +infinity
+mass; our blockwise Chernoff window contains the library's), and keeps a dominating one-step PMF
+dominating."""
 
 import numpy as np
 import pytest
@@ -18,9 +19,17 @@ def test_self_composition_matches_dp_accounting(pi, sigma, step, steps):
     one = one_step_pmf(pi, 1e-15, sigma, step)
     library = pld_pmf.DensePLDPmf(step, one.k_lo, one.masses, one.infinity, True).self_compose(steps, 1e-15)
     ours = self_compose(one.masses, one.infinity, steps, 1e-15)
-    assert one.k_lo * steps + ours.lower == library._lower_loss
-    assert ours.probs.size == library._probs.size
-    np.testing.assert_allclose(ours.probs, library._probs, rtol=0, atol=1e-14)
+    start = library._lower_loss - one.k_lo * steps - ours.lower  # the library's window inside ours
+    assert start >= 0 and start + library._probs.size <= ours.probs.size
+    assert ours.probs.size <= library._probs.size + 2 * steps * -(-one.masses.size // 512)
+    np.testing.assert_allclose(ours.probs[start : start + library._probs.size], library._probs, atol=1e-14)
+    outside = np.delete(ours.probs, np.arange(start, start + library._probs.size))
+    # What the library truncates (at most its tail) plus FFT rounding, within the allowance that
+    # blowup._hockey_stick_from_pmf adds for it.
+    n = ours.probs.size
+    allowance = 10 * np.sqrt(n) * (steps + 10 * np.log2(n + 1)) * np.finfo(float).eps
+    allowance *= np.linalg.norm(ours.probs)
+    assert np.clip(outside, 0, None).sum() <= 1e-15 + allowance
     assert ours.infinity == pytest.approx(library._infinity_mass, rel=1e-12)
 
 
@@ -33,3 +42,18 @@ def test_truncation_keeps_all_but_the_tail():
     outside = exact[:lower].sum() + exact[upper + 1 :].sum()
     assert outside <= 1e-12
     assert 0 <= lower < upper < 80  # the upper tail is cut
+
+
+def test_blockwise_truncation_keeps_all_but_the_tail():
+    """n > 512 grid points: M(lam) is over-estimated per block; the window still holds all but the
+    tail of an exact (brute-force) convolution, and is at most T block widths wider per side."""
+    rng = np.random.default_rng(3)
+    masses = rng.exponential(size=3000) * np.exp(-np.linspace(0, 30, 3000))
+    masses /= masses.sum()
+    steps, tail = 4, 1e-10
+    lower, upper = truncation_bounds(masses, steps, tail)
+    exact = np.array([1.0])
+    for _ in range(steps):
+        exact = np.convolve(exact, masses)
+    assert exact[:lower].sum() + exact[upper + 1 :].sum() <= tail
+    assert upper < exact.size - 1  # the bound cuts the upper tail

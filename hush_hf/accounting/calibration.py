@@ -3,15 +3,17 @@
 Hush Algorithm 2 (lines 3-5) calibrates sigma by search; here the search is organised so that
 few secrets need an exact evaluation:
 
-1. the secrets with the largest estimated sigma_j (``Accountant.estimate_sigma``) get their own
-   sigma_j bracketed, lo_j < sigma_j <= hi_j with hi_j <= lo_j (1 + rtol) (or hi_j <= max_k lo_k,
-   which already settles a secret); sigma = max hi_j;
+1. the secrets with the largest estimated sigma_j (``Accountant.estimate_sigma``; the largest of each
+   (prior, target) kind first) get their own sigma_j bracketed, lo_j < sigma_j <= hi_j with
+   hi_j <= lo_j (1 + rtol) (or hi_j <= max_k lo_k, which already settles a secret): regula falsi
+   in log sigma, then two probes either side of its root once the bracket is narrow; sigma = max hi_j;
 2. every other secret is certified at sigma by a law that dominates its count S (``dominance``):
    first shared truncated-Poisson laws; then the likeliest failures are probed with their own
    laws (a failure sends us to 3 before any costly step); then envelopes of ever closer groups of
    secrets, then own laws. A bound from a dominating law is a valid bound for the secret;
 3. secrets that fail even with their own law need more noise: the worst are bracketed as in 1,
-   sigma grows, and 2 repeats for the rest (certificates at a smaller sigma remain valid).
+   starting from their known excess at sigma and the slope of the last brackets; sigma grows, and
+   2 repeats for the rest (certificates at a smaller sigma remain valid).
 
 sigma is at most (1 + rtol) times the smallest sigma meeting all targets (the secret that sets it
 fails at lo_j), and the returned sigma is checked: every secret holds a certified bound <= target.
@@ -58,6 +60,8 @@ MIN_SHARING = 4
 SMALL_PENDING = 16
 #: Secrets evaluated with their own law before the envelope steps (the most likely failures).
 PROBES_PER_ROUND = 32
+#: Brackets at most this many tolerances wide are closed with two probes either side of the root.
+NARROW_BRACKET = 30
 MAX_SIGMA = 1e9
 #: Certificates issued at a sigma this much (relative) below the final one are re-evaluated.
 REFRESH_GAP = 1e-2
@@ -158,6 +162,44 @@ def calibrate_noise(
         search.evaluate.close()
 
 
+class _Brackets:
+    """Per-secret brackets lo < sigma_j <= hi with f = log(bound / target) at each end (Illinois:
+    an end kept twice in a row has its f halved), and the last failing point before lo."""
+
+    def __init__(self, k: int, floor: float) -> None:
+        self.lo, self.hi = np.full(k, floor), np.full(k, np.inf)
+        self.f_lo, self.f_hi = np.full(k, np.nan), np.full(k, np.nan)
+        self.previous = np.full((k, 2), np.nan)  # the last failing (log sigma, f) before lo
+        self.bound_hi = np.full(k, np.nan)
+        self.kept = np.zeros(k)  # the end that stayed last time (-1 lo, +1 hi)
+
+    def record(self, rows: np.ndarray, sigmas: np.ndarray, f: np.ndarray, bounds: np.ndarray) -> None:
+        moved_lo, moved_hi = np.zeros(self.lo.size, dtype=bool), np.zeros(self.lo.size, dtype=bool)
+        for j, x, fx, b in zip(rows, sigmas, f, bounds, strict=True):
+            if fx <= 0 and x < self.hi[j]:
+                self.hi[j], self.f_hi[j], self.bound_hi[j] = x, fx, b
+                moved_hi[j] = True
+            elif fx > 0 and x > self.lo[j]:
+                with np.errstate(divide="ignore"):  # lo = 0 before the first failure: -inf, unused
+                    self.previous[j] = (np.log(self.lo[j]), self.f_lo[j])
+                self.lo[j], self.f_lo[j] = x, fx
+                moved_lo[j] = True
+        touched = np.unique(rows)
+        only_hi = touched[moved_hi[touched] & ~moved_lo[touched]]
+        only_lo = touched[moved_lo[touched] & ~moved_hi[touched]]
+        # Illinois: halve the value kept at the end that did not move twice in a row.
+        self.f_lo[only_hi] = np.where(self.kept[only_hi] == -1, 0.5 * self.f_lo[only_hi], self.f_lo[only_hi])
+        self.f_hi[only_lo] = np.where(self.kept[only_lo] == 1, 0.5 * self.f_hi[only_lo], self.f_hi[only_lo])
+        self.kept[only_hi], self.kept[only_lo] = -1, 1
+        self.kept[touched[moved_hi[touched] & moved_lo[touched]]] = 0
+
+    def slopes(self) -> np.ndarray:
+        """d log(bound / target) / d log sigma across each closed bracket (negative)."""
+        ok = (self.lo > 0) & np.isfinite(self.hi) & np.isfinite(self.f_lo) & np.isfinite(self.f_hi)
+        ok &= self.hi > self.lo
+        return (self.f_hi[ok] - self.f_lo[ok]) / (np.log(self.hi[ok]) - np.log(self.lo[ok]))
+
+
 class _Search:
     """State of one calibration: certified bounds so far and the current sigma."""
 
@@ -181,6 +223,7 @@ class _Search:
         self.certified_at = np.zeros(groups.num_secrets)  # sigma of each certificate
         self.exact = np.zeros(groups.num_secrets, dtype=bool)
         self._rates: np.ndarray | None = None
+        self._slope = 0.0  # d log(bound / target) / d log sigma of the last brackets (< 0 once known)
 
     @property
     def rates(self) -> np.ndarray:
@@ -200,22 +243,23 @@ class _Search:
         if not active.any():
             return NoiseCalibration(0.0, self.bounds, self.accountant.name, 0)
         estimate = self.accountant.estimate_sigma(self.mean, self.priors, self.targets, self.steps)
-        candidates = np.flatnonzero(active)
-        first = candidates[np.argsort(-estimate[candidates], kind="stable")[:CANDIDATES_PER_ROUND]]
-        sigma = self._bracket(first, floor=0.0)
+        sigma = self._bracket(self._first_candidates(np.flatnonzero(active), estimate), floor=0.0)
+        probes = PROBES_PER_ROUND
         while True:
             pending, excess = self._certify_shared(np.flatnonzero(~self.certified), sigma)
             # Probe the most likely failures with their own laws before the costlier envelopes:
             # a failure there means sigma must grow, and the envelopes would be wasted.
-            probe = pending[np.argsort(-excess, kind="stable")[:PROBES_PER_ROUND]]
+            probe = pending[np.argsort(-excess, kind="stable")[:probes]]
             failing, fail_excess = self._certify_own(probe, sigma)
             if failing.size == 0:
                 rest = np.flatnonzero(~self.certified)
                 failing, fail_excess = self._certify_envelopes(rest, sigma)
             if failing.size == 0:
                 break
-            worst = failing[np.argsort(-fail_excess, kind="stable")[:CANDIDATES_PER_ROUND]]
-            sigma = max(sigma, self._bracket(worst, floor=sigma))
+            # Later rounds: about twice as many probes as failures were found (at least a round's worth).
+            probes = min(PROBES_PER_ROUND, max(CANDIDATES_PER_ROUND, 2 * failing.size))
+            worst = np.argsort(-fail_excess, kind="stable")[:CANDIDATES_PER_ROUND]
+            sigma = max(sigma, self._bracket(failing[worst], floor=sigma, excess=fail_excess[worst]))
         self._refresh(sigma)
         self._check(sigma)
         return NoiseCalibration(float(sigma), self.bounds.copy(), self.accountant.name, int(self.exact.sum()))
@@ -249,8 +293,23 @@ class _Search:
 
     # -- step 1 and 3: bracket sigma_j for a few secrets ------------------------------------------
 
-    def _bracket(self, secrets: np.ndarray, floor: float) -> float:
-        """Bracket sigma_j for ``secrets`` (all failing at ``floor`` when floor > 0); returns max hi_j.
+    def _first_candidates(self, candidates: np.ndarray, estimate: np.ndarray) -> np.ndarray:
+        """The CANDIDATES_PER_ROUND secrets to bracket first: the largest estimate of each distinct
+        (prior, target) pair, in order of estimate, then the next largest estimates.
+
+        The estimate is Gaussian (exact as T grows); at small T its error depends on (p, r), and a
+        plan's saturated secrets of different kinds tie in it, so one secret of each kind is tried.
+        """
+        order = candidates[np.argsort(-estimate[candidates], kind="stable")]
+        keys = np.column_stack([self.priors[order], self.targets[order]])
+        _, leaders = np.unique(keys, axis=0, return_index=True)
+        leaders = np.sort(leaders)[:CANDIDATES_PER_ROUND]
+        rest = np.setdiff1d(np.arange(order.size), leaders)[: CANDIDATES_PER_ROUND - leaders.size]
+        return order[np.concatenate([leaders, rest])]
+
+    def _bracket(self, secrets: np.ndarray, floor: float, excess: np.ndarray | None = None) -> float:
+        """Bracket sigma_j for ``secrets`` (all failing at ``floor`` when floor > 0, by log(bound /
+        target) = ``excess`` when known); returns max hi_j.
 
         lo_j fails (or is the floor), hi_j passes, and either hi_j <= lo_j (1 + tolerance) or
         hi_j <= max_k lo_k: the returned max_k hi_k is at least the latter, and sigma* > max_k lo_k,
@@ -269,65 +328,69 @@ class _Search:
         self.exact[every] = True
         priors, targets = self.priors[secrets], self.targets[secrets]
         k = secrets.size
-        lo, hi = np.full(k, floor), np.full(k, np.inf)
-        f_lo, f_hi = np.full(k, np.nan), np.full(k, np.nan)
-        previous = np.full((k, 2), np.nan)  # the last failing (log sigma, log(bound/target))
-        bound_hi = np.full(k, np.nan)
+        state = _Brackets(k, floor)
+        if excess is not None and floor > 0:  # the envelope law dominates: its excess is at least this
+            state.f_lo[:] = np.asarray(excess)[first]
         estimate = self.accountant.estimate_sigma(self.mean[secrets], priors, targets, self.steps)
         x = np.maximum(estimate, floor * (1.0 + 4 * self.tolerance))
         x = np.where(x > 0, x, 1.0)
-        kept = np.zeros(k)  # Illinois: the end that stayed last time (-1 lo, +1 hi)
-        open_ = np.ones(k, dtype=bool)
-        while open_.any():
-            idx = np.flatnonzero(open_)
-            b = self.evaluate(laws.rows(idx), x[idx], priors[idx], np.arange(idx.size))
-            f = np.log(b) - np.log(targets[idx])
-            passed, failed = idx[f <= 0], idx[f > 0]
-            # Illinois: halve the value kept at the end that did not move twice in a row.
-            f_lo[passed] = np.where(kept[passed] == -1, 0.5 * f_lo[passed], f_lo[passed])
-            f_hi[failed] = np.where(kept[failed] == 1, 0.5 * f_hi[failed], f_hi[failed])
-            with np.errstate(divide="ignore"):  # lo = 0 before the first failure: -inf, unused
-                previous[failed] = np.stack([np.log(lo[failed]), f_lo[failed]], axis=1)
-            hi[passed], f_hi[passed], bound_hi[passed] = x[passed], f[f <= 0], b[f <= 0]
-            lo[failed], f_lo[failed] = x[failed], f[f > 0]
-            kept[passed], kept[failed] = -1, 1
-            floor = max(floor, float(lo.max()))
-            open_ &= ~(np.isfinite(hi) & ((hi <= lo * (1.0 + self.tolerance)) | (hi <= floor)))
-            for j in np.flatnonzero(open_):
-                x[j] = self._next_probe(lo[j], f_lo[j], hi[j], f_hi[j], previous[j])
-                if not np.isfinite(hi[j]):
-                    x[j] = max(x[j], floor)  # a pass at the floor settles it
-                    if x[j] > MAX_SIGMA:
-                        raise ValueError(
-                            f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
-                            f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g}"
-                        )
-        self.bounds[every] = bound_hi[group]
+        if excess is not None and floor > 0 and self._slope < 0:  # extrapolate from the floor
+            x = floor * np.exp(np.minimum(1.2 * state.f_lo / -self._slope, math.log(4.0)))
+            x = np.maximum(x, floor * (1.0 + 2 * self.tolerance))
+        probes: list[tuple[int, float]] = [(j, float(x[j])) for j in range(k)]
+        while probes:
+            rows = np.array([j for j, _ in probes])
+            sigmas = np.array([t for _, t in probes])
+            b = self.evaluate(laws.rows(rows), sigmas, priors[rows], np.arange(rows.size))
+            state.record(rows, sigmas, np.log(b) - np.log(targets[rows]), b)
+            floor = max(floor, float(state.lo.max()))
+            closed = (state.hi <= state.lo * (1.0 + self.tolerance)) | (state.hi <= floor)
+            open_ = np.flatnonzero(~(np.isfinite(state.hi) & closed))
+            probes = [(int(j), t) for j in open_ for t in self._next_probes(state, int(j), floor)]
+            for j, t in probes:
+                if t > MAX_SIGMA:  # only where no sigma has passed yet
+                    raise ValueError(
+                        f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
+                        f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g}"
+                    )
+        slopes = state.slopes()
+        if slopes.size:
+            self._slope = float(np.median(slopes))
+        self.bounds[every] = state.bound_hi[group]
         self.certified[every] = True
-        self.certified_at[every] = hi[group]
-        return float(hi.max())
+        self.certified_at[every] = state.hi[group]
+        return float(state.hi.max())
 
-    def _next_probe(self, lo: float, f_lo: float, hi: float, f_hi: float, previous: np.ndarray) -> float:
-        """Next sigma to try. Before a bracket exists: extrapolate log(bound/target) linearly in
-        log sigma through the last two points on the same side (step clipped to [x1.05, x4]), else
-        step by 1.5. Then Illinois regula falsi in log sigma, kept off the ends by a third of the
-        tolerance so that the bracket closes."""
+    def _next_probes(self, state: _Brackets, j: int, floor: float) -> list[float]:
+        """Next sigma(s) to try for bracket j, in log sigma (t). Before a bracket exists: extrapolate
+        log(bound/target) linearly through the last two points on the same side, or with the slope
+        of the last brackets (step clipped to [x1.05, x4]), else step by 1.5. In a wide bracket:
+        Illinois regula falsi, kept off the ends by a third of the tolerance. In a narrow one (at
+        most NARROW_BRACKET tolerances), where regula falsi is accurate to far below the tolerance:
+        two probes a third of the tolerance either side of its root, which close it at once."""
+        lo, hi, f_lo, f_hi = state.lo[j], state.hi[j], state.f_lo[j], state.f_hi[j]
         if not np.isfinite(hi) or lo <= 0:
             t0, f0 = (math.log(hi), f_hi) if lo <= 0 else (math.log(lo), f_lo)
-            t1, f1 = previous if lo > 0 else (np.nan, np.nan)
-            step = math.log(1.5)
+            t1, f1 = state.previous[j] if lo > 0 else (np.nan, np.nan)
+            step, smallest = math.log(1.5), math.log(1.05)
             if np.isfinite(t1) and np.isfinite(f1) and f1 > f0 > 0 and t0 > t1:
                 step = 1.2 * f0 * (t0 - t1) / (f1 - f0)  # overshoot a little to bracket
-            step = min(max(step, math.log(1.05)), math.log(4.0))
-            return math.exp(t0 + step) if lo > 0 else math.exp(t0 - step)
+            elif self._slope < 0 and np.isfinite(f0):
+                step, smallest = 1.2 * abs(f0) / -self._slope, 2 * math.log1p(self.tolerance)
+            step = min(max(step, smallest), math.log(4.0))
+            t = math.exp(t0 + step) if lo > 0 else math.exp(t0 - step)
+            return [t if np.isfinite(hi) else max(t, floor)]
         t_lo, t_hi = math.log(lo), math.log(hi)
         guard = math.log1p(self.tolerance) / 3.0
         if np.isfinite(f_lo) and np.isfinite(f_hi) and f_lo > f_hi:
             t = t_lo + f_lo * (t_hi - t_lo) / (f_lo - f_hi)
         else:
             t = 0.5 * (t_lo + t_hi)
+        if t_hi - t_lo <= NARROW_BRACKET * math.log1p(self.tolerance) and np.isfinite(f_lo):
+            pair = {min(max(u, t_lo + guard), t_hi - guard) for u in (t - guard, t + guard)}
+            return [math.exp(u) for u in sorted(pair)]
         t = min(max(t, t_lo + guard), t_hi - guard)
-        return math.exp(t)
+        return [math.exp(t)]
 
     # -- step 2: certify many secrets at one sigma -------------------------------------------------
 
