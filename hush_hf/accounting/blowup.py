@@ -54,6 +54,8 @@ MAX_ONE_STEP_POINTS = 1 << 15
 #: Mass the library may truncate when composing; it is moved to +infinity (pessimistic).
 COMPOSITION_TAIL_MASS = 1e-15
 _SEARCH_WINDOW = 16
+#: Safety factor on the FFT rounding allowance of ``_hockey_stick_from_pmf``.
+FFT_ROUNDING_FACTOR = 10.0
 #: Priors below this also get the Renyi bound (see ``tight_bounds``).
 PLD_FLOOR_PRIOR = 1e-12
 
@@ -125,8 +127,8 @@ def _hockey_stick_from_pmf(
     """
     probs = np.clip(probs, 0.0, None)
     n = probs.size
-    fft_allowance = 10.0 * math.sqrt(n) * (steps + 10.0 * math.log2(n + 1)) * np.finfo(float).eps
-    fft_allowance *= float(np.sqrt(np.sum(probs**2)))
+    fft_allowance = FFT_ROUNDING_FACTOR * math.sqrt(n) * (steps + 10.0 * math.log2(n + 1))
+    fft_allowance *= np.finfo(float).eps * float(np.sqrt(np.sum(probs**2)))
     decay = math.exp(-step)
     next_probs = np.append(probs[1:], 0.0)
     v = signal.lfilter([1.0], [1.0, -decay], next_probs[::-1])[::-1]

@@ -50,6 +50,9 @@ MAX_LOSS = 700.0
 LOWER_TAIL = 1e-30
 _ULP = np.finfo(np.float64).eps
 _NEWTON_TOLERANCE = 4 * _ULP
+#: The unit of every rounding allowance added to a mass (tests set it to 0 to see the method in exact
+#: arithmetic); the threshold solve uses _ULP.
+MASS_ROUNDING_UNIT = _ULP
 #: Relative margin on every mass for what the threshold solve leaves (a shift of y_k by a few ulp
 #: moves a tail cell's mass by ~|y_k| ulp relative; measured below 1e-13 against mpmath).
 THRESHOLD_MARGIN = 1e-11
@@ -253,7 +256,7 @@ def _cell_masses(
         use_cdf = cdf[1:] <= surv[:-1]
     difference = np.where(use_cdf, cdf[1:] - cdf[:-1], surv[:-1] - surv[1:])
     operand = np.where(use_cdf, cdf[1:], surv[:-1])
-    error = 4.0 * (terms + 4) * _ULP * operand
+    error = 4.0 * (terms + 4) * MASS_ROUNDING_UNIT * operand
     return np.maximum(difference, 0.0), error
 
 
@@ -300,7 +303,8 @@ def one_step_pmf(
     cell_q, err_q = _cell_masses(special.ndtr(-y), special.ndtr(y), 1)
     gamma = np.exp(eps[:-1])
     up, down = -math.expm1(-step), math.expm1(step)  # 1 - e^{-d}, e^d - 1
-    slack = 4 * _ULP * (cell_p + gamma * math.exp(step) * cell_q)  # the products and the subtraction
+    # the products and the subtraction
+    slack = 4 * MASS_ROUNDING_UNIT * (cell_p + gamma * math.exp(step) * cell_q)
     to_next = (cell_p - gamma * cell_q + err_p + gamma * err_q + slack) / up
     stay = (gamma * math.exp(step) * cell_q - cell_p + gamma * math.exp(step) * err_q + err_p + slack) / down
     masses = np.zeros(eps.size)
@@ -308,7 +312,7 @@ def one_step_pmf(
     masses[1:] += np.maximum(to_next, 0.0)
     masses *= 1.0 + THRESHOLD_MARGIN
     if mix.pi0 <= 0:  # loss below the lowest grid point is moved up to it
-        masses[0] += p_below * (1.0 + 4 * terms * _ULP)
-    top = p_above * (1.0 + 4 * terms * _ULP + THRESHOLD_MARGIN)
+        masses[0] += p_below * (1.0 + 4 * terms * MASS_ROUNDING_UNIT)
+    top = p_above * (1.0 + 4 * terms * MASS_ROUNDING_UNIT + THRESHOLD_MARGIN)
     keep = 1.0 - tail_mass
     return OneStepPmf(k_lo, step, keep * masses, min(1.0, keep * top + tail_mass))
