@@ -317,6 +317,11 @@ class GhostClipper:
         """The clip norm C."""
         return self._max_norm
 
+    @property
+    def verified(self) -> bool:
+        """Whether the first-call self-check (see the class docstring) has passed."""
+        return self._verified
+
     # ----------------------------------------------------------------------------- hooks
     def _count_forward(self, module: nn.Module, args: Any) -> None:
         if torch.is_grad_enabled() and not self._paused:

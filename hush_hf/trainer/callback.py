@@ -50,7 +50,9 @@ from hush_hf.trainer.distributed import (
     check_replicas_agree,
     destroy_process_group_at_exit,
     rank_and_world_size,
+    replicated,
 )
+from hush_hf.trainer.fsdp import check_fsdp_plugin, filler_micro_batches, is_sharded, max_across_ranks
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs
 from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
 from hush_hf.trainer.noise import ensure_grads_, privatize_gradients_
@@ -175,6 +177,8 @@ class GhostClippingCallback(TrainerCallback):
         self._params: list[nn.Parameter] = []
         self._param_ids: set[int] = set()
         self._pending: tuple[int, int, bool] | None = None  # (step, examples on this rank, public)
+        self._sharded = False  # FSDP2: the model's parameters are shards (set in on_train_begin)
+        self._filler_source: tuple[Any, Any] | None = None  # (dataset, collator) of the filler row
         self._drawn_since_log: list[int] = []
 
     def __repr__(self) -> str:  # no seed
@@ -221,13 +225,19 @@ class GhostClippingCallback(TrainerCallback):
         args = trainer.args
         check_dp_training_arguments(args)
         check_single_process_devices(args)
-        if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+        if trainer.is_deepspeed_enabled:
             raise ValueError(
-                "DeepSpeed and FSDP are not supported with DP training: they own the backward and the "
-                "gradient reduction, which the DP step must drive (the trainer does not yet align Poisson "
-                "shares across FSDP ranks, see configs/accelerate/fsdp.yaml); launch with DDP "
-                "(configs/accelerate/multi_gpu.yaml) and lower per_device_train_batch_size instead"
+                "DeepSpeed is not supported with DP training: it owns the backward and the gradient "
+                "reduction, which the DP step must drive; launch with FSDP2 (configs/accelerate/fsdp.yaml) "
+                "or DDP (configs/accelerate/multi_gpu.yaml) instead"
             )
+        if trainer.is_fsdp_enabled:
+            check_fsdp_plugin(trainer.accelerator.state.fsdp_plugin)
+            if self.crt_schedule != "off":
+                raise ValueError(
+                    f"crt_schedule={self.crt_schedule!r} is not supported under FSDP: its public steps run a "
+                    "plain backward, which FSDP would average over ranks; use DDP for CRT mode"
+                )
         if getattr(trainer, "padding_free", False):
             raise ValueError(
                 "padding-free batches (TRL's padding_free=True, or packing with the default 'bfd' strategy) "
@@ -340,6 +350,7 @@ class GhostClippingCallback(TrainerCallback):
         trainer.get_train_dataloader = functools.partial(self.train_dataloader, trainer)
         trainer.training_step = training_step
         trainer._get_grad_norm = no_grad_norm
+        trainer._get_num_items_in_batch = no_num_items_in_batch
         trainer.floating_point_ops = no_floating_point_ops
         trainer.log = log
         original_values = trainer.set_initial_training_values
@@ -457,6 +468,7 @@ class GhostClippingCallback(TrainerCallback):
                 num_replicas=world_size,
                 rank=rank,
             )
+        self._filler_source = (dataset, collate_fn)
         workers = args.dataloader_num_workers
         return DataLoader(
             dataset,
@@ -496,8 +508,18 @@ class GhostClippingCallback(TrainerCallback):
                 return self._public_step(trainer, model, inputs)
         loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
         count = 0
+        micros = split_micro_batches(inputs, args.per_device_train_batch_size)
+        real = len(micros)
+        if self._sharded:
+            # FSDP's all-gathers and the engine's reduce-scatters are collectives: every rank runs as many
+            # micro-batches as the busiest one, padding with zero-weight fillers (exactly 0, see fsdp.py).
+            busiest = max_across_ranks(real, args.device)
+            fillers = filler_micro_batches(real, busiest)
+            if busiest and not self._clipper.verified:
+                self._self_check_on_filler(trainer)
+            micros += [self._filler_batch()] * fillers
         with trainer.accelerator.no_sync(model):
-            for micro in split_micro_batches(inputs, args.per_device_train_batch_size):
+            for k, micro in enumerate(micros):
                 rows = batch_size(micro)
                 batch = model_inputs(module, micro, args.device)
                 with trainer.compute_loss_context_manager():
@@ -505,12 +527,42 @@ class GhostClippingCallback(TrainerCallback):
                 if not isinstance(losses, Tensor) or tuple(losses.shape) != (rows,):
                     shape = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
                     raise ValueError(f"per_example_loss must return a tensor of shape ({rows},), got {shape}")
+                if k >= real:  # a filler: its examples weigh 0
+                    self._clipper.clipped_backward(losses * 0.0)
+                    continue
                 self._clipper.clipped_backward(losses)
                 loss_sum += losses.detach().sum().to(torch.float64)
                 count += rows
         self._pending = (step, count, False)
         mean = loss_sum / count if count else torch.tensor(math.nan, dtype=torch.float64, device=args.device)
         return mean.to(torch.float32)
+
+    def _filler_batch(self) -> dict[str, Any]:
+        """Row 0 of the training set, collated like every batch: the input of a filler micro-batch."""
+        if self._filler_source is None:
+            raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
+        dataset, collate_fn = self._filler_source
+        return split_micro_batches(SkipEmptyCollator(collate_fn)([dataset[0]]), 1)[0]
+
+    def _self_check_on_filler(self, trainer: Trainer) -> None:
+        """FSDP: run the clipper's first-call self-check on every rank at once, on the same row.
+
+        The self-check runs one extra backward (FSDP all-gathers in it) on the first call whose gradient
+        is nonzero; a rank whose first micro-batch is a filler (gradient 0) would run it later than the
+        others and the collectives would no longer match. Checked here on the filler row with weight 1,
+        identically on every rank; ``p.grad`` is not touched (``per_example_norms``).
+        """
+        module = self._model
+        batch = model_inputs(module, self._filler_batch(), trainer.args.device)
+        with trainer.compute_loss_context_manager():
+            losses = self.per_example_loss(module, batch)
+        self._clipper.per_example_norms(losses)
+        del losses
+        if not self._clipper.verified:
+            raise RuntimeError(
+                "FSDP: the clipping self-check could not run on row 0 of the training set (its loss has a "
+                "zero gradient); every rank must run it at the same step: put a row with a nonzero loss first"
+            )
 
     def _public_step(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
         """CRT public step: the plain backward of this rank's summed loss (no clipping, no noise); the
@@ -558,7 +610,13 @@ class GhostClippingCallback(TrainerCallback):
         self.finish_run()
         params = [p for p in model.parameters() if p.requires_grad]
         check_optimizer_params(kwargs.get("optimizer"), {id(p) for p in params})
-        broadcast_module_state_(model)  # one model on every rank
+        broadcast_module_state_(model)  # one model on every rank (FSDP2 shards are left as they are)
+        self._sharded = is_sharded(model)
+        if self._sharded and self.crt is not None:
+            raise ValueError(
+                f"crt_schedule={self.crt_schedule!r} is not supported under FSDP: its public steps run a "
+                "plain backward, which FSDP would average over ranks; use DDP for CRT mode"
+            )
         self._clipper = GhostClipper(model, self.clip_norm)
         self._model = model
         self._params = params
@@ -588,16 +646,17 @@ class GhostClippingCallback(TrainerCallback):
             dp_seed=self._dp_seed,
             step=step if self.crt is None else int(self.crt.private_index[step]),
         )
-        check_replicas_agree([p.grad for p in self._params])
+        check_replicas_agree(replicated([p.grad for p in self._params]))  # FSDP2 shards differ by design
         self._drawn_since_log.append(count)
         self._steps_run = step + 1
 
     def _reduce_across_ranks(self, count: int) -> int:
-        """Sum every rank's gradients (in place) and drawn-row counts; returns the total count."""
+        """Sum every rank's gradients (in place) and drawn-row counts; returns the total count. FSDP2
+        shards already hold the sum over ranks (the clipping engine reduce-scatters each clipped sum)."""
         _, world_size = rank_and_world_size()
         if world_size == 1:
             return count
-        all_reduce_sum_([p.grad for p in self._params])
+        all_reduce_sum_(replicated([p.grad for p in self._params]))
         drawn = torch.tensor([float(count)], dtype=torch.float64, device=self._params[0].device)
         all_reduce_sum_([drawn])
         return int(drawn.item())
@@ -638,6 +697,13 @@ def without_batch_statistics(output: Any) -> Any:
         for key in BATCH_STATISTICS:
             metrics.pop(key, None)
     return output
+
+
+def no_num_items_in_batch(batch_samples: Any, device: Any = None) -> None:
+    """Stands in for ``Trainer._get_num_items_in_batch``: the DP step does not use the token count, and
+    Trainer gathers it across ranks only on ranks whose share is non-empty (a rank with an empty Poisson
+    share would skip the collective and the others would wait forever)."""
+    return None
 
 
 def no_grad_norm(model: nn.Module, grad_norm: Any = None) -> None:

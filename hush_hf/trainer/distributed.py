@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 BUCKET_NUMEL = 1 << 25  # 32M entries (128 MiB in float32) per all-reduce
 _SHUTDOWN_REGISTERED = False
@@ -123,9 +124,17 @@ def check_replicas_agree(tensors: Sequence[torch.Tensor]) -> None:
 
 def broadcast_module_state_(module: nn.Module, src: int = 0) -> None:
     """Make every rank's parameters and buffers equal to rank ``src``'s (DP-SGD adds one update to
-    one shared model; a rank that started elsewhere would silently train a different model)."""
+    one shared model; a rank that started elsewhere would silently train a different model).
+    Sharded tensors (FSDP2's DTensor parameters) are skipped: each rank holds its own shard, and
+    together the shards are the one model."""
     if not is_distributed():
         return
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor.data, src=src)
+            if not isinstance(tensor, DTensor):
+                dist.broadcast(tensor.data, src=src)
+
+
+def replicated(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """The tensors that are whole copies on every rank, i.e. not FSDP2 shards (DTensor)."""
+    return [t for t in tensors if t is not None and not isinstance(t, DTensor)]

@@ -16,6 +16,7 @@ from hush_hf.trainer.callback import (
     check_clippable,
     no_floating_point_ops,
     no_grad_norm,
+    no_num_items_in_batch,
     without_batch_statistics,
 )
 from hush_hf.trainer.config import SecretProtectionConfig, as_secret_protection_config
@@ -182,6 +183,9 @@ class SecretProtectionTrainer(Trainer):
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
     ) -> Tensor:
         return self.dp.training_step(self, model, inputs)
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: Any) -> None:
+        return no_num_items_in_batch(batch_samples, device)
 
     def set_initial_training_values(self, *args: Any, **kwargs: Any) -> tuple:
         # CRT mode: the run takes the T DP steps plus the public steps.

@@ -44,8 +44,9 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
       of the pre-noise gradient would be logged.
     - ``max_steps`` is the T the noise is calibrated for.
     - ``fp16`` (its loss scaler does not see the DP step's backward passes), activation
-      checkpointing (re-runs layers in backward), ``torch_compile``, DeepSpeed and FSDP (they own the
-      backward and the gradient reduction), several GPUs in one process (DataParallel).
+      checkpointing (re-runs layers in backward), ``torch_compile``, DeepSpeed (it owns the backward and
+      the gradient reduction), several GPUs in one process (DataParallel). FSDP: only FSDP2 in float32
+      without offloading (:func:`hush_hf.trainer.fsdp.check_fsdp_arguments`).
     - ``auto_find_batch_size`` restarts training after an out-of-memory error and
       ``ignore_data_skip`` replays batches after a resume: both would reuse batches the accounting
       counts once. Pushing checkpoints to the Hub would publish the secret DP seed they hold.
@@ -82,13 +83,6 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
         "activation_checkpointing": (args.activation_checkpointing, "ghost clipping records each layer once"),
         "torch_compile": (args.torch_compile, "the clipping hooks are not verified under torch.compile"),
         "deepspeed": (args.deepspeed, "DeepSpeed owns the backward and gradient reduction"),
-        "fsdp": (
-            args.fsdp,
-            "FSDP owns the gradient reduction, and the trainer does not yet align Poisson shares across "
-            "FSDP ranks (the clipping engine itself supports FSDP2, see configs/accelerate/fsdp.yaml); use "
-            "DDP (configs/accelerate/multi_gpu.yaml) with bf16 and smaller micro-batches "
-            "(per_device_train_batch_size) instead",
-        ),
         "auto_find_batch_size": (args.auto_find_batch_size, "it restarts training and would reuse batches"),
         "ignore_data_skip": (args.ignore_data_skip, "a resumed run would replay batches 0, 1, ..."),
         "label_smoothing_factor": (
@@ -108,6 +102,10 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
     for field, (value, why) in unsupported.items():
         if value:
             raise ValueError(f"{field}={value!r} is not supported with DP training: {why}")
+    if args.fsdp:
+        from hush_hf.trainer.fsdp import check_fsdp_arguments
+
+        check_fsdp_arguments(args)
     if args.push_to_hub and str(getattr(args.hub_strategy, "value", args.hub_strategy)) in (
         "checkpoint",
         "all_checkpoints",

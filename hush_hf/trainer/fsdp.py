@@ -1,0 +1,129 @@
+"""DP-SGD under FSDP2 (``fully_shard``): which plugin settings are exact, and aligned micro-batches.
+
+Under FSDP2 each rank holds a shard of every parameter. A DP step is still the DDP one: every rank
+draws the same logical Poisson batch and takes a disjoint share of it (``batch[rank::world]``); the
+clipping engine (:class:`~hush_hf.clipping.GhostClipper`) reduce-scatters each micro-batch's clipped
+sum ``sum_i c_i g_i`` to the shards (``ReduceOp.SUM``), so after the step a shard holds the sum over
+all ranks; the noise of a shard is the slice of the noise the unsharded run draws
+(:func:`hush_hf.trainer.noise.shard_rows`). What FSDP adds is that every forward all-gathers the
+parameters, every backward all-gathers them again, and every clipped sum is reduce-scattered: all
+collectives, so every rank must run the same number of micro-batches. Shares differ in size by at
+most one row, so a rank may have one micro-batch fewer than another (or none): it runs *filler*
+micro-batches (:func:`filler_micro_batches`) whose per-example losses are multiplied by 0.
+
+Why a filler adds exactly 0 (not approximately): the gradient of ``0 * loss_i`` reaching every
+layer output is exactly 0 (each backward op maps a zero upstream gradient to zero given finite
+activations; a non-finite activation makes the norm non-finite, which the engine refuses), so
+the per-example norm is 0, the clip factor is 1, and each clipped sum ``sum_t dy_t x_t^T`` is a sum of
+products with a zero factor, i.e. exactly (+/-)0 in IEEE arithmetic; ``g + 0 == g`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hush_hf.trainer.distributed import is_distributed
+
+
+def check_fsdp_plugin(plugin: Any) -> None:
+    """ValueError, naming the option and its value, for every FSDP setting the DP step cannot run exactly.
+
+    - ``fsdp_version`` must be 2: FSDP1 flattens parameters into one ``FlatParameter`` per unit, so the
+      per-layer hooks of ghost clipping see no per-layer weights.
+    - ``cpu_offload`` (``CPUOffloadPolicy``): sharded parameters and gradients live on the CPU while
+      the clipped sums are built on the accelerator; not supported (not verified).
+    - ``mixed_precision_policy`` with a ``param_dtype`` or ``reduce_dtype`` other than float32: the
+      reduce-scatter would sum the clipped gradients in low precision before the noise, and low
+      precision parameters are not verified under FSDP; train in float32 under FSDP, or bf16 under DDP.
+    - ``activation_checkpointing``: re-runs layers in backward, which ghost clipping does not support.
+    - ``ignored_modules``: their parameters stay unsharded replicas beside sharded ones (not verified).
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    version = getattr(plugin, "fsdp_version", 1)
+    if version != 2:
+        raise ValueError(
+            f"fsdp_version={version!r} is not supported with DP training: FSDP1 flattens the parameters, "
+            "which per-layer ghost clipping cannot see; use fsdp_version: 2 (FSDP2, fully_shard)"
+        )
+    if isinstance(getattr(plugin, "cpu_offload", None), CPUOffloadPolicy):
+        raise ValueError(
+            "fsdp_offload_params=True (cpu_offload) is not supported with DP training under FSDP: the "
+            "clipped sums are built on the accelerator while the offloaded shards live on the CPU (not "
+            "verified); set fsdp_offload_params: false"
+        )
+    policy = getattr(plugin, "mixed_precision_policy", None)
+    for field in ("param_dtype", "reduce_dtype"):
+        dtype = getattr(policy, field, None)
+        if dtype not in (None, torch.float32):
+            raise ValueError(
+                f"FSDP mixed_precision_policy {field}={dtype} is not supported with DP training: the clipped "
+                "sums would be reduced in low precision before the noise, and low-precision parameters are "
+                "not verified under FSDP; use mixed_precision 'no' with FSDP, or bf16 with DDP"
+            )
+    if getattr(plugin, "activation_checkpointing", False):
+        raise ValueError(
+            "fsdp_activation_checkpointing=True is not supported with DP training: ghost clipping records "
+            "each layer's forward once and cannot follow layers re-run in backward"
+        )
+    if getattr(plugin, "ignored_modules", None):
+        raise ValueError(
+            "FSDP ignored_modules is not supported with DP training: unsharded replicas beside sharded "
+            "parameters are not verified; shard the whole model"
+        )
+
+
+def check_fsdp_arguments(args: Any) -> None:
+    """The checks of :func:`check_fsdp_plugin` on ``TrainingArguments.fsdp`` / ``fsdp_config`` (before the
+    Trainer builds its plugin from them), plus ``bf16`` / ``fp16``, which become a low-precision FSDP
+    mixed precision policy."""
+    plugin_args = getattr(args, "fsdp_plugin_args", None) or {}
+    if "offload" in str(args.fsdp) or plugin_args.get("cpu_offload"):
+        raise ValueError(
+            "fsdp cpu_offload is not supported with DP training under FSDP: the clipped sums are built on "
+            "the accelerator while the offloaded shards live on the CPU (not verified); drop 'offload'"
+        )
+    for field in ("bf16", "fp16"):
+        if getattr(args, field, False):
+            raise ValueError(
+                f"{field}=True with fsdp={args.fsdp!r} is not supported with DP training: FSDP would keep "
+                "low-precision parameters and reduce the clipped sums in low precision (not verified); "
+                "train in float32 under FSDP, or use bf16 with DDP"
+            )
+    check_fsdp_plugin(SimpleNamespace(**{"fsdp_version": 1, **plugin_args}))
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 (``fully_shard``) manages some part of ``model``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def micro_batch_count(rows: int, max_size: int) -> int:
+    """How many micro-batches of at most ``max_size`` rows hold ``rows`` rows (0 for 0 rows)."""
+    if rows < 0 or max_size < 1:
+        raise ValueError(f"need rows >= 0 and max_size >= 1, got rows={rows}, max_size={max_size}")
+    return math.ceil(rows / max_size)
+
+
+def filler_micro_batches(local: int, busiest: int) -> int:
+    """How many zero-weight filler micro-batches a rank with ``local`` micro-batches runs so that it runs
+    as many as the busiest rank (``busiest``, from :func:`max_across_ranks`)."""
+    if not 0 <= local <= busiest:
+        raise ValueError(f"need 0 <= local <= busiest, got local={local}, busiest={busiest}")
+    return busiest - local
+
+
+def max_across_ranks(value: int, device: torch.device) -> int:
+    """The largest ``value`` over all ranks (a collective; ``value`` itself in a single process)."""
+    if not is_distributed():
+        return int(value)
+    box = torch.tensor([int(value)], dtype=torch.int64, device=device)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return int(box.item())

@@ -1,0 +1,167 @@
+"""SecretProtectionTrainer under FSDP2 on two CPU processes (gloo) trains exactly the model one process
+trains: the same Poisson batches, disjoint shares, zero-weight filler micro-batches where a share is
+short (or empty), clipped sums reduce-scattered to the shards, noise sliced per shard.
+
+Launched with ``accelerate launch`` and ``configs/accelerate/fsdp.yaml`` (its ``fsdp_config``, with
+``use_cpu: true``). accelerate 1.15 never turns FSDP on for CPU processes (``AcceleratorState`` sets
+``DistributedType.FSDP`` only in its GPU-family branch; on CPU the run silently becomes MULTI_CPU/DDP),
+so the worker opens exactly that gate (:func:`fsdp_on_cpu`); everything after it -- the plugin built
+from the launcher's environment, ``fsdp2_prepare_model``, the Trainer's FSDP paths and checkpointing --
+is the real code. Run as a script, this file is the worker each launched process executes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tests.test_trainer_helpers import single_thread  # noqa: F401  (autouse fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "accelerate" / "fsdp.yaml"
+N, STEPS, SEED, MICRO = 14, 4, 1022, 2
+PROBS = np.linspace(0.02, 0.6, N)  # with SEED: batches of 1, 6, 5, 5 rows (see the test)
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
+
+
+def fsdp_on_cpu() -> None:
+    """Let accelerate run FSDP on CPU processes: after ``AcceleratorState`` chose MULTI_CPU, switch it to
+    FSDP with the plugin it was given (what it does on GPUs)."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+
+    AcceleratorState.__init__ = init
+
+
+def train_once(output_dir: str, **overrides) -> tuple[dict[str, torch.Tensor], list[dict], object]:
+    """The run both sides compare: micro-batches of 2, varying rho, noise on, AdamW."""
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, tiny_gpt2, token_dataset
+
+    model = tiny_gpt2(seed=0)
+    plan = make_plan(PROBS, steps=STEPS, noise_multiplier=0.6)
+    trainer = SecretProtectionTrainer(
+        model=model,
+        args=dp_config(
+            output_dir,
+            max_steps=STEPS,
+            per_device_train_batch_size=MICRO,
+            dp_seed=SEED,
+            learning_rate=0.05,
+            per_example_clip_norm=0.5,
+            **overrides,
+        ),
+        train_dataset=plan.attach(token_dataset(N, seed=4)),
+        data_collator=pad_collate,
+        plan=plan,
+    )
+    trainer.train()
+    return full_parameters(trainer.model), trainer.state.log_history, trainer
+
+
+def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter as a whole tensor (a collective for FSDP2 shards)."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
+
+
+def worker(out_path: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from hush_hf.trainer.distributed import rank_and_world_size
+
+    fsdp_on_cpu()
+    run = str(Path(out_path).parent / "run")
+    params, logs, trainer = train_once(run, save_strategy="steps", save_steps=STEPS)
+    rank, world_size = rank_and_world_size()
+    sharded = [n for n, p in trainer.model.named_parameters() if isinstance(p, DTensor)]
+    if rank == 0:
+        torch.save(
+            {
+                "params": params,
+                "logs": logs,
+                "world_size": world_size,
+                "fsdp": trainer.is_fsdp_enabled,
+                "sharded": sharded,
+                "checkpoint": sorted(os.listdir(Path(run) / f"checkpoint-{STEPS}")),
+            },
+            out_path,
+        )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # two launched processes importing transformers, plus the 1-process run: ~60 CPU-seconds
+def test_fsdp2_trainer_on_two_processes_trains_the_one_process_model(tmp_path):
+    from hush_hf.sampling import WeightedPoissonSampler
+    from tests.test_trainer_helpers import tiny_gpt2
+
+    sizes = [len(WeightedPoissonSampler(PROBS, num_steps=STEPS, seed=SEED).batch(t)) for t in range(STEPS)]
+    # Step 0: rank 1's share is empty, so its first micro-batch is a filler; steps 2-3: 3 + 2 rows, so
+    # rank 1 runs one micro-batch and one filler.
+    assert sizes == [1, 6, 5, 5]
+
+    config = yaml.safe_load(CONFIG.read_text())
+    assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2
+    config["use_cpu"] = True
+    cpu_config = tmp_path / "fsdp_cpu.yaml"
+    cpu_config.write_text(yaml.safe_dump(config))
+    out = tmp_path / "two.pt"
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [
+        str(Path(sys.executable).with_name("accelerate")),
+        "launch",
+        "--config_file",
+        str(cpu_config),
+        "--main_process_port",
+        str(free_port()),
+        __file__,
+        str(out),
+    ]
+    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-6000:]
+    two = torch.load(out, weights_only=False)
+    assert two["world_size"] == 2 and two["fsdp"]
+    assert two["sharded"] == [n for n, _ in tiny_gpt2(seed=0).named_parameters()]  # every one sharded
+    assert {"hush_state.json", "hush_plan.json"} <= set(two["checkpoint"])
+
+    one_params, one_logs, _ = train_once(str(tmp_path / "one"))
+    initial = dict(tiny_gpt2(seed=0).named_parameters())
+    logged = [log["dp_batch_size"] for log in one_logs if "loss" in log]
+    assert logged == sizes == [log["dp_batch_size"] for log in two["logs"] if "loss" in log]
+    for name, value in one_params.items():
+        assert (value - initial[name]).abs().max() > 1e-3  # every parameter moved
+        torch.testing.assert_close(two["params"][name], value, rtol=0, atol=1e-6)
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])
