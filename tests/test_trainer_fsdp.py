@@ -50,7 +50,9 @@ def fsdp_on_cpu() -> None:
     AcceleratorState.__init__ = init
 
 
-def train_once(output_dir: str, **overrides) -> tuple[dict[str, torch.Tensor], list[dict], object]:
+def train_once(
+    output_dir: str, resume: str | None = None, **overrides
+) -> tuple[dict[str, torch.Tensor], list[dict], object]:
     """The run both sides compare: micro-batches of 2, varying rho, noise on, AdamW."""
     from hush_hf.trainer import SecretProtectionTrainer
     from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, tiny_gpt2, token_dataset
@@ -72,7 +74,7 @@ def train_once(output_dir: str, **overrides) -> tuple[dict[str, torch.Tensor], l
         data_collator=pad_collate,
         plan=plan,
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     return full_parameters(trainer.model), trainer.state.log_history, trainer
 
 
@@ -94,13 +96,16 @@ def worker(out_path: str) -> None:
 
     fsdp_on_cpu()
     run = str(Path(out_path).parent / "run")
-    params, logs, trainer = train_once(run, save_strategy="steps", save_steps=STEPS)
+    params, logs, trainer = train_once(run, save_strategy="steps", save_steps=STEPS // 2)
     rank, world_size = rank_and_world_size()
     sharded = [n for n, p in trainer.model.named_parameters() if isinstance(p, DTensor)]
+    # Resumed from the sharded checkpoint of step STEPS/2: the same model as the uninterrupted run.
+    resumed, _, _ = train_once(str(Path(out_path).parent / "resumed"), resume=f"{run}/checkpoint-{STEPS // 2}")
     if rank == 0:
         torch.save(
             {
                 "params": params,
+                "resumed": resumed,
                 "logs": logs,
                 "world_size": world_size,
                 "fsdp": trainer.is_fsdp_enabled,
@@ -158,6 +163,8 @@ def test_fsdp2_trainer_on_two_processes_trains_the_one_process_model(tmp_path):
     initial = dict(tiny_gpt2(seed=0).named_parameters())
     logged = [log["dp_batch_size"] for log in one_logs if "loss" in log]
     assert logged == sizes == [log["dp_batch_size"] for log in two["logs"] if "loss" in log]
+    for name, value in two["params"].items():
+        torch.testing.assert_close(two["resumed"][name], value, rtol=0, atol=1e-6)
     for name, value in one_params.items():
         assert (value - initial[name]).abs().max() > 1e-3  # every parameter moved
         torch.testing.assert_close(two["params"][name], value, rtol=0, atol=1e-6)
