@@ -121,23 +121,48 @@ def parse_recipe_arguments(
 
 
 def refuse_unsupported_launch(environ: Mapping[str, str] | None = None) -> None:
-    """ValueError, before any work, when ``accelerate launch`` set up FSDP or DeepSpeed.
-
-    Per-example clipping needs every example's gradient over all parameters in one process; FSDP
-    shards the parameters and DeepSpeed owns the backward and the gradient reduction. The trainer
-    refuses them too, but only once built (after the planning, which can take minutes).
+    """ValueError, before any work, when ``accelerate launch`` set up DeepSpeed or an FSDP setting the DP
+    step cannot run exactly (the trainer refuses them too, but only once built, after the planning, which
+    can take minutes). FSDP2 in float32 without offloading runs (``configs/accelerate/fsdp.yaml``); the
+    full list of refused FSDP options is :func:`hush_hf.trainer.fsdp.check_fsdp_plugin`.
     """
     import os
 
     environ = os.environ if environ is None else environ
-    for variable, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
-        if str(environ.get(variable, "")).lower() in ("1", "true", "yes"):
+
+    def requested(variable: str) -> bool:
+        return str(environ.get(variable, "")).lower() in ("1", "true", "yes")
+
+    if requested("ACCELERATE_USE_DEEPSPEED"):
+        raise ValueError(
+            f"ACCELERATE_USE_DEEPSPEED={environ['ACCELERATE_USE_DEEPSPEED']!r}: DeepSpeed is not supported "
+            "with DP training (it owns the backward and the gradient reduction, which the DP step must "
+            "drive); launch with configs/accelerate/fsdp.yaml (FSDP2), multi_gpu.yaml (DDP) or "
+            "single_gpu.yaml instead"
+        )
+    if not requested("ACCELERATE_USE_FSDP"):
+        return
+    version = environ.get("FSDP_VERSION", "1")  # accelerate's default
+    if version != "2":
+        raise ValueError(
+            f"FSDP_VERSION={version!r}: FSDP1 is not supported with DP training (it flattens the parameters, "
+            "which per-layer ghost clipping cannot see); set fsdp_version: 2 (configs/accelerate/fsdp.yaml)"
+        )
+    for variable, why in (
+        ("FSDP_OFFLOAD_PARAMS", "offloaded shards are not verified"),
+        ("FSDP_ACTIVATION_CHECKPOINTING", "ghost clipping cannot follow layers re-run in backward"),
+    ):
+        if requested(variable):
             raise ValueError(
-                f"{variable}={environ[variable]!r}: {name} is not supported with DP training (per-example "
-                "clipping needs each example's gradient over all parameters in one process, and the clipped "
-                "sums must be reduced before the noise is added); launch with "
-                "configs/accelerate/multi_gpu.yaml (DDP, one full model copy per GPU) or single_gpu.yaml"
+                f"{variable}={environ[variable]!r} is not supported with DP training under FSDP: {why}"
             )
+    precision = str(environ.get("ACCELERATE_MIXED_PRECISION", "no")).lower()
+    if precision not in ("no", "fp32"):
+        raise ValueError(
+            f"ACCELERATE_MIXED_PRECISION={precision!r} is not supported with DP training under FSDP: the "
+            "clipped sums would be reduced in low precision (not verified); use mixed_precision: 'no' with "
+            "FSDP, or bf16 with configs/accelerate/multi_gpu.yaml (DDP)"
+        )
 
 
 def refuse_recipe_owned_fields(config: Any, owned: Mapping[str, str]) -> None:

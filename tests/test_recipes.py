@@ -22,6 +22,7 @@ from hush_hf.trainer.masked_positions import (
 )
 from tests.test_recipes_helpers import (
     ACCELERATE,
+    RECIPES,
     assert_files,
     assert_no_secret_leaks,
     recipe_module,
@@ -318,17 +319,34 @@ def test_markdown_and_json_helpers():
 
 
 # ------------------------------------------------------------------------------ launch configurations
-@pytest.mark.parametrize("variable", ["ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"])
-def test_fsdp_and_deepspeed_launches_are_refused_before_any_work(tmp_path, monkeypatch, variable):
-    monkeypatch.setenv(variable, "true")
+@pytest.mark.parametrize(
+    ("environ", "match"),
+    [
+        ({"ACCELERATE_USE_DEEPSPEED": "true"}, "ACCELERATE_USE_DEEPSPEED='true': DeepSpeed is not supported"),
+        ({"ACCELERATE_USE_FSDP": "true"}, "FSDP_VERSION='1': FSDP1 is not supported"),  # accelerate's default
+        (
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "true"},
+            "FSDP_OFFLOAD_PARAMS='true' is not supported",
+        ),
+        (
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_ACTIVATION_CHECKPOINTING": "true"},
+            "FSDP_ACTIVATION_CHECKPOINTING='true' is not supported",
+        ),
+        (
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "ACCELERATE_MIXED_PRECISION": "bf16"},
+            "ACCELERATE_MIXED_PRECISION='bf16' is not supported .* under FSDP",
+        ),
+    ],
+)
+def test_unsupported_launches_are_refused_before_any_work(tmp_path, monkeypatch, environ, match):
+    for variable, value in environ.items():
+        monkeypatch.setenv(variable, value)
     out = tmp_path / "never"
-    with pytest.raises(
-        ValueError, match=rf"{variable}='true': .* not supported .*configs/accelerate/multi_gpu.yaml"
-    ):
+    with pytest.raises(ValueError, match=match):
         arxiv_mlm.main(["--smoke", "--output_dir", str(out)])
     assert not out.exists()
-    monkeypatch.setenv(variable, "false")
-    common.refuse_unsupported_launch()  # an explicit "false" is not a request for it
+    off = {"ACCELERATE_USE_DEEPSPEED": "false", "ACCELERATE_USE_FSDP": "0"}
+    common.refuse_unsupported_launch({**environ, **off})  # an explicit "false" is not a request for it
 
 
 def test_accelerate_configs_describe_the_launches_they_are_named_after():
@@ -340,21 +358,22 @@ def test_accelerate_configs_describe_the_launches_they_are_named_after():
         config = ClusterConfig.from_yaml_file(folder / name)
         assert (config.distributed_type.value, config.num_processes) == (kind, processes), name
         assert config.mixed_precision == "no" and config.use_cpu is False
-    assert "REFUSES" in (folder / "fsdp.yaml").read_text()
+    fsdp = ClusterConfig.from_yaml_file(folder / "fsdp.yaml").fsdp_config
+    assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_offload_params"] is False
 
 
-def test_launching_with_the_fsdp_config_is_refused_with_what_to_use_instead(tmp_path):
-    out = tmp_path / "never"
-    launcher = [
-        str(ACCELERATE),
-        "launch",
-        "--config_file",
-        "configs/accelerate/fsdp.yaml",
-        "--num_processes",
-        "1",
-    ]
-    with pytest.raises(AssertionError, match=r"FSDP is not supported with DP training .*multi_gpu\.yaml"):
-        run_recipe(
-            ["recipes/arxiv_mlm.py", "--smoke", "--output_dir", str(out)], launcher=launcher, timeout=120
-        )
-    assert not out.exists()
+def test_the_fsdp_config_launches_what_the_dp_step_accepts(tmp_path):
+    """The environment ``accelerate launch`` derives from configs/accelerate/fsdp.yaml passes the recipes'
+    launch check (FSDP2, float32, no offloading); the training itself is tests/test_trainer_fsdp.py."""
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(RECIPES)!r})\n"
+        "from common import refuse_unsupported_launch\n"
+        "refuse_unsupported_launch()\n"
+        "print('accepted', os.environ['ACCELERATE_USE_FSDP'], os.environ['FSDP_VERSION'])\n"
+    )
+    config = "configs/accelerate/fsdp.yaml"
+    launcher = [str(ACCELERATE), "launch", "--config_file", config, "--num_processes", "1"]
+    done = run_recipe([str(script)], launcher=launcher, timeout=120)
+    assert "accepted true 2" in done.stdout

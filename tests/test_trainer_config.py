@@ -80,7 +80,14 @@ def test_hf_argument_parser_reads_the_dp_fields():
         ({"activation_checkpointing": True}, "activation_checkpointing=True is not supported"),
         ({"secrets_file": "a.csv", "plan_file": "p.json"}, "give secrets_file or plan_file, not both"),
         ({"optim": "adalomo"}, "optim='adalomo' is not supported .* inside the backward pass"),
-        ({"fsdp": "full_shard"}, "fsdp=.* is not supported .* use DDP"),
+        ({"fsdp": True, "fsdp_config": {"version": 1}}, "fsdp_version=1 is not supported .*FSDP2"),
+        ({"fsdp": True, "fsdp_config": {"cpu_offload": True}}, "fsdp cpu_offload is not supported"),
+        ({"fsdp": "full_shard offload"}, "fsdp cpu_offload is not supported"),
+        ({"fsdp": True, "bf16": True}, "bf16=True with fsdp=.* is not supported"),
+        (
+            {"fsdp": True, "fsdp_config": {"activation_checkpointing": True}},
+            "fsdp_activation_checkpointing=True is not supported",
+        ),
         ({"train_sampling_strategy": "group_by_length"}, "train_sampling_strategy='group_by_length' is not"),
         (
             {"push_to_hub": True, "hub_strategy": "checkpoint", "hub_model_id": "x/y"},

@@ -100,7 +100,8 @@ def worker(out_path: str) -> None:
     rank, world_size = rank_and_world_size()
     sharded = [n for n, p in trainer.model.named_parameters() if isinstance(p, DTensor)]
     # Resumed from the sharded checkpoint of step STEPS/2: the same model as the uninterrupted run.
-    resumed, _, _ = train_once(str(Path(out_path).parent / "resumed"), resume=f"{run}/checkpoint-{STEPS // 2}")
+    checkpoint = f"{run}/checkpoint-{STEPS // 2}"
+    resumed, _, _ = train_once(str(Path(out_path).parent / "resumed"), resume=checkpoint)
     if rank == 0:
         torch.save(
             {
