@@ -3,8 +3,8 @@ model gives the parameters a single unsharded process gets. Each rank clips its 
 the full-size clipped sums are reduce-scattered to the parameter shards; the noise of a shard is the
 slice of the noise the unsharded run draws from the same secret seed; AdamW steps on the shards.
 
-This covers the engine (``GhostClipper`` + ``privatize_gradients_``); the Trainer still refuses FSDP
-(see ``GhostClippingCallback.install``)."""
+This covers the engine (``GhostClipper`` + ``privatize_gradients_``) driven by hand; the trainer under
+FSDP2 is tests/test_trainer_fsdp.py."""
 
 from __future__ import annotations
 

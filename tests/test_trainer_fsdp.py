@@ -7,7 +7,9 @@ Launched with ``accelerate launch`` and ``configs/accelerate/fsdp.yaml`` (its ``
 ``DistributedType.FSDP`` only in its GPU-family branch; on CPU the run silently becomes MULTI_CPU/DDP),
 so the worker opens exactly that gate (:func:`fsdp_on_cpu`); everything after it -- the plugin built
 from the launcher's environment, ``fsdp2_prepare_model``, the Trainer's FSDP paths and checkpointing --
-is the real code. Run as a script, this file is the worker each launched process executes.
+is the real code. Also a resume from the sharded checkpoint of step 2. The same test on two GPUs (the
+config unchanged) runs where two are present. Run as a script, this file is the worker each launched
+process executes.
 """
 
 from __future__ import annotations
@@ -83,25 +85,30 @@ def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
     return {
-        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
         for n, p in model.named_parameters()
     }
 
 
-def worker(out_path: str) -> None:
+def worker(out_path: str, device: str) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     from hush_hf.trainer.distributed import rank_and_world_size
 
-    fsdp_on_cpu()
+    if device == "cpu":
+        fsdp_on_cpu()
     run = str(Path(out_path).parent / "run")
-    params, logs, trainer = train_once(run, save_strategy="steps", save_steps=STEPS // 2)
+    params, logs, trainer = train_once(
+        run, save_strategy="steps", save_steps=STEPS // 2, use_cpu=device == "cpu"
+    )
     rank, world_size = rank_and_world_size()
     sharded = [n for n, p in trainer.model.named_parameters() if isinstance(p, DTensor)]
     # Resumed from the sharded checkpoint of step STEPS/2: the same model as the uninterrupted run.
     checkpoint = f"{run}/checkpoint-{STEPS // 2}"
-    resumed, _, _ = train_once(str(Path(out_path).parent / "resumed"), resume=checkpoint)
+    resumed, _, _ = train_once(
+        str(Path(out_path).parent / "resumed"), resume=checkpoint, use_cpu=device == "cpu"
+    )
     if rank == 0:
         torch.save(
             {
@@ -125,21 +132,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # two launched processes importing transformers, plus the 1-process run: ~60 CPU-seconds
-def test_fsdp2_trainer_on_two_processes_trains_the_one_process_model(tmp_path):
-    from hush_hf.sampling import WeightedPoissonSampler
-    from tests.test_trainer_helpers import tiny_gpt2
-
-    sizes = [len(WeightedPoissonSampler(PROBS, num_steps=STEPS, seed=SEED).batch(t)) for t in range(STEPS)]
-    # Step 0: rank 1's share is empty, so its first micro-batch is a filler; steps 2-3: 3 + 2 rows, so
-    # rank 1 runs one micro-batch and one filler.
-    assert sizes == [1, 6, 5, 5]
-
+def launch_two_processes(tmp_path: Path, device: str) -> dict:
+    """Run :func:`worker` under ``accelerate launch`` with configs/accelerate/fsdp.yaml (``use_cpu`` on
+    for ``device="cpu"``); rank 0's results."""
     config = yaml.safe_load(CONFIG.read_text())
     assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2
-    config["use_cpu"] = True
-    cpu_config = tmp_path / "fsdp_cpu.yaml"
-    cpu_config.write_text(yaml.safe_dump(config))
+    config["use_cpu"] = device == "cpu"
+    launch_config = tmp_path / "fsdp.yaml"
+    launch_config.write_text(yaml.safe_dump(config))
     out = tmp_path / "two.pt"
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -147,29 +147,55 @@ def test_fsdp2_trainer_on_two_processes_trains_the_one_process_model(tmp_path):
         str(Path(sys.executable).with_name("accelerate")),
         "launch",
         "--config_file",
-        str(cpu_config),
+        str(launch_config),
         "--main_process_port",
         str(free_port()),
         __file__,
         str(out),
+        device,
     ]
     result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-6000:]
-    two = torch.load(out, weights_only=False)
+    return torch.load(out, weights_only=False)
+
+
+def check_equals_one_process(two: dict, tmp_path: Path, *, use_cpu: bool, atol: float) -> None:
+    from hush_hf.sampling import WeightedPoissonSampler
+    from tests.test_trainer_helpers import tiny_gpt2
+
+    sizes = [len(WeightedPoissonSampler(PROBS, num_steps=STEPS, seed=SEED).batch(t)) for t in range(STEPS)]
+    # Step 0: rank 1's share is empty, so its first micro-batch is a filler; steps 2-3: 3 + 2 rows, so
+    # rank 1 runs one micro-batch and one filler.
+    assert sizes == [1, 6, 5, 5]
     assert two["world_size"] == 2 and two["fsdp"]
     assert two["sharded"] == [n for n, _ in tiny_gpt2(seed=0).named_parameters()]  # every one sharded
     assert {"hush_state.json", "hush_plan.json"} <= set(two["checkpoint"])
+    for name, value in two["params"].items():  # resumed from the sharded checkpoint of step 2
+        torch.testing.assert_close(two["resumed"][name], value, rtol=0, atol=atol)
 
-    one_params, one_logs, _ = train_once(str(tmp_path / "one"))
+    one_params, one_logs, _ = train_once(str(tmp_path / "one"), use_cpu=use_cpu)
     initial = dict(tiny_gpt2(seed=0).named_parameters())
     logged = [log["dp_batch_size"] for log in one_logs if "loss" in log]
     assert logged == sizes == [log["dp_batch_size"] for log in two["logs"] if "loss" in log]
-    for name, value in two["params"].items():
-        torch.testing.assert_close(two["resumed"][name], value, rtol=0, atol=1e-6)
     for name, value in one_params.items():
         assert (value - initial[name]).abs().max() > 1e-3  # every parameter moved
-        torch.testing.assert_close(two["params"][name], value, rtol=0, atol=1e-6)
+        torch.testing.assert_close(two["params"][name], value, rtol=0, atol=atol)
+
+
+@pytest.mark.slow  # two launched processes importing transformers, plus the 1-process run: ~45 s
+def test_fsdp2_trainer_on_two_cpu_processes_trains_the_one_process_model(tmp_path):
+    two = launch_two_processes(tmp_path, "cpu")
+    check_equals_one_process(two, tmp_path, use_cpu=True, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (the CPU test above always runs)")
+def test_fsdp2_trainer_on_two_gpus_trains_the_one_gpu_model(tmp_path):
+    """configs/accelerate/fsdp.yaml as it is (no CPU switch); the reference runs on one GPU, since the
+    noise generator of a CUDA device (Philox) differs from the CPU's."""
+    two = launch_two_processes(tmp_path, "cuda")
+    check_equals_one_process(two, tmp_path, use_cpu=False, atol=1e-5)
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1])
+    worker(sys.argv[1], sys.argv[2])

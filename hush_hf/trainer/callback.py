@@ -11,12 +11,14 @@ inputs or the loss, and ``training_step`` back-propagates one batch-mean loss (n
 gradients); the batch gradient norm is computed and written to ``log_history`` before
 ``on_pre_optimizer_step`` (it would publish the pre-noise gradient); there is no event to choose
 the batch sampler, and the resume checkpoint is not known before the data loader is iterated. So
-the callback carries the DP step, and five trainer methods route to it: ``train`` (sets up the
+the callback carries the DP step, and six trainer methods route to it: ``train`` (sets up the
 secret seed, fresh or from the checkpoint), ``get_train_dataloader`` (the Poisson batch sampler,
 not prepared by accelerate, which would pad), ``training_step`` (clipped micro-batch backward
-passes), ``_get_grad_norm`` (returns None: nothing computes the pre-noise norm) and ``log`` (adds
-sigma and the drawn batch size). ``SecretProtectionTrainer`` overrides them; a plain ``Trainer``
-gets them from :meth:`GhostClippingCallback.attach`. The events do the rest: ``on_train_begin``
+passes), ``_get_grad_norm`` (returns None: nothing computes the pre-noise norm),
+``_get_num_items_in_batch`` (returns None: the token count is unused, and its cross-rank gather runs
+only on ranks with a non-empty share) and ``log`` (adds sigma and the drawn batch size).
+``SecretProtectionTrainer`` overrides them; a plain ``Trainer`` gets them from
+:meth:`GhostClippingCallback.attach`. The events do the rest: ``on_train_begin``
 hooks the model, ``on_pre_optimizer_step`` reduces and adds the noise, ``on_save`` writes the
 seed, step and plan into the checkpoint.
 """
@@ -217,7 +219,8 @@ class GhostClippingCallback(TrainerCallback):
         """Validate ``trainer`` against the plan and register this callback on it.
 
         ``route_methods=True`` replaces ``train``, ``get_train_dataloader``, ``training_step``,
-        ``_get_grad_norm`` and ``log`` on this trainer instance (a plain ``Trainer``);
+        ``_get_grad_norm``, ``_get_num_items_in_batch`` and ``log`` on this trainer instance (a plain
+        ``Trainer``);
         ``SecretProtectionTrainer`` overrides them itself and passes False.
         """
         if self._installed:
@@ -485,8 +488,10 @@ class GhostClippingCallback(TrainerCallback):
         """Accumulate ``sum_i clip(g_i, C)`` over this rank's share into ``p.grad``; return its mean loss.
 
         The forward runs on the unwrapped model (under DDP's ``no_sync``): DDP's averaging hook must
-        not touch the clipped sums. The returned loss is the mean per-example loss of the share (NaN
-        for an empty share, which Trainer's ``logging_nan_inf_filter`` skips).
+        not touch the clipped sums. Under FSDP2 every rank runs as many micro-batches as the busiest
+        one, padding with zero-weight fillers (:mod:`hush_hf.trainer.fsdp`). The returned loss is the
+        mean per-example loss of the share (NaN for an empty share, which Trainer's
+        ``logging_nan_inf_filter`` skips); fillers are not counted in it.
         """
         if self._clipper is None or self._model is None:
             raise RuntimeError("the DP step is not set up: train through trainer.train()")
@@ -542,7 +547,9 @@ class GhostClippingCallback(TrainerCallback):
         if self._filler_source is None:
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
         dataset, collate_fn = self._filler_source
-        return split_micro_batches(SkipEmptyCollator(collate_fn)([dataset[0]]), 1)[0]
+        batch = collate_fn([dataset[0]])
+        dropped = (*PLAN_COLUMNS, self.crt_public_column)
+        return split_micro_batches({k: v for k, v in batch.items() if k not in dropped}, 1)[0]
 
     def _self_check_on_filler(self, trainer: Trainer) -> None:
         """FSDP: run the clipper's first-call self-check on every rank at once, on the same row.
