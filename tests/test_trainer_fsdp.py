@@ -53,13 +53,21 @@ def fsdp_on_cpu() -> None:
 
 
 def train_once(
-    output_dir: str, resume: str | None = None, **overrides
+    output_dir: str, resume: str | None = None, model_name: str = "gpt2", **overrides
 ) -> tuple[dict[str, torch.Tensor], list[dict], object]:
-    """The run both sides compare: micro-batches of 2, varying rho, noise on, AdamW."""
+    """The run both sides compare: micro-batches of 2, varying rho, noise on, AdamW; a tiny GPT-2 or
+    Gemma-2 (tied embeddings both; Gemma-2: scaled embedding, RMSNorm, the mission's model)."""
     from hush_hf.trainer import SecretProtectionTrainer
-    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, tiny_gpt2, token_dataset
+    from tests.test_trainer_helpers import (
+        dp_config,
+        make_plan,
+        pad_collate,
+        tiny_gemma2,
+        tiny_gpt2,
+        token_dataset,
+    )
 
-    model = tiny_gpt2(seed=0)
+    model = {"gpt2": tiny_gpt2, "gemma2": tiny_gemma2}[model_name](seed=0)
     plan = make_plan(PROBS, steps=STEPS, noise_multiplier=0.6)
     trainer = SecretProtectionTrainer(
         model=model,
@@ -109,11 +117,15 @@ def worker(out_path: str, device: str) -> None:
     resumed, _, _ = train_once(
         str(Path(out_path).parent / "resumed"), resume=checkpoint, use_cpu=device == "cpu"
     )
+    gemma2, _, _ = train_once(
+        str(Path(out_path).parent / "gemma2"), model_name="gemma2", use_cpu=device == "cpu"
+    )
     if rank == 0:
         torch.save(
             {
                 "params": params,
                 "resumed": resumed,
+                "gemma2": gemma2,
                 "logs": logs,
                 "world_size": world_size,
                 "fsdp": trainer.is_fsdp_enabled,
@@ -180,6 +192,10 @@ def check_equals_one_process(two: dict, tmp_path: Path, *, use_cpu: bool, atol: 
     for name, value in one_params.items():
         assert (value - initial[name]).abs().max() > 1e-3  # every parameter moved
         torch.testing.assert_close(two["params"][name], value, rtol=0, atol=atol)
+    one_gemma2, _, _ = train_once(str(tmp_path / "one_gemma2"), model_name="gemma2", use_cpu=use_cpu)
+    assert one_gemma2.keys() == two["gemma2"].keys()
+    for name, value in one_gemma2.items():
+        torch.testing.assert_close(two["gemma2"][name], value, rtol=0, atol=atol)
 
 
 @pytest.mark.slow  # two launched processes importing transformers, plus the 1-process run: ~45 s
