@@ -38,7 +38,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
 def fsdp_on_cpu() -> None:
     """Let accelerate run FSDP on CPU processes: after ``AcceleratorState`` chose MULTI_CPU, switch it to
     FSDP with the plugin it was given (what it does on GPUs)."""
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
     original = AcceleratorState.__init__
@@ -47,6 +47,7 @@ def fsdp_on_cpu() -> None:
         original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
         if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
             self.distributed_type = DistributedType.FSDP
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # as accelerate syncs it
             self.fsdp_plugin = fsdp_plugin
 
     AcceleratorState.__init__ = init
@@ -98,6 +99,12 @@ def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def saved_parameters(folder: Path) -> dict[str, torch.Tensor]:
+    from transformers import GPT2LMHeadModel
+
+    return {n: p.detach().clone() for n, p in GPT2LMHeadModel.from_pretrained(folder).named_parameters()}
+
+
 def worker(out_path: str, device: str) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
@@ -117,6 +124,8 @@ def worker(out_path: str, device: str) -> None:
     resumed, _, _ = train_once(
         str(Path(out_path).parent / "resumed"), resume=checkpoint, use_cpu=device == "cpu"
     )
+    final = Path(out_path).parent / "final"
+    trainer.save_model(str(final))  # whole weights, although checkpoints are sharded
     gemma2, _, _ = train_once(
         str(Path(out_path).parent / "gemma2"), model_name="gemma2", use_cpu=device == "cpu"
     )
@@ -126,6 +135,8 @@ def worker(out_path: str, device: str) -> None:
                 "params": params,
                 "resumed": resumed,
                 "gemma2": gemma2,
+                "saved": sorted(os.listdir(final)),
+                "saved_params": saved_parameters(final),
                 "logs": logs,
                 "world_size": world_size,
                 "fsdp": trainer.is_fsdp_enabled,
@@ -166,7 +177,7 @@ def launch_two_processes(tmp_path: Path, device: str) -> dict:
         str(out),
         device,
     ]
-    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-6000:]
     return torch.load(out, weights_only=False)
 
@@ -184,6 +195,11 @@ def check_equals_one_process(two: dict, tmp_path: Path, *, use_cpu: bool, atol: 
     assert {"hush_state.json", "hush_plan.json"} <= set(two["checkpoint"])
     for name, value in two["params"].items():  # resumed from the sharded checkpoint of step 2
         torch.testing.assert_close(two["resumed"][name], value, rtol=0, atol=atol)
+    # save_model() wrote the whole trained model (loadable without FSDP) and the protection artifacts.
+    assert {"model.safetensors", "hush_plan.json", "README.md"} <= set(two["saved"])
+    assert two["saved_params"].keys() == two["params"].keys()
+    for name, value in two["params"].items():
+        assert torch.equal(two["saved_params"][name], value), name
 
     one_params, one_logs, _ = train_once(str(tmp_path / "one"), use_cpu=use_cpu)
     initial = dict(tiny_gpt2(seed=0).named_parameters())

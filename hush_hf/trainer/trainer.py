@@ -203,11 +203,26 @@ class SecretProtectionTrainer(Trainer):
         """Save the weights, and beside them the plan, the privacy report and the model card.
 
         Checkpoints (``_internal_call`` with a folder) get only the weights and the DP state;
-        ``save_model()`` and ``push_to_hub()`` get the full protection artifacts.
+        ``save_model()`` and ``push_to_hub()`` get the full protection artifacts. Under FSDP2 with a
+        sharded state dict, Trainer writes no weights in ``save_model`` (only checkpoints, sharded);
+        the published model must be whole, so the full state dict is gathered (every rank calls this)
+        and saved.
         """
-        super().save_model(output_dir, _internal_call)
-        if self.args.should_save and (output_dir is None or not _internal_call):
+        final = output_dir is None or not _internal_call
+        if final and self._sharded_state_dict():
+            state_dict = self.accelerator.get_state_dict(self.model)  # a collective: all ranks
+            if self.args.should_save:
+                self._save(output_dir or self.args.output_dir, state_dict=state_dict)
+        else:
+            super().save_model(output_dir, _internal_call)
+        if self.args.should_save and final:
             self.write_protection_artifacts(output_dir or self.args.output_dir)
+
+    def _sharded_state_dict(self) -> bool:
+        """FSDP with a state dict type other than FULL_STATE_DICT (Trainer.save_model saves no weights)."""
+        if not self.is_fsdp_enabled:
+            return False
+        return "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type)
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         # Trainer writes its own README.md here (push_to_hub); the Secret protection section is added back.
