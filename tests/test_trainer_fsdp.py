@@ -99,6 +99,25 @@ def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def crt_under_fsdp(output_dir: Path, use_cpu: bool) -> str:
+    """The error a CRT-mode trainer gets under FSDP (its public steps run a plain backward)."""
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_crt import SECRET_IDS, crt_dataset
+    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, tiny_gpt2
+
+    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS)
+    args = dp_config(
+        output_dir, max_steps=1, crt_schedule="interleave", crt_public_batch_size=2, use_cpu=use_cpu
+    )
+    try:
+        SecretProtectionTrainer(
+            model=tiny_gpt2(), args=args, train_dataset=crt_dataset(), data_collator=pad_collate, plan=plan
+        )
+    except ValueError as error:
+        return str(error)
+    return "not refused"
+
+
 def saved_parameters(folder: Path) -> dict[str, torch.Tensor]:
     from transformers import GPT2LMHeadModel
 
@@ -129,12 +148,14 @@ def worker(out_path: str, device: str) -> None:
     gemma2, _, _ = train_once(
         str(Path(out_path).parent / "gemma2"), model_name="gemma2", use_cpu=device == "cpu"
     )
+    crt_refusal = crt_under_fsdp(Path(out_path).parent / "crt", use_cpu=device == "cpu")
     if rank == 0:
         torch.save(
             {
                 "params": params,
                 "resumed": resumed,
                 "gemma2": gemma2,
+                "crt_refusal": crt_refusal,
                 "saved": sorted(os.listdir(final)),
                 "saved_params": saved_parameters(final),
                 "logs": logs,
@@ -195,6 +216,7 @@ def check_equals_one_process(two: dict, tmp_path: Path, *, use_cpu: bool, atol: 
     assert {"hush_state.json", "hush_plan.json"} <= set(two["checkpoint"])
     for name, value in two["params"].items():  # resumed from the sharded checkpoint of step 2
         torch.testing.assert_close(two["resumed"][name], value, rtol=0, atol=atol)
+    assert two["crt_refusal"].startswith("crt_schedule='interleave' is not supported under FSDP")
     # save_model() wrote the whole trained model (loadable without FSDP) and the protection artifacts.
     assert {"model.safetensors", "hush_plan.json", "README.md"} <= set(two["saved"])
     assert two["saved_params"].keys() == two["params"].keys()
