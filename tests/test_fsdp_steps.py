@@ -124,3 +124,15 @@ def test_fsdp_plugins_that_cannot_run_exactly_are_refused_naming_the_option():
     for overrides, match in refused:
         with pytest.raises(ValueError, match=match):
             check_fsdp_plugin(accepted_plugin(**overrides))
+
+
+def test_token_counts_are_never_gathered_across_ranks():
+    """Trainer gathers the batch's token count across ranks only on ranks whose batch has labels: a rank
+    with an empty Poisson share skipped the collective and the others waited forever (found under FSDP,
+    step 0 of tests/test_trainer_fsdp.py; DDP has the same path). The DP step does not use the count."""
+    from hush_hf.trainer import SecretProtectionTrainer
+    from hush_hf.trainer.callback import no_num_items_in_batch
+
+    batches = [{"labels": torch.ones(2, 3, dtype=torch.long)}]
+    assert SecretProtectionTrainer._get_num_items_in_batch(None, batches, torch.device("cpu")) is None
+    assert no_num_items_in_batch(batches, torch.device("cpu")) is None  # GhostClippingCallback.attach's
