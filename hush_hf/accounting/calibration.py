@@ -301,8 +301,8 @@ class _Search:
         plan's saturated secrets of different kinds tie in it, so one secret of each kind is tried.
         """
         order = candidates[np.argsort(-estimate[candidates], kind="stable")]
-        keys = np.column_stack([self.priors[order], self.targets[order]])
-        _, leaders = np.unique(keys, axis=0, return_index=True)
+        kinds = self.priors[order] + 1j * self.targets[order]  # 1-D keys: unique(axis=0) is 10x slower
+        _, leaders = np.unique(kinds, return_index=True)
         leaders = np.sort(leaders)[:CANDIDATES_PER_ROUND]
         rest = np.setdiff1d(np.arange(order.size), leaders)[: CANDIDATES_PER_ROUND - leaders.size]
         return order[np.concatenate([leaders, rest])]
