@@ -86,3 +86,27 @@ def test_loss_is_finite_for_extreme_logits() -> None:
     logits = torch.tensor([[[1e4, -1e4, 0.0], [0.0, 0.0, 0.0]]])
     loss = per_example_lm_loss(logits, torch.tensor([[1, 0]]), causal=False)
     assert math.isfinite(float(loss[0])) and float(loss[0]) == pytest.approx((2e4 + math.log(3)) / 2)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sparse_targets_select_positions_with_the_same_loss_and_gradient(causal: bool, monkeypatch) -> None:
+    """A masked LM's ~15% targets: the softmax only at target positions, same values and gradients."""
+    from hush_hf.clipping import loss as loss_module
+
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 20, 11, generator=g)
+    labels = torch.randint(0, 11, (4, 20), generator=g)
+    labels[torch.rand(4, 20, generator=g) > 0.15] = -100
+    labels[3] = -100  # no target at all: loss 0
+    results = []
+    for select_below in (loss_module._SELECT_BELOW, 0.0):  # the selected path, then the full one
+        monkeypatch.setattr(loss_module, "_SELECT_BELOW", select_below)
+        leaf = logits.clone().requires_grad_(True)
+        loss = per_example_lm_loss(leaf, labels, causal=causal)
+        (loss * torch.arange(1.0, 5.0)).sum().backward()
+        results.append((loss.detach(), leaf.grad))
+    expected = torch.tensor(manual_loss(logits, labels, causal), dtype=torch.float64)
+    torch.testing.assert_close(results[0][0].double(), expected)
+    assert results[0][0][3] == 0
+    torch.testing.assert_close(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])

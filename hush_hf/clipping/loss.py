@@ -8,6 +8,9 @@ from torch import Tensor
 
 IGNORE_INDEX = -100
 
+_SELECT_BELOW = 0.5
+"""Compute the softmax at the target positions only when at most this fraction of positions has one."""
+
 
 def per_example_lm_loss(logits: Tensor, labels: Tensor, *, causal: bool) -> Tensor:
     """loss_i = (1/n_i) sum_{t: y_{i,t} != -100} -log softmax(logits_{i,t})[y_{i,t}], shape (b,).
@@ -45,14 +48,25 @@ def per_example_lm_loss(logits: Tensor, labels: Tensor, *, causal: bool) -> Tens
             f"{bad.shape[0]} are not (first at example {i}, position {t})"
         )
     if causal:
-        logits, labels = logits[:, :-1], labels[:, 1:]
+        # Shift the labels, not the logits: slicing logits[:, :-1] would copy the (b, T, vocab) tensor
+        # forward and again backward. The last position gets no target (loss 0, not counted).
+        labels = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
     b, t_len = labels.shape
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    token_loss = F.cross_entropy(
-        logits.reshape(b * t_len, vocab).to(dtype),
-        labels.reshape(b * t_len).long(),
-        ignore_index=IGNORE_INDEX,
-        reduction="none",
-    ).view(b, t_len)
-    n_targets = (labels != IGNORE_INDEX).sum(dim=1)
-    return token_loss.sum(dim=1) / n_targets.clamp_min(1).to(dtype)
+    flat_logits, flat_labels = logits.reshape(b * t_len, vocab), labels.reshape(b * t_len).long()
+    targets = flat_labels != IGNORE_INDEX
+    n_targets = targets.view(b, t_len).sum(dim=1)
+    count = int(n_targets.sum())
+    if count <= _SELECT_BELOW * b * t_len:
+        # Sparse targets (a masked LM: ~15%): the softmax only where there is one. Exact: an ignored
+        # position adds 0 to the loss and gets a zero gradient either way.
+        rows = torch.nonzero(targets).flatten()
+        token_loss = F.cross_entropy(flat_logits[rows].to(dtype), flat_labels[rows], reduction="none")
+        per_example = torch.zeros(b, dtype=token_loss.dtype, device=token_loss.device)
+        per_example = per_example.index_add(0, rows // t_len, token_loss)
+    else:
+        token_loss = F.cross_entropy(
+            flat_logits.to(dtype), flat_labels, ignore_index=IGNORE_INDEX, reduction="none"
+        )
+        per_example = token_loss.view(b, t_len).sum(dim=1)
+    return per_example / n_targets.clamp_min(1).to(dtype)
