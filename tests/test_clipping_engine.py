@@ -249,7 +249,10 @@ def test_batch_mismatch_is_refused() -> None:
             clipper.clipped_backward(loss)
 
 
-def test_in_place_change_of_a_recorded_output_is_refused() -> None:
+def test_in_place_change_of_a_recorded_output_is_exact() -> None:
+    """The output gradient is taken at the layer's own gradient edge, so a later in-place change of the
+    output (the model goes on with 2y) gives the exact per-example gradient, not one w.r.t. 2y."""
+
     class InPlace(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -258,12 +261,36 @@ def test_in_place_change_of_a_recorded_output_is_refused() -> None:
         def forward(self, x: Tensor) -> Tensor:
             y = self.lin(x)
             y.mul_(2.0)
-            return y
+            return torch.tanh(y)
+
+    torch.manual_seed(0)
+    model, x = InPlace(), torch.randn(4, 3)
+    grads = per_example_grads(model, {"x": x}, lambda out: out.pow(2).sum(1))
+    max_norm = float(norms_of(grads).median())
+    with GhostClipper(model, max_norm) as clipper:
+        norms = clipper.clipped_backward(model(x).pow(2).sum(1))
+    assert rel_err(norms, norms_of(grads)) <= RTOL
+    named = dict(model.named_parameters())
+    for n, g in clipped_sum(grads, max_norm).items():
+        torch.testing.assert_close(named[n].grad.double(), g, rtol=RTOL, atol=1e-7)
+
+
+def test_in_place_change_of_a_recorded_input_is_refused() -> None:
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = x * 1.0
+            y = self.lin(h)
+            h.mul_(2.0)
+            return y + h
 
     model = InPlace()
     with GhostClipper(model, 1.0) as clipper:
         loss = model(torch.randn(4, 3)).sum(1)
-        with pytest.raises(RuntimeError, match=r"'lin' \(Linear\) was modified in place"):
+        with pytest.raises(RuntimeError, match=r"input of layer 'lin' \(Linear\) was modified in place"):
             clipper.clipped_backward(loss)
 
 

@@ -13,6 +13,7 @@ from hush_hf.clipping.factors import (
     Materialized,
     OneHotFactor,
     OuterSum,
+    combine_uses,
     drop_zero_steps,
     gram,
     inner,
@@ -115,21 +116,39 @@ def dense_use(g: torch.Generator, steps: int, rows: int = ROWS, cols: int = COLS
     )
 
 
-def test_norm_strategy_picks_the_cheaper_way() -> None:
-    """Per example: ghost ~ sum_{u<=v} T_u T_v (rows + cols), materialised ~ (sum_u T_u + 1) rows cols."""
+def test_norm_strategy_materialises_when_no_larger_than_the_factors() -> None:
+    """Materialised (kept for the norm and the clipped sum) iff rows * cols <= (sum_u T_u)(rows + cols),
+    in bytes; it never costs more time than ghost norms plus the clipped-sum matmul."""
     g = torch.Generator().manual_seed(5)
-    # rows + cols = 12, rows * cols = 35: T = 2 -> ghost (4 * 12 = 48 < 3 * 35 = 105);
-    # T = 4 -> materialise (5 * 35 = 175 < 16 * 12 = 192).
+    # rows + cols = 12, rows * cols = 35: T = 2 -> ghost (35 > 24); T = 3 -> materialise (35 <= 36).
     assert norm_strategy([dense_use(g, 2)]) == "ghost"
-    assert norm_strategy([dense_use(g, 4)]) == "materialize"
-    # Two uses (cross term included): 2 + 2 steps: ghost (4 + 4 + 4) * 12 = 144 < 5 * 35 = 175;
-    # 3 + 3 steps: materialise, 7 * 35 = 245 < (9 + 9 + 9) * 12 = 324.
-    assert norm_strategy([dense_use(g, 2), dense_use(g, 2)]) == "ghost"
-    assert norm_strategy([dense_use(g, 3), dense_use(g, 3)]) == "materialize"
+    assert norm_strategy([dense_use(g, 3)]) == "materialize"
+    # Two uses count their steps together: 1 + 1 -> ghost, 2 + 1 -> materialise.
+    assert norm_strategy([dense_use(g, 1), dense_use(g, 1)]) == "ghost"
+    assert norm_strategy([dense_use(g, 2), dense_use(g, 1)]) == "materialize"
+    # bf16 factors (2 bytes) against a float32 sum (4 bytes): 6 steps needed (140 <= 144 bytes).
+    half = [OuterSum(DenseFactor(u.row.values.bfloat16()), DenseFactor(u.col.values.bfloat16())) for u in
+            (dense_use(g, 5), dense_use(g, 6))]  # fmt: skip
+    assert [norm_strategy([u]) for u in half] == ["ghost", "materialize"]
     # A one-hot side (embedding rows) or a materialised use keeps the ghost form.
     ids = OneHotFactor(torch.randint(0, ROWS, (B, 40), generator=g), ROWS)
     assert norm_strategy([OuterSum(ids, DenseFactor(torch.randn(B, 40, COLS, generator=g)))]) == "ghost"
     assert norm_strategy([dense_use(g, 40), random_grad("materialized", g, 0)]) == "ghost"
+
+
+def test_combined_uses_give_the_same_norm_and_clipped_sum() -> None:
+    g = torch.Generator().manual_seed(9)
+    uses = [dense_use(g, 3), dense_use(g, 4)]
+    combined = combine_uses(uses)
+    assert len(combined) == 1 and isinstance(combined[0], Materialized)
+    expected = sum(materialize(u) for u in uses)
+    torch.testing.assert_close(combined[0].values, expected)
+    weights = torch.rand(B, generator=g, dtype=torch.float64)
+    clipped = torch.einsum("b,brk->rk", weights, expected)
+    torch.testing.assert_close(weighted_sum(combined[0], weights), clipped)
+    torch.testing.assert_close(squared_norm_of_sum(combined), expected.pow(2).flatten(1).sum(1))
+    ghost_form = [dense_use(g, 1)]
+    assert combine_uses(ghost_form) == ghost_form
 
 
 def test_no_per_example_tensor_with_a_vocabulary_sized_dimension() -> None:
@@ -138,6 +157,7 @@ def test_no_per_example_tensor_with_a_vocabulary_sized_dimension() -> None:
     assert norm_strategy([logits_use]) == "materialize"
     assert norm_strategy([logits_use], never_materialize_dim=120) == "ghost"
     assert norm_strategy([logits_use], never_materialize_dim=121) == "materialize"
+    assert isinstance(combine_uses([logits_use], never_materialize_dim=120)[0], OuterSum)
 
 
 @pytest.mark.parametrize("steps", [[4], [3, 5]], ids=["one-use", "two-uses"])

@@ -7,7 +7,8 @@ the two (T x T') Gram matrices of their factors:
 
     <G_i, H_i>_F = sum_{t,s} <row_{i,t}, row'_{i,s}> <col_{i,t}, col'_{i,s}>,
 
-so no per-example gradient of the weight's size is ever formed. A factor is either dense (a
+so no per-example gradient of the weight's size needs to be formed (one is, when it is no larger
+than its factors: ``norm_strategy``). A factor is either dense (a
 (b, T, n) tensor) or one-hot (token ids: an embedding's rows), for which a Gram entry is a gather
 (``<e_x, v> = v[x]``) or an equality test. Small parameters (biases, norm scales) are kept
 materialised, ``(b, *param.shape)``.
@@ -123,7 +124,8 @@ def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
         return (k_row.to(dtype) * k_col.to(dtype)).sum(dim=(1, 2))
     if isinstance(g, Materialized) and isinstance(h, Materialized):
         dtype = compute_dtype(g.values, h.values)
-        return (g.values.to(dtype) * h.values.to(dtype)).flatten(1).sum(dim=1)
+        a, c = g.values.to(dtype).flatten(1), h.values.to(dtype).flatten(1)
+        return torch.bmm(a[:, None, :], c[:, :, None]).flatten()  # batched dot: no (b, n) product tensor
     if isinstance(g, Materialized):
         return _inner_materialized_outer(g, h)
     return _inner_materialized_outer(h, g)
@@ -145,16 +147,20 @@ def _dense_outer_shape(g: PerExampleGrad) -> tuple[int, int] | None:
 
 
 def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None) -> str:
-    """``"materialize"`` or ``"ghost"``: the cheaper way to get one parameter's per-example norm.
+    """``"materialize"`` or ``"ghost"``: how to get one parameter's per-example norm and clipped sum.
 
     Mixed ghost clipping (Bu et al. 2023, "Differentially private optimization on large model at
-    small cost", Sec. 4): per example, the ghost norm of uses with T_u positions costs about
-    ``sum_{u<=v} T_u T_v (rows + cols)`` (two Gram matrices), materialising ``G = sum_u row_u^T col_u``
-    costs ``(sum_u T_u) rows cols``. Materialising is chosen only when it is cheaper, every use has
-    two dense factors (a one-hot side is an embedding table: its rows are a vocabulary), and neither
-    side reaches ``never_materialize_dim`` (the model's vocabulary): no per-example tensor with a
-    vocabulary-sized dimension is ever formed. When it is chosen the (b, rows, cols) tensor is smaller
-    than the use's factors (b, T, rows + cols) themselves, so it never raises peak memory much.
+    small cost", Sec. 4), per example, for uses with T_u steps of a (rows x cols) weight:
+    ghost: the norm from Gram matrices, ``sum_{u<=v} T_u T_v (rows + cols)``, then the clipped sum
+    from the factors, one ``(sum_u T_u) rows cols`` matmul; materialise: ``G = sum_u row_u^T col_u``
+    formed once, ``(sum_u T_u) rows cols``, kept in place of the factors (``combine_uses``), so the
+    norm and the clipped sum ``sum_i c_i G_i`` (``rows cols``) are read off it. With T_u >= 1 the
+    materialised way never costs more time; it is chosen when its (b, rows, cols) tensor is no larger
+    than the factors it replaces, ``rows cols <= (sum_u T_u)(rows + cols)`` (in bytes: it is kept in
+    at least float32), so it never raises the memory either. Only when every use has two dense
+    factors of one shape (a one-hot side is an embedding table: its rows are a vocabulary) and
+    neither side reaches ``never_materialize_dim`` (the model's vocabulary): no per-example tensor
+    with a vocabulary-sized dimension is ever formed.
     """
     shapes = {_dense_outer_shape(g) for g in uses}
     if len(shapes) != 1 or None in shapes:
@@ -162,9 +168,27 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
     ((rows, cols),) = shapes
     if never_materialize_dim is not None and max(rows, cols) >= never_materialize_dim:
         return "ghost"
-    steps = [g.row.values.shape[1] for g in uses]  # type: ignore[union-attr]
-    ghost = sum(steps[u] * steps[v] for u in range(len(steps)) for v in range(u, len(steps))) * (rows + cols)
-    return "materialize" if sum(steps) * rows * cols + rows * cols < ghost else "ghost"
+    factor_bytes = sum(
+        f.values[0].numel() * f.values.element_size()  # type: ignore[union-attr]
+        for g in uses
+        for f in (g.row, g.col)  # type: ignore[union-attr]
+    )
+    dtype = compute_dtype(*(f.values for g in uses for f in (g.row, g.col)))  # type: ignore[union-attr]
+    return "materialize" if rows * cols * dtype.itemsize <= factor_bytes else "ghost"
+
+
+def combine_uses(
+    uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None
+) -> list[PerExampleGrad]:
+    """The uses of one parameter in the form its norm and clipped sum are taken from: one
+    ``Materialized`` sum of all uses when ``norm_strategy`` says so (the factors can then be freed),
+    else the uses unchanged (ghost form)."""
+    if norm_strategy(uses, never_materialize_dim) != "materialize":
+        return list(uses)
+    total = materialize(uses[0]).values  # type: ignore[arg-type]
+    for g in uses[1:]:
+        total += materialize(g).values  # type: ignore[arg-type]
+    return [Materialized(total)]
 
 
 _COMPACT_BELOW = 0.75
@@ -196,11 +220,19 @@ def drop_zero_steps(g: PerExampleGrad) -> PerExampleGrad:
     """
     if not isinstance(g, OuterSum):
         return g
-    masks = [m for m in (_nonzero_rows(g.row), _nonzero_rows(g.col)) if m is not None]
-    if not masks or masks[0].dim() != 2:
+    dense = [v for v in (_dense(g.row), _dense(g.col)) if v is not None]
+    if not dense or dense[0].dim() != 3 or dense[0].shape[-1] == 0:
         return g
+    steps = dense[0].shape[1]
+    # A zero step has a zero first entry on some side: a cheap upper bound on each example's zero
+    # steps, which settles most calls (no step is zero) without reading the whole factors.
+    maybe_zero = dense[0][:, :, 0] == 0
+    for v in dense[1:]:
+        maybe_zero |= v[:, :, 0] == 0
+    if maybe_zero.numel() and steps - int(maybe_zero.sum(dim=1).min()) > _COMPACT_BELOW * steps:
+        return g
+    masks = [m for m in (_nonzero_rows(g.row), _nonzero_rows(g.col)) if m is not None]
     mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
-    steps = mask.shape[1]
     keep = int(mask.sum(dim=1).max()) if mask.numel() else 0
     if keep > _COMPACT_BELOW * steps:
         return g
@@ -222,11 +254,7 @@ def squared_norm_of_sum(
     """
     if not uses:
         raise ValueError("squared_norm_of_sum needs at least one use")
-    if norm_strategy(uses, never_materialize_dim) == "materialize":
-        total_grad = materialize(uses[0]).values  # type: ignore[arg-type]
-        for g in uses[1:]:
-            total_grad += materialize(g).values  # type: ignore[arg-type]
-        return total_grad.pow(2).flatten(1).sum(dim=1)
+    uses = combine_uses(uses, never_materialize_dim)
     total: Tensor | None = None
     for u, g in enumerate(uses):
         for v in range(u, len(uses)):
@@ -254,8 +282,8 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
     """
     if isinstance(g, Materialized):
         dtype = compute_dtype(g.values)
-        w = weights.to(dtype).reshape(-1, *([1] * (g.values.dim() - 1)))
-        return (g.values.to(dtype) * w).sum(dim=0)
+        values = g.values.to(dtype)
+        return (weights.to(dtype)[None, :] @ values.reshape(values.shape[0], -1)).reshape(values.shape[1:])
     row, col = g.row, g.col
     dtype = compute_dtype(*(f.values for f in (row, col) if isinstance(f, DenseFactor)))
     device = weights.device

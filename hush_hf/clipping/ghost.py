@@ -43,12 +43,19 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.distributed.tensor import DTensor, Partial
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils.hooks import RemovableHandle
 
-from hush_hf.clipping.factors import PerExampleGrad, drop_zero_steps, squared_norm_of_sum, weighted_sum
+from hush_hf.clipping.factors import (
+    PerExampleGrad,
+    combine_uses,
+    drop_zero_steps,
+    squared_norm_of_sum,
+    weighted_sum,
+)
 from hush_hf.clipping.registry import (
     LayerRule,
     RecordedCall,
@@ -116,8 +123,9 @@ class _Call:
     x: Tensor | RecordedCall  # input as the layer's op used it (detached), or the whole call
     x_source: Tensor  # the input as passed (detached; shares the version counter)
     x_version: int
-    output: Tensor  # kept attached: the first pass differentiates w.r.t. it
-    output_version: int
+    edge: GradientEdge  # where autograd delivers d(loss)/d(output): the output itself is not kept
+    out_shape: torch.Size
+    out_dtype: torch.dtype
     params: tuple[Tensor, ...]  # the layer's parameters as the call used them (FSDP2: unsharded)
 
 
@@ -201,13 +209,21 @@ def _plan_layers(model: nn.Module) -> list[_HookedLayer]:
 
 def _fold_factor(call: _Call, batch: int) -> int | None:
     """n when a call of a batch-folding layer saw (batch * n, ...) rows in and out, else None."""
-    x, out = call.x_source, call.output
-    if not isinstance(call.x, Tensor) or batch == 0 or x.dim() < 2 or out.dim() < 2:
+    x, out = call.x_source, call.out_shape
+    if not isinstance(call.x, Tensor) or batch == 0 or x.dim() < 2 or len(out) < 2:
         return None
     n = x.shape[0] // batch
-    if n < 1 or x.shape[0] != batch * n or out.shape[0] != batch * n:
+    if n < 1 or x.shape[0] != batch * n or out[0] != batch * n:
         return None
     return n
+
+
+def _output_record(output: Tensor) -> tuple[GradientEdge, torch.Size, torch.dtype]:
+    """What the engine keeps of a layer output: its gradient edge (the autograd node and slot that
+    produced it), shape and dtype. Not the tensor: holding it would keep every layer's output (the
+    vocabulary-wide logits among them) alive through the backward pass, which plain training frees.
+    The edge also stays the layer's own if the model later changes the output in place."""
+    return get_gradient_edge(output), output.shape, output.dtype
 
 
 def _vocabulary_size(layers: list[_HookedLayer]) -> int | None:
@@ -350,7 +366,7 @@ class GhostClipper:
             # The op multiplies the autocast-dtype copy; the weight gradient is built from it.
             x = x.to(torch.get_autocast_dtype(device_type))
         params = tuple(module._parameters[n] for n in layer.param_names)
-        self._calls.append(_Call(layer, x, source, source._version, output, output._version, params))
+        self._calls.append(_Call(layer, x, source, source._version, *_output_record(output), params))
         if layer.rule.protects_output:
             # The model modifies this output in place (Falcon: ``mlp_output += attention_output``); it
             # continues with a copy, so the recorded output keeps the value autograd differentiates.
@@ -380,7 +396,7 @@ class GhostClipper:
             # row i of its gradient is example i's own.
             output = output.expand(primary.shape[0], *output.shape[1:])
         params = tuple(layer.module._parameters[n] for n in layer.param_names)
-        self._calls.append(_Call(layer, call, primary, primary._version, output, output._version, params))
+        self._calls.append(_Call(layer, call, primary, primary._version, *_output_record(output), params))
         return output if shared else None
 
     # ----------------------------------------------------------------------------- checks
@@ -439,15 +455,16 @@ class GhostClipper:
         if batch and not calls:
             raise RuntimeError("no layer with trainable parameters ran in the forward pass")
         for c in calls:
-            if c.x_source._version != c.x_version or c.output._version != c.output_version:
+            # (An in-place change of the output is harmless: its gradient edge is the layer's own.)
+            if c.x_source._version != c.x_version:
                 raise RuntimeError(
-                    f"the input or output of {c.layer.label} was modified in place after it ran; "
+                    f"the input of {c.layer.label} was modified in place after it ran; "
                     "its per-example gradient cannot be recovered"
                 )
             x = c.x_source
             if c.layer.folded and _fold_factor(c, batch) is not None:
                 continue  # (batch * n) rows, batch-major: unfolded in _first_pass
-            if x.dim() == 0 or x.shape[0] != batch or c.output.dim() == 0 or c.output.shape[0] != batch:
+            if x.dim() == 0 or x.shape[0] != batch or len(c.out_shape) == 0 or c.out_shape[0] != batch:
                 seen = x.shape[0] if x.dim() else "a scalar"
                 raise ValueError(
                     f"{c.layer.label} ran on a batch of {seen} but per_example_loss has {batch} "
@@ -473,14 +490,16 @@ class GhostClipper:
             return _Pass(squared, {}, dtype, {})
         # d(sum_i loss_i)/d(output) of each call; row i is example i's own output gradient.
         # All at once, so the graph is traversed once; the parameter gradients are not computed.
-        # Memory: every hooked layer's output gradient stays alive (as a factor) until the clipped
-        # sum is built: about one more copy of the layer outputs, the logits' gradient included.
+        # Taken at the outputs' gradient edges, so the outputs themselves (the logits among them)
+        # are freed as in plain training. Memory: every hooked layer's output gradient stays alive
+        # (as a factor) until the clipped sum is built, the logits' gradient included (for a masked
+        # LM only its nonzero steps, see ``drop_zero_steps``).
         out_grads = list(
             torch.autograd.grad(
-                loss.sum(), [c.output for c in calls], retain_graph=retain_graph, allow_unused=True
+                loss.sum(), [c.edge for c in calls], retain_graph=retain_graph, allow_unused=True
             )
         )
-        # Drop the outputs themselves (the logits among them): nothing needs them any more.
+        recorded: list[tuple[_HookedLayer, Tensor | RecordedCall, tuple[Tensor, ...]] | None]
         recorded = [(c.layer, c.x, c.params) for c in calls]
         del calls
         if self._calls or self._forwards:
@@ -488,7 +507,9 @@ class GhostClipper:
             raise RuntimeError("layers ran during the backward pass (gradient checkpointing?): not supported")
         uses: dict[str, list[PerExampleGrad]] = {}
         used: dict[str, list[Tensor]] = {}
-        for k, (layer, x, params) in enumerate(recorded):
+        for k in range(len(recorded)):
+            layer, x, params = recorded[k]  # type: ignore[misc]
+            recorded[k] = None  # the factors hold what is still needed of the input
             module = layer.module
             for name, tensor in zip(layer.param_names, params, strict=True):
                 seen = used.setdefault(self._names[(id(module), name)], [])
@@ -507,8 +528,11 @@ class GhostClipper:
             for name in layer.param_names:
                 # Zero steps dropped now (exact), so a masked-LM head keeps ~15% of its logits gradient.
                 uses.setdefault(self._names[(id(module), name)], []).append(drop_zero_steps(grads[name]))
-        for per_use in uses.values():
-            squared += squared_norm_of_sum(per_use, self._vocab).to(torch.float64)
+        x = g = grads = None  # type: ignore[assignment]  # the last call's tensors live on in the factors only
+        for name in uses:
+            # Materialised where that is no larger than the factors (freed here), else ghost form.
+            uses[name] = combine_uses(uses[name], self._vocab)
+            squared += squared_norm_of_sum(uses[name], self._vocab).to(torch.float64)
         norms = squared.sqrt()
         bad = torch.nonzero(~torch.isfinite(norms)).flatten()
         if bad.numel():
@@ -518,9 +542,10 @@ class GhostClipper:
     def _narrowest_dtype(self, calls: list[_Call], loss: Tensor) -> torch.dtype:
         """The least precise floating dtype among the recorded activations and outputs, the trainable
         parameters and the loss (bf16 under bf16 autocast): it sets the clip margin."""
-        tensors = [t for c in calls for t in (c.x, c.x_source, c.output) if isinstance(t, Tensor)]
+        tensors = [t for c in calls for t in (c.x, c.x_source) if isinstance(t, Tensor)]
         tensors += [p for _, p in self._params] + [loss]
         dtypes = {t.dtype for t in tensors if t.is_floating_point()}
+        dtypes |= {c.out_dtype for c in calls if c.out_dtype.is_floating_point}
         unknown = dtypes - set(CLIP_MARGINS)
         if unknown:
             raise ValueError(f"floating dtype(s) {sorted(map(str, unknown))} are not supported for clipping")
