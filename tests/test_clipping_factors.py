@@ -211,3 +211,16 @@ def test_mismatched_factor_sizes_are_refused() -> None:
         gram(DenseFactor(torch.zeros(1, 2, 3)), OneHotFactor(torch.zeros(1, 2, dtype=torch.long), 4))
     with pytest.raises(ValueError, match="at least one use"):
         squared_norm_of_sum([])
+
+
+def test_dropping_zero_steps_keeps_non_finite_steps() -> None:
+    """A NaN or inf step is not a zero step: it stays, so the norm is non-finite and the engine refuses."""
+    g = torch.Generator().manual_seed(10)
+    sparse = with_zero_steps(random_grad("densexdense", g, 12), keep=[1, 1, 1], gen=g)
+    values = sparse.col.values.clone()
+    zero_step = int((values[1].abs().amax(-1) == 0).nonzero()[0])
+    values[1, zero_step, 2] = float("nan")
+    compact = drop_zero_steps(OuterSum(sparse.row, DenseFactor(values)))
+    assert compact.col.values.shape[1] == 2
+    norms = squared_norm_of_sum([compact])
+    assert torch.isnan(norms[1]) and torch.isfinite(norms[[0, 2]]).all()

@@ -203,3 +203,31 @@ def test_bf16_autocast_matches_reference_under_the_same_autocast() -> None:
     assert logits.dtype == torch.bfloat16
     # The reference's own per-example gradients are bf16-rounded (rel. 2^-8 per entry).
     assert rel_err(norms, expected) <= 2e-3
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_no_per_example_tensor_has_a_vocabulary_sized_dimension(name: str) -> None:
+    """Every tensor the clipped backward creates (seen by a dispatch mode, the self-check's step and the
+    plain step): none is a per-example gradient of the (vocab x hidden) table, (b, V, d) or (b, d, V)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    shapes: set[tuple[int, ...]] = set()
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(t, torch.Tensor):
+                    shapes.add(tuple(t.shape))
+            return out
+
+    model, kwargs, labels, causal = model_and_batch(name)
+    vocab, batch = model.config.vocab_size, labels.shape[0]
+    hidden = model.get_input_embeddings().embedding_dim
+    with GhostClipper(model, max_norm=1.0) as clipper:
+        for _ in range(2):  # the first call runs the self-check; the second is the plain step
+            loss = per_example_lm_loss(model(**kwargs).logits, labels, causal=causal)
+            with Shapes():
+                clipper.clipped_backward(loss)
+    assert shapes and vocab not in (batch, hidden) and labels.shape[1] not in (vocab, hidden)
+    assert not [s for s in shapes if len(s) >= 3 and s[0] == batch and {vocab, hidden} <= set(s[1:])]

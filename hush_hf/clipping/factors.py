@@ -196,12 +196,13 @@ _COMPACT_BELOW = 0.75
 
 
 def _nonzero_rows(f: Factor) -> Tensor | None:
-    """(b, T) mask of the steps whose dense factor vector is not all zero (exact: no norm that could
-    underflow); None for a one-hot factor (never zero)."""
+    """(b, T) mask of the steps whose dense factor vector is not all zero; None for a one-hot factor
+    (never zero). Exact: the max-abs norm (one pass) neither underflows nor rounds a nonzero entry to
+    0, and a NaN or inf step is kept (so a non-finite norm is still seen)."""
     v = _dense(f)
     if v is None:
         return None
-    return (v.amax(dim=-1) > 0) | (v.amin(dim=-1) < 0)
+    return torch.linalg.vector_norm(v, ord=float("inf"), dim=-1) != 0
 
 
 def _take_steps(f: Factor, index: Tensor) -> Factor:
