@@ -197,12 +197,13 @@ _COMPACT_BELOW = 0.75
 
 def _nonzero_rows(f: Factor) -> Tensor | None:
     """(b, T) mask of the steps whose dense factor vector is not all zero; None for a one-hot factor
-    (never zero). Exact: the max-abs norm (one pass) neither underflows nor rounds a nonzero entry to
-    0, and a NaN or inf step is kept (so a non-finite norm is still seen)."""
+    (never zero). Exact (no norm that could underflow), and a NaN step is kept (``amax`` propagates
+    NaN), so a non-finite norm is still seen. (max and min: ~5x faster on CPU than a max-abs norm.)"""
     v = _dense(f)
     if v is None:
         return None
-    return torch.linalg.vector_norm(v, ord=float("inf"), dim=-1) != 0
+    high = v.amax(dim=-1)
+    return (high > 0) | (v.amin(dim=-1) < 0) | high.isnan()
 
 
 def _take_steps(f: Factor, index: Tensor) -> Factor:
