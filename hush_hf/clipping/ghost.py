@@ -7,9 +7,10 @@ forming g_i. Book-keeping (Bu et al. 2023, "Differentially private optimization 
 small cost") then gets the clipped sum from the same x and dy, with no second backward pass: for a
 Linear weight, ``sum_i c_i sum_t dy_{i,t} x_{i,t}^T`` is one matmul with c_i folded into dy
 (``factors.weighted_sum``). One backward pass (without the parameter gradients) plus the norms and
-one weight-gradient-sized product per layer: about the cost of a plain step. Each parameter's norm
-is taken the cheaper way, from Gram matrices or by materialising the per-example gradient for a
-moment (mixed ghost clipping, ``factors.norm_strategy``); never with a vocabulary-sized dimension.
+one weight-gradient-sized product per layer: about the cost of a plain step. A weight whose
+per-example gradient is no larger than its factors is materialised once and kept, and both its norm
+and its clipped sum are read off it; the others take the norm from Gram matrices (mixed ghost
+clipping, ``factors.norm_strategy``); never with a vocabulary-sized dimension.
 
 Why not Opacus's ``GradSampleHooksFastGradientClipping`` itself: it computes each layer's norm in
 isolation inside a per-layer backward hook and raises on tied parameters ("Parameter tying is not
