@@ -59,7 +59,7 @@ MIN_SHARING = 4
 #: Below this many pending secrets, go straight to their own laws.
 SMALL_PENDING = 16
 #: Secrets evaluated with their own law before the envelope steps (the most likely failures).
-PROBES_PER_ROUND = 32
+PROBES_PER_ROUND = 16
 #: Brackets at most this many tolerances wide are closed with two probes either side of the root.
 NARROW_BRACKET = 30
 MAX_SIGMA = 1e9
