@@ -104,15 +104,9 @@ def _row_dot(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
     return np.einsum("ij,j->i", matrix, vector)
 
 
-def _log_sum(mix: _Mixture, y: np.ndarray) -> np.ndarray:
-    """m(y) = log sum_{s>=1} pi_s exp(c_s y - c_s^2 / 2), convex and increasing."""
-    a = mix.log_w[None, :] + mix.c[None, :] * y[:, None] - 0.5 * mix.c[None, :] ** 2
-    peak = a.max(axis=1)
-    return peak + np.log(np.exp(a - peak[:, None]).sum(axis=1))
-
-
 def _log_sum_and_slope(mix: _Mixture, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """m(y) and m'(y) = sum_s c_s pi_s e^(...) / sum_s pi_s e^(...)."""
+    """m(y) = log sum_{s>=1} pi_s exp(c_s y - c_s^2 / 2) (convex, increasing) and its slope
+    m'(y) = sum_s c_s pi_s e^(...) / sum_s pi_s e^(...)."""
     a = mix.log_w[None, :] + mix.c[None, :] * y[:, None] - 0.5 * mix.c[None, :] ** 2
     peak = a.max(axis=1)
     e = np.exp(a - peak[:, None])
@@ -121,7 +115,7 @@ def _log_sum_and_slope(mix: _Mixture, y: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def _loss(mix: _Mixture, y: float) -> float:
-    rest = float(_log_sum(mix, np.array([y]))[0])
+    rest = float(_log_sum_and_slope(mix, np.array([y]))[0][0])
     return float(np.logaddexp(math.log(mix.pi0), rest)) if mix.pi0 > 0 else rest
 
 
@@ -181,16 +175,11 @@ def _thresholds(mix: _Mixture, eps: np.ndarray, y_range: tuple[float, float]) ->
 def _tail_point(mix: _Mixture, mass: float, upper: bool) -> float:
     """y with P(Y > y) <= mass (upper) or P(Y < y) <= mass under P, by bisection on the closed form."""
     weights = np.exp(mix.log_w)
-
-    def tail(y: float) -> float:
-        if upper:
-            return float(mix.pi0 * special.ndtr(-y) + (weights * special.ndtr(mix.c - y)).sum())
-        return float(mix.pi0 * special.ndtr(y) + (weights * special.ndtr(y - mix.c)).sum())
-
+    tail = _p_survival if upper else _p_cdf  # P has no atoms: P(Y < y) = P(Y <= y)
     lo, hi = (0.0, float(mix.c.max()) + 40.0) if upper else (-40.0, float(mix.c.max()))
     for _ in range(_TAIL_BISECTIONS):
         mid = 0.5 * (lo + hi)
-        small = tail(mid) <= mass
+        small = float(tail(mix, np.array([mid]), weights)[0]) <= mass
         if upper:
             hi, lo = (mid, lo) if small else (hi, mid)
         else:
