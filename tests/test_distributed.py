@@ -4,9 +4,6 @@ noise added once. Run as a script, this file is the worker each launched process
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.launching import REPO, accelerate_launch
+
 CONFIG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
 N, STEPS, SEED = 14, 3, 5551212
 
@@ -88,12 +86,6 @@ def worker(out_path: str) -> None:
     dist.destroy_process_group()  # join gloo's threads now, not in static destructors at exit
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 from tests.test_trainer_helpers import single_thread  # noqa: E402,F401  (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
@@ -101,20 +93,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
 
 def test_two_processes_train_the_same_model_as_one(tmp_path):
     out = tmp_path / "two.pt"
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [
-        str(Path(sys.executable).with_name("accelerate")),
-        "launch",
-        "--config_file",
-        str(CONFIG),
-        "--main_process_port",
-        str(free_port()),
-        __file__,
-        str(out),
-    ]
-    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-4000:]
+    accelerate_launch(CONFIG, __file__, str(out))
     two = torch.load(out, weights_only=False)
     assert two["world_size"] == 2
 

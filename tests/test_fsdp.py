@@ -8,12 +8,11 @@ FSDP2 is tests/test_trainer_fsdp.py."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.launching import free_port
 from tests.test_clipping_reference import lm_batch, tiny_gpt2
 
 STEPS, SEED, SIGMA, CLIP, LR = 2, 424242, 0.7, 0.05, 1e-2
@@ -61,12 +60,6 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
             torch.save(full, out)
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # two spawned processes importing transformers: ~50 CPU-seconds

@@ -15,8 +15,6 @@ process executes.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,9 +23,9 @@ import pytest
 import torch
 import yaml
 
+from tests.launching import REPO, accelerate_launch
 from tests.test_trainer_helpers import single_thread  # noqa: F401  (autouse fixture)
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "accelerate" / "fsdp.yaml"
 N, STEPS, SEED, MICRO = 14, 4, 1022, 2
 PROBS = np.linspace(0.02, 0.6, N)  # with SEED: batches of 1, 6, 5, 5 rows (see the test)
@@ -170,12 +168,6 @@ def worker(out_path: str, device: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_two_processes(tmp_path: Path, device: str) -> dict:
     """Run :func:`worker` under ``accelerate launch`` with configs/accelerate/fsdp.yaml (``use_cpu`` on
     for ``device="cpu"``); rank 0's results."""
@@ -185,21 +177,7 @@ def launch_two_processes(tmp_path: Path, device: str) -> dict:
     launch_config = tmp_path / "fsdp.yaml"
     launch_config.write_text(yaml.safe_dump(config))
     out = tmp_path / "two.pt"
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [
-        str(Path(sys.executable).with_name("accelerate")),
-        "launch",
-        "--config_file",
-        str(launch_config),
-        "--main_process_port",
-        str(free_port()),
-        __file__,
-        str(out),
-        device,
-    ]
-    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-6000:]
+    accelerate_launch(launch_config, __file__, str(out), device)
     return torch.load(out, weights_only=False)
 
 
