@@ -29,6 +29,7 @@ KL or exponential moments are never read off the PLD (unstable at this scale, Hu
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ import numpy as np
 from scipy import signal
 
 from hush_hf.accounting.composition import self_compose
-from hush_hf.accounting.connect_dots import LossRange, loss_range, one_step_pmf
+from hush_hf.accounting.connect_dots import MAX_LOSS, LossRange, loss_range, one_step_pmf
 from hush_hf.accounting.counts import CountDistributions
 from hush_hf.accounting.mixture import conditional_pmf
 from hush_hf.accounting.renyi import rdp_bounds
@@ -70,32 +71,70 @@ def loss_grid_step(pi: np.ndarray, sigma: float, span: LossRange | None = None) 
 
 @dataclass(frozen=True)
 class ComposedHockeyStick:
-    """delta_T(eps_k) >= H_{exp(eps_k)}(P^T || Q^T) on the loss grid eps_k (both ascending)."""
+    """delta_T(eps_k) >= H_{exp(eps_k)}(P^T || Q^T) on the loss grid eps_k = (lower + k) d, k < n.
 
-    losses: np.ndarray
-    deltas: np.ndarray
+    Stored as its increments: delta_k = floor + (1 - e^{-d}) sum_{i >= k} v_i, with
+    v_k = sum_{i > k} p_i e^{-(i - k - 1) d} >= 0 (``_hockey_stick_from_pmf``) and ``floor`` the mass
+    at +infinity plus the FFT rounding allowance. ``losses``/``deltas`` list the usable grid
+    (|eps| < 700, where e^eps is finite); ``blowup`` reads only the few deltas it needs.
+    """
+
+    lower: int
+    step: float
+    v: np.ndarray
+    floor: float
+
+    @property
+    def _usable(self) -> tuple[int, int]:
+        """Index range [a, b) of the grid with |eps_k| < MAX_LOSS (eps_k is non-decreasing in k)."""
+        grid = range(self.v.size)
+
+        def loss(k: int) -> float:
+            return (self.lower + k) * self.step
+
+        a = bisect.bisect_right(grid, -MAX_LOSS, key=loss)
+        return a, max(a, bisect.bisect_left(grid, MAX_LOSS, key=loss))
+
+    @property
+    def losses(self) -> np.ndarray:
+        a, b = self._usable
+        return (self.lower + np.arange(a, b)) * self.step
+
+    @property
+    def deltas(self) -> np.ndarray:
+        a, b = self._usable
+        suffix = np.cumsum(self.v[::-1])[::-1]
+        return self.floor + -math.expm1(-self.step) * suffix[a:b]
 
     def blowup(self, priors: np.ndarray) -> np.ndarray:
         """min_k [exp(eps_k) p + delta_T(eps_k)], capped at 1, for every prior p.
 
-        gamma -> gamma p + H_gamma is convex in gamma, so the best grid index is where the slope
-        -(delta_{k+1} - delta_k) / (gamma_{k+1} - gamma_k) falls below p (a binary search); the
-        neighbours are checked too. Any index gives a valid bound.
+        f_k = e^{eps_k} p + delta_k has f_{k+1} - f_k = e^{eps_k} (e^d - 1) (p - s_k) with
+        s_k = v_k e^{-eps_{k+1}} = sum_{i > k} p_i e^{-eps_i}, non-increasing in k: f is smallest at
+        the first k with s_k <= p (a bisection on s, ~log2 n scalar reads per prior); the
+        neighbours are checked too, against rounding. Any index gives a valid bound.
         """
         priors = np.asarray(priors, dtype=np.float64)
-        gamma = np.exp(self.losses)
-        if gamma.size == 0:  # all mass beyond the loss grid (tiny sigma): only the trivial bound holds
+        a, b = self._usable
+        if b == a:  # all mass beyond the loss grid (tiny sigma): only the trivial bound holds
             return np.ones_like(priors)
-        if gamma.size < 2:
-            return np.minimum(gamma[0] * priors + self.deltas[0], 1.0)
-        slope = -np.diff(self.deltas) / np.diff(gamma)
-        # Non-increasing in exact arithmetic; rounding noise in the far tails is smoothed upwards.
-        slope = np.maximum.accumulate(slope[::-1])[::-1]
-        k = np.searchsorted(-slope, -priors, side="left")
-        window = np.arange(-_SEARCH_WINDOW, _SEARCH_WINDOW + 1)
-        candidates = np.clip(k[:, None] + window[None, :], 0, gamma.size - 1)
-        values = gamma[candidates] * priors[:, None] + self.deltas[candidates]
-        return np.minimum(values.min(axis=1), 1.0)
+        unique, inverse = np.unique(priors, return_inverse=True)
+        v, lower, step = self.v, self.lower, self.step
+
+        def slope(k: int) -> float:  # s_k, for a <= k < b - 1
+            return float(v[k]) * math.exp(-(lower + k + 1) * step)
+
+        descent = range(a, b - 1)  # the first k there with s_k <= p, else b - 1
+        best = np.empty(unique.size)
+        for i, p in enumerate(unique):
+            k = bisect.bisect_left(descent, -p, key=lambda k: -slope(k)) + a
+            first, last = max(a, k - _SEARCH_WINDOW), min(b - 1, k + _SEARCH_WINDOW)
+            # delta at the window: v summed past it, plus the window's own suffix sums
+            suffix = np.cumsum(v[first : last + 1][::-1])[::-1] + float(np.sum(v[last + 1 :]))
+            deltas = self.floor + -math.expm1(-step) * suffix
+            gamma = np.exp((lower + np.arange(first, last + 1)) * step)
+            best[i] = min(float(np.min(gamma * p + deltas)), 1.0)
+        return best[inverse.ravel()]
 
 
 def composed_hockey_stick(
@@ -125,18 +164,16 @@ def _hockey_stick_from_pmf(
     either sign: negative ones are set to 0 (adds mass: pessimistic) and an allowance bounding the
     L1 rounding error of the FFT power (sqrt(n) (T + 10 log2 n) eps ||p||_2, x10) is added.
     """
-    probs = np.clip(probs, 0.0, None)
     n = probs.size
+    if n == 0:
+        return ComposedHockeyStick(lower, step, np.zeros(0), infinity_mass)
+    backwards = np.zeros(n)  # 0, p_{n-1}, ..., p_1 clipped at 0: v_k runs from the top down
+    np.maximum(probs[:0:-1], 0.0, out=backwards[1:])
+    norm = math.sqrt(float(np.einsum("i,i->", backwards, backwards)) + max(float(probs[0]), 0.0) ** 2)
     fft_allowance = FFT_ROUNDING_FACTOR * math.sqrt(n) * (steps + 10.0 * math.log2(n + 1))
-    fft_allowance *= np.finfo(float).eps * float(np.sqrt(np.sum(probs**2)))
-    decay = math.exp(-step)
-    next_probs = np.append(probs[1:], 0.0)
-    v = signal.lfilter([1.0], [1.0, -decay], next_probs[::-1])[::-1]
-    increments = -math.expm1(-step) * v
-    deltas = np.cumsum(increments[::-1])[::-1] + infinity_mass + fft_allowance
-    losses = (lower + np.arange(n)) * step
-    keep = np.abs(losses) < 700.0
-    return ComposedHockeyStick(losses[keep], deltas[keep])
+    fft_allowance *= np.finfo(float).eps * norm
+    v = signal.lfilter([1.0], [1.0, -math.exp(-step)], backwards)[::-1]
+    return ComposedHockeyStick(lower, step, v, infinity_mass + fft_allowance)
 
 
 def noiseless_bounds(rates: np.ndarray, steps: int, priors: np.ndarray) -> np.ndarray:

@@ -57,9 +57,10 @@ MASS_ROUNDING_UNIT = _ULP
 #: moves a tail cell's mass by ~|y_k| ulp relative; measured below 1e-13 against mpmath).
 THRESHOLD_MARGIN = 1e-11
 _MAX_NEWTON = 200
-#: Bisection steps for a tail point: it only has to satisfy its tail condition (the bracket end
-#: that does is returned), so 2^-40 of the initial interval is ample.
-_TAIL_BISECTIONS = 40
+#: Search for a tail point: it only has to satisfy its tail condition (the bracket end that does is
+#: returned), so 32^-4 of the initial interval is ample.
+_TAIL_PIECES = 32
+_TAIL_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -139,16 +140,19 @@ def _thresholds(mix: _Mixture, eps: np.ndarray, y_range: tuple[float, float]) ->
     t = _threshold_targets(mix, eps[active])
     # Start right of the root, so that m(y) - t stays in [0, log K] for every iterate (no overflow,
     # and the largest term e^(a_s - t) is at least 1/K): the Newton step from the nearest table point
-    # right of the root (a tangent of the convex m lies below m), at most the single-component
-    # inverse. Its error is ~ m'' h^2 / m' for table spacing h, so Newton needs ~2 more iterations.
+    # right of the root (a tangent of the convex m lies below m; m there exceeds t by at most the
+    # table's excess), or where that excess is above log K or the table ends, the single-component
+    # inverse (every component is at most t there). The tangent's error is ~ m'' h^2 / m' for table
+    # spacing h, so Newton needs ~2 more iterations.
     shift = mix.log_w - 0.5 * mix.c**2  # a_s(y) = shift_s + c_s y
-    single = np.min((t[:, None] - shift[None, :]) / mix.c[None, :], axis=1)
     coarse = np.linspace(y_range[0] - 1.0, y_range[1] + 1.0, min(4097, max(257, eps.size + 1)))
     table, slope = _log_sum_and_slope(mix, coarse)
     idx = np.clip(np.searchsorted(table, t, side="right"), 0, coarse.size - 1)
-    right_of_root = table[idx] >= t
-    tangent = coarse[idx] - np.maximum(table[idx] - t, 0.0) / slope[idx]
-    current = np.minimum(single, np.where(right_of_root, tangent, np.inf))
+    excess = table[idx] - t
+    current = coarse[idx] - np.maximum(excess, 0.0) / slope[idx]
+    single = np.flatnonzero((excess < 0) | (excess > math.log(mix.c.size)))
+    if single.size:
+        current[single] = np.min((t[single, None] - shift[None, :]) / mix.c[None, :], axis=1)
     moving = np.arange(t.size)
     rounding = 8 * _ULP * (1.0 + np.abs(t))
     for _ in range(_MAX_NEWTON):
@@ -173,17 +177,21 @@ def _thresholds(mix: _Mixture, eps: np.ndarray, y_range: tuple[float, float]) ->
 
 
 def _tail_point(mix: _Mixture, mass: float, upper: bool) -> float:
-    """y with P(Y > y) <= mass (upper) or P(Y < y) <= mass under P, by bisection on the closed form."""
+    """y with P(Y > y) <= mass (upper) or P(Y < y) <= mass under P, from the closed form: the
+    bracket is cut into _TAIL_PIECES at once, _TAIL_ROUNDS times (to ~1e-6 of its width), and the
+    end that satisfies the tail condition is returned."""
     weights = np.exp(mix.log_w)
     tail = _p_survival if upper else _p_cdf  # P has no atoms: P(Y < y) = P(Y <= y)
     lo, hi = (0.0, float(mix.c.max()) + 40.0) if upper else (-40.0, float(mix.c.max()))
-    for _ in range(_TAIL_BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        small = float(tail(mix, np.array([mid]), weights)[0]) <= mass
+    for _ in range(_TAIL_ROUNDS):
+        points = np.linspace(lo, hi, _TAIL_PIECES + 1)
+        small = tail(mix, points, weights) <= mass  # upper: False..True; lower: True..False
         if upper:
-            hi, lo = (mid, lo) if small else (hi, mid)
+            j = int(np.argmax(small)) if small.any() else _TAIL_PIECES
+            lo, hi = float(points[max(j - 1, 0)]), float(points[j])
         else:
-            lo, hi = (mid, hi) if small else (lo, mid)
+            j = _TAIL_PIECES - int(np.argmax(small[::-1])) if small.any() else 0
+            lo, hi = float(points[j]), float(points[min(j + 1, _TAIL_PIECES)])
     return hi if upper else lo
 
 
