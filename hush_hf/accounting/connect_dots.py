@@ -139,22 +139,30 @@ def _thresholds(mix: _Mixture, eps: np.ndarray, y_range: tuple[float, float]) ->
         return y
     t = _threshold_targets(mix, eps[active])
     # Start right of the root, so that m(y) - t stays in [0, log K] for every iterate (no overflow,
-    # and the largest term e^(a_s - t) is at least 1/K): the Newton step from the nearest table point
-    # right of the root (a tangent of the convex m lies below m; m there exceeds t by at most the
-    # table's excess), or where that excess is above log K or the table ends, the single-component
-    # inverse (every component is at most t there). The tangent's error is ~ m'' h^2 / m' for table
-    # spacing h, so Newton needs ~2 more iterations.
+    # and the largest term e^(a_s - t) is at least 1/K): the nearer root of the tangents at the two
+    # table points around t (a tangent of the convex m lies below m, so both roots lie right of the
+    # root, and m there exceeds t by at most the right point's excess), or where that excess is above
+    # log K or the table ends, the single-component inverse (every component is at most t there).
+    # The start's error is ~ m'' h^2 / m' for table spacing h; Newton needs ~2 more iterations.
     shift = mix.log_w - 0.5 * mix.c**2  # a_s(y) = shift_s + c_s y
-    coarse = np.linspace(y_range[0] - 1.0, y_range[1] + 1.0, min(4097, max(257, eps.size + 1)))
+    coarse = np.linspace(y_range[0] - 1.0, y_range[1] + 1.0, min(4097, max(257, eps.size // 4 + 1)))
     table, slope = _log_sum_and_slope(mix, coarse)
     idx = np.clip(np.searchsorted(table, t, side="right"), 0, coarse.size - 1)
     excess = table[idx] - t
     current = coarse[idx] - np.maximum(excess, 0.0) / slope[idx]
+    left = np.maximum(idx - 1, 0)
+    below = table[left] < t
+    from_left = coarse[left] + (t - table[left]) / slope[left]
+    current[below] = np.minimum(current[below], from_left[below])
     single = np.flatnonzero((excess < 0) | (excess > math.log(mix.c.size)))
     if single.size:
         current[single] = np.min((t[single, None] - shift[None, :]) / mix.c[None, :], axis=1)
     moving = np.arange(t.size)
     rounding = 8 * _ULP * (1.0 + np.abs(t))
+    # After a step from y (residual r = m(y) - t > 0), the error left is at most (r / c_min)^2
+    # m''_max / m'(y): y - y* <= r / m'(y*) <= r / c_min, and Newton's error is at most
+    # e^2 m''_max / m'(y) for convex m, with m'' a variance of the c_s, <= (c_max - c_min)^2 / 4.
+    curvature = 0.25 * (mix.c.max() - mix.c.min()) ** 2 / mix.c.min() ** 2
     for _ in range(_MAX_NEWTON):
         ym = current[moving]
         e = np.multiply.outer(ym, mix.c)
@@ -166,7 +174,9 @@ def _thresholds(mix: _Mixture, eps: np.ndarray, y_range: tuple[float, float]) ->
         change = residual * total / weighted
         current[moving] = ym - change
         small_step = np.abs(change) <= _NEWTON_TOLERANCE * (1.0 + np.abs(ym))
+        left_over = curvature * residual**2 * total / weighted  # the error bound above
         done = small_step | (np.abs(residual) <= rounding[moving])
+        done |= (residual > 0) & (left_over <= _NEWTON_TOLERANCE * (1.0 + np.abs(current[moving])))
         moving = moving[~done]
         if moving.size == 0:
             break
