@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hush_hf.accounting import SecretGroups
+from hush_hf.accounting import SecretGroups, counts
 from hush_hf.accounting.counts import (
     chernoff_survival,
     envelope,
@@ -93,6 +93,17 @@ def test_segment_sums_and_rates():
     assert rates[0] == pytest.approx(-np.log(0.9) - np.log(0.8), rel=1e-11)
     assert rates[0] >= -np.log(0.9) - np.log(0.8)
     assert rates[1] == 0.0 and np.isinf(rates[3])
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 18])
+def test_rates_in_chunks_equal_one_pass(chunk, monkeypatch):
+    # Runs of whole secrets, with empty secrets at the ends and a secret longer than the buffer.
+    lists = [[], [0.1, 0.2, 0.3], [0.01] * 9, [], [0.5], [0.2, 1.0], [0.3, 0.4], []]
+    groups = SecretGroups.from_lists(lists)
+    monkeypatch.setattr(counts, "_CHUNK_ENTRIES", chunk)
+    with np.errstate(divide="ignore"):
+        one_pass = segment_sums(groups, -np.log1p(-groups.rho)) * (1 + 1e-12)
+    np.testing.assert_array_equal(poisson_dominating_rate(groups), one_pass)
 
 
 def test_envelope_dominates_members_and_covers_group_them():
