@@ -85,6 +85,8 @@ def test_blowup_search_equals_brute_force():
     gamma = np.exp(curve.losses)
     brute = np.minimum((gamma[None, :] * priors[:, None] + curve.deltas[None, :]).min(axis=1), 1.0)
     np.testing.assert_allclose(fast, brute, rtol=1e-13)  # the same sums, added in another order
+    one_by_one = np.concatenate([curve.blowup(priors[i : i + 3]) for i in range(0, priors.size, 3)])
+    np.testing.assert_allclose(one_by_one, brute, rtol=1e-13)  # few priors: a bisection each
     assert np.all(np.diff(fast) >= 0) and np.all(fast >= priors)
 
 

@@ -55,6 +55,8 @@ MAX_ONE_STEP_POINTS = 1 << 15
 #: Mass the library may truncate when composing; it is moved to +infinity (pessimistic).
 COMPOSITION_TAIL_MASS = 1e-15
 _SEARCH_WINDOW = 16
+#: Up to this many distinct priors per law, each gets its own bisection (``ComposedHockeyStick.blowup``).
+_SCALAR_SEARCHES = 32
 #: Safety factor on the FFT rounding allowance of ``_hockey_stick_from_pmf``.
 FFT_ROUNDING_FACTOR = 10.0
 #: Priors below this also get the Renyi bound (see ``tight_bounds``).
@@ -111,30 +113,46 @@ class ComposedHockeyStick:
 
         f_k = e^{eps_k} p + delta_k has f_{k+1} - f_k = e^{eps_k} (e^d - 1) (p - s_k) with
         s_k = v_k e^{-eps_{k+1}} = sum_{i > k} p_i e^{-eps_i}, non-increasing in k: f is smallest at
-        the first k with s_k <= p (a bisection on s, ~log2 n scalar reads per prior); the
-        neighbours are checked too, against rounding. Any index gives a valid bound.
+        the first k with s_k <= p, and the neighbours are checked too, against rounding. Any index
+        gives a valid bound. A few distinct priors: a bisection on s each (~log2 n scalar reads);
+        many: s and delta on the whole grid, then one binary search per prior.
         """
         priors = np.asarray(priors, dtype=np.float64)
         a, b = self._usable
         if b == a:  # all mass beyond the loss grid (tiny sigma): only the trivial bound holds
             return np.ones_like(priors)
         unique, inverse = np.unique(priors, return_inverse=True)
+        search = self._few_priors if unique.size <= _SCALAR_SEARCHES else self._many_priors
+        return np.minimum(search(unique, a, b), 1.0)[inverse.ravel()]
+
+    def _few_priors(self, priors: np.ndarray, a: int, b: int) -> np.ndarray:
         v, lower, step = self.v, self.lower, self.step
 
         def slope(k: int) -> float:  # s_k, for a <= k < b - 1
             return float(v[k]) * math.exp(-(lower + k + 1) * step)
 
         descent = range(a, b - 1)  # the first k there with s_k <= p, else b - 1
-        best = np.empty(unique.size)
-        for i, p in enumerate(unique):
+        best = np.empty(priors.size)
+        for i, p in enumerate(priors):
             k = bisect.bisect_left(descent, -p, key=lambda k: -slope(k)) + a
             first, last = max(a, k - _SEARCH_WINDOW), min(b - 1, k + _SEARCH_WINDOW)
             # delta at the window: v summed past it, plus the window's own suffix sums
             suffix = np.cumsum(v[first : last + 1][::-1])[::-1] + float(np.sum(v[last + 1 :]))
             deltas = self.floor + -math.expm1(-step) * suffix
             gamma = np.exp((lower + np.arange(first, last + 1)) * step)
-            best[i] = min(float(np.min(gamma * p + deltas)), 1.0)
-        return best[inverse.ravel()]
+            best[i] = float(np.min(gamma * p + deltas))
+        return best
+
+    def _many_priors(self, priors: np.ndarray, a: int, b: int) -> np.ndarray:
+        k = np.arange(a, b - 1)
+        slope = self.v[k] * np.exp(-(self.lower + k + 1) * self.step)
+        slope = np.maximum.accumulate(slope[::-1])[::-1]  # non-increasing; rounding smoothed upwards
+        first = a + np.searchsorted(-slope, -priors, side="left")
+        window = np.arange(-_SEARCH_WINDOW, _SEARCH_WINDOW + 1)
+        candidates = np.clip(first[:, None] + window[None, :], a, b - 1)
+        deltas = self.floor + -math.expm1(-self.step) * np.cumsum(self.v[::-1])[::-1]
+        gamma = np.exp((self.lower + candidates) * self.step)
+        return (gamma * priors[:, None] + deltas[candidates]).min(axis=1)
 
 
 def composed_hockey_stick(
