@@ -7,7 +7,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from hush_hf.accounting.connect_dots import one_step_pmf
+from hush_hf.accounting.connect_dots import _mixture, _thresholds, loss_range, one_step_pmf
 
 mpmath.mp.dps = 40
 
@@ -94,3 +94,29 @@ def test_tail_above_count_truncation_goes_to_infinity():
     with_tail = one_step_pmf(pi, 1e-6, 1.0, 0.01)
     assert with_tail.infinity == pytest.approx(plain.infinity * (1 - 1e-6) + 1e-6, rel=1e-12)
     np.testing.assert_allclose(with_tail.masses, plain.masses * (1 - 1e-6), rtol=1e-12)
+
+
+@pytest.mark.parametrize("sigma", [8.4, 0.8, 0.3])
+def test_thresholds_are_solved_to_rounding_for_many_components(sigma):
+    # The law of the calibration bench (75 examples at rho = 0.004, 17 counts): Newton stops on its
+    # error bound, not on a vanishing step; the result must still be the root to a few ulp (the
+    # problem's own conditioning, ~sigma |t| ulp, is what is left: 24 ulp at sigma = 8.4).
+    pmf = np.array([1.0])
+    for _ in range(75):
+        pmf = np.convolve(pmf, [0.996, 0.004])
+    pi = pmf[:17] / pmf[:17].sum()
+    span = loss_range(pi, sigma)
+    eps = np.linspace(span.low, span.high, 31)[1:]
+    ours = _thresholds(_mixture(pi, sigma), eps, (span.y_low, span.y_high))
+    weights = [mpmath.mpf(float(w)) for w in pi]
+    c = [mpmath.mpf(s) / mpmath.mpf(sigma) for s in range(pi.size)]
+    for e, y in zip(eps, ours, strict=True):
+        target = mpmath.exp(mpmath.mpf(float(e))) - weights[0]  # L(y) - pi_0 over s >= 1
+        lo, hi = mpmath.mpf(-80), mpmath.mpf(80)
+        for _ in range(150):
+            mid = (lo + hi) / 2
+            terms = zip(weights[1:], c[1:], strict=True)
+            value = sum(w * mpmath.exp(cs * mid - cs * cs / 2) for w, cs in terms)
+            lo, hi = (mid, hi) if value < target else (lo, mid)
+        exact = float((lo + hi) / 2)
+        assert abs(y - exact) <= 64 * np.finfo(float).eps * (1 + abs(exact))
