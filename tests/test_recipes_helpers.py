@@ -80,6 +80,12 @@ def output_texts(folder: Path) -> str:
     )
 
 
+def whole_words_in(words: list[str], text: str) -> list[str]:
+    """The ``words`` that occur in ``text`` as a whole word, not as digits inside a number: a canary
+    value like 001869 is a word of its sentence, while a timing 0.99278937300186 merely contains it."""
+    return [w for w in words if re.search(rf"(?<![\w.]){re.escape(w)}(?!\w)", text)]
+
+
 def assert_files(folder: Path, names: list[str]) -> None:
     for name in names:
         path = folder / name

@@ -16,6 +16,7 @@ from tests.test_recipes_helpers import (
     recipe_module,
     run_recipe,
     single_thread,  # noqa: F401  (autouse fixture)
+    whole_words_in,
 )
 
 code_completion = recipe_module("code_completion")
@@ -78,7 +79,7 @@ def test_gpt2_canary_smoke(tmp_path):
     # The canary values are secrets: none may appear in any output.
     texts = output_texts(out)
     values = [c.value for c in make_canaries(10, 20, seed=0)]
-    assert not [v for v in values if v in texts]
+    assert not whole_words_in(values, texts)
 
 
 # ------------------------------------------------------------------------------ gemma2_pretrain (recipe 3)
