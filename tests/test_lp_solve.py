@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -352,3 +355,26 @@ def test_highs_own_time_limit_status_raises(monkeypatch, method):
     monkeypatch.setattr(lp_module, "parse_solver", lambda solver: Backend(solver, rushed, method))
     with pytest.raises(LPSolverError, match=r"time limit reached.*'Time limit reached'"):
         solve_example_weights(membership, capacity, time_limit=60)
+
+
+_SOLVE_ONCE = """
+import sys
+import numpy as np, scipy.sparse as sp
+from hush_hf.planning.lp import solve_example_weights
+from hush_hf.planning.lp_highs import _new_highs
+if sys.argv[2] == "verbose-first":
+    _new_highs(True)  # asked for logs: the banner is shown (so the check below can see it)
+m = sp.csr_matrix(np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]))
+solve_example_weights(m, np.array([1.0, 1.5]), solver=sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("solver", ["highs", "highs:ipm", "pulp:HiGHS"])
+def test_a_fresh_process_prints_no_solver_banner(solver):
+    # highspy prints its banner to the C stdout at the first Highs() of a process, before options
+    # can be set: only a fresh process shows it, and only fd-level capture sees it.
+    root = Path(__file__).resolve().parents[1]
+    for mode, banner_expected in (("quiet", False), ("verbose-first", True)):
+        command = [sys.executable, "-c", _SOLVE_ONCE, solver, mode]
+        run = subprocess.run(command, cwd=root, capture_output=True, text=True, check=True)
+        assert ("Running HiGHS" in run.stdout) is banner_expected, run.stdout[:200]

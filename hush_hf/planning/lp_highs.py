@@ -6,7 +6,11 @@ read and mapped; its answer is only a suggestion that ``lp_certificate`` repairs
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import highspy
 import numpy as np
@@ -41,8 +45,7 @@ def solve_block_highs(
     if method not in HIGHS_METHODS:
         raise ValueError(f"HiGHS method must be one of {HIGHS_METHODS}, got {method!r}")
     name = f"highs:{method}"
-    highs = highspy.Highs()
-    _set(highs, "output_flag", bool(verbose))
+    highs = _new_highs(verbose)
     _pass_model(highs, csr, capacity, upper)
     _configure(highs, method, tolerance, time_limit)
     start = time.perf_counter()
@@ -66,6 +69,54 @@ def solve_block_highs(
         timed_out=status == _Status.kTimeLimit,
         seconds=seconds,
     )
+
+
+_banner_consumed = False
+
+
+def consume_highs_banner() -> None:
+    """Construct this process's first Highs instance with file descriptor 1 on /dev/null.
+
+    Written by hand because highspy (>= 1.16) prints its licence banner to the C stdout while
+    constructing the first Highs of a process: ``Highs.__init__`` calls a logging method before any
+    option can be set (ERGO-Code/HiGHS#2749). Later instances (ours, or PuLP's HiGHS) with
+    ``output_flag`` off are silent.
+    """
+    global _banner_consumed
+    if not _banner_consumed:
+        with _c_stdout_to_devnull():
+            highspy.Highs()
+        _banner_consumed = True
+
+
+def _new_highs(verbose: bool) -> highspy.Highs:
+    """A Highs instance with ``output_flag`` = verbose (and no banner unless verbose)."""
+    if not verbose:
+        consume_highs_banner()
+    highs = highspy.Highs()
+    _set(highs, "output_flag", bool(verbose))
+    return highs
+
+
+@contextmanager
+def _c_stdout_to_devnull() -> Iterator[None]:
+    """Point file descriptor 1 at /dev/null for the block (Python's own stdout flushed first)."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no fd 1 in this process: nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 1)
+    finally:
+        os.close(saved)
 
 
 def _pass_model(highs: highspy.Highs, csr: sp.csr_matrix, capacity: np.ndarray, upper: np.ndarray) -> None:

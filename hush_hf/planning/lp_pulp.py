@@ -14,6 +14,7 @@ import numpy as np
 import pulp
 import scipy.sparse as sp
 
+from hush_hf.planning.lp_highs import consume_highs_banner
 from hush_hf.planning.lp_types import BlockAnswer, LPSolverError
 
 # Short names users type -> PuLP's solver names (anything else is passed to pulp.getSolver as is).
@@ -50,6 +51,8 @@ def solve_block_pulp(
     problem, weights, rows = _build(csr, capacity, upper)
     limit = float(time_limit) if math.isfinite(time_limit) else None
     solver = pulp.getSolver(method, msg=bool(verbose), timeLimit=limit)
+    if method == "HiGHS" and not verbose:  # PuLP's HiGHS is highspy: msg=False comes after its banner
+        consume_highs_banner()
     start = time.perf_counter()
     try:
         problem.solve(solver)
