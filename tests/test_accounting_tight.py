@@ -163,3 +163,22 @@ def test_astronomically_small_priors_calibrate_through_the_renyi_floor():
     assert tight.sigma <= rdp.sigma * (1 + 2e-4)  # at least as tight as the Renyi bound it falls back to
     bounds = posterior_bounds(groups, priors, tight.sigma, 1000, "tight")
     assert np.all(bounds <= targets)
+
+
+def test_loss_grid_stopped_at_the_relevant_cap_loosens_bounds_by_at_most_its_margin():
+    # A rarely sampled secret at small sigma (the demo's plans): one-step losses reach ~160, the cap
+    # for p = 1e-10 at T = 40 is ~52. Moving the mass above it to +infinity is pessimistic (>=) and
+    # costs at most the factor 1 + e^-LOSS_CUT_MARGIN (relevant_loss_cap), on the same grid; both
+    # carry their own FFT rounding allowance (~1e-12 absolute here), hence the 1e-7 either way.
+    pmf = np.array([1.0])
+    for _ in range(100):
+        pmf = np.convolve(pmf, [0.9988, 0.0012])
+    pi, sigma, steps, prior = pmf[:13] / pmf[:13].sum(), 0.685, 40, 1e-10
+    step = 2.5e-3
+    full = composed_hockey_stick(pi, 0.0, sigma, steps, step=step)
+    capped = composed_hockey_stick(pi, 0.0, sigma, steps, step=step, smallest_prior=prior)
+    assert capped.v.size < 0.5 * full.v.size  # the grid is much shorter
+    priors = np.array([prior, 1e-8, 1e-6])
+    ours, reference = capped.blowup(priors), full.blowup(priors)
+    assert np.all(ours >= reference * (1 - 1e-7))
+    assert np.all(ours <= reference * (1 + math.exp(-blowup.LOSS_CUT_MARGIN) + 1e-7))

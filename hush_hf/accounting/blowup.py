@@ -52,6 +52,8 @@ MAX_LOSS_GRID_STEP = 5e-2
 #: Cost cap: the grid is widened until the one-step loss range fits in this many points. Where that
 #: binds (rarely sampled secrets: E[S] << 1, loss range ~ c^2) the bound stays rigorous, only less tight.
 MAX_ONE_STEP_POINTS = 1 << 15
+#: Bounds may grow by the factor 1 + e^-LOSS_CUT_MARGIN where the loss grid stops (``relevant_loss_cap``).
+LOSS_CUT_MARGIN = 25.0
 #: Mass the library may truncate when composing; it is moved to +infinity (pessimistic).
 COMPOSITION_TAIL_MASS = 1e-15
 _SEARCH_WINDOW = 16
@@ -156,20 +158,40 @@ class ComposedHockeyStick:
 
 
 def composed_hockey_stick(
-    pi: np.ndarray, tail_mass: float, sigma: float, steps: int, step: float | None = None
+    pi: np.ndarray,
+    tail_mass: float,
+    sigma: float,
+    steps: int,
+    step: float | None = None,
+    smallest_prior: float | None = None,
 ) -> ComposedHockeyStick:
     """delta_T on the loss grid for one distribution of S (``pi`` = pmf given S <= K).
 
     The one-step PMF dominates the exact connect-the-dots PMF point by point (``connect_dots``), so
     its T-fold convolution (``composition``: FFT self-composition, truncated tails sent to +inf)
-    over-estimates every hockey-stick value of the T-fold product pair.
+    over-estimates every hockey-stick value of the T-fold product pair. ``smallest_prior``: the grid
+    stops at the loss ``relevant_loss_cap`` for it, the one-step mass above goes to +infinity.
     """
-    span = loss_range(pi, sigma)
+    cap = MAX_LOSS if smallest_prior is None else relevant_loss_cap(steps, smallest_prior)
+    span = loss_range(pi, sigma, cap)
     step = loss_grid_step(pi, sigma, span) if step is None else step
     one = one_step_pmf(pi, tail_mass, sigma, step, span)
     composed = self_compose(one.masses, one.infinity, steps, COMPOSITION_TAIL_MASS)
     lower = one.k_lo * steps + composed.lower
     return _hockey_stick_from_pmf(lower, composed.probs, composed.infinity, step, steps)
+
+
+def relevant_loss_cap(steps: int, prior: float) -> float:
+    """l_cut = log(T / p) + LOSS_CUT_MARGIN: one-step losses above it may go to +infinity.
+
+    Moving the one-step mass at l >= l_cut to +infinity is pessimistic (valid), and it raises
+    delta_T(eps) by at most T e^{eps - l_cut} E[e^{-l}]^{T-1} = T e^{eps - l_cut} (a path with such a
+    step already counted 1 - e^{eps - L}; connect-the-dots keeps E[e^{-l}] = 1), so every bound
+    e^eps p + delta_T(eps) grows by at most the factor 1 + T e^{-l_cut} / p = 1 + e^{-margin}. Rarely
+    sampled counts at small sigma have one-step losses in the hundreds; the grid no longer spans
+    them (it was capped at MAX_ONE_STEP_POINTS points, which coarsened it instead).
+    """
+    return math.log(steps) - math.log(prior) + LOSS_CUT_MARGIN
 
 
 def _hockey_stick_from_pmf(
@@ -232,7 +254,10 @@ def tight_bounds(
         if pi[r, 1:].sum() <= 0 and dists.tail_mass[r] <= 0:
             out[queries] = priors[queries]
             continue
-        curve = composed_hockey_stick(pi[r], float(dists.tail_mass[r]), float(sigma[r]), steps)
+        smallest = float(priors[queries].min())
+        curve = composed_hockey_stick(
+            pi[r], float(dists.tail_mass[r]), float(sigma[r]), steps, smallest_prior=smallest
+        )
         # The noiseless bound is valid at every sigma and is the tighter one as sigma -> 0.
         rate = -math.log(max(float(dists.pmf[r, 0]), 1e-300)) * (1.0 + 1e-12)
         noiseless = noiseless_bounds(rate, steps, priors[queries])

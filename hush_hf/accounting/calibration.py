@@ -50,7 +50,7 @@ from hush_hf.accounting.validation import (
 )
 
 #: Secrets bracketed per round (step 1 and 3).
-CANDIDATES_PER_ROUND = 8
+CANDIDATES_PER_ROUND = 4
 #: Rounding ratios of the shared Poisson laws, then resolutions of the envelope groups.
 POISSON_RATIOS = (1.1, 1.01)
 ENVELOPE_RESOLUTIONS = (1e-3, 1e-4, 1e-5)

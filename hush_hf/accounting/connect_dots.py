@@ -278,16 +278,21 @@ class LossRange:
     y_high: float
 
 
-def loss_range(pi: np.ndarray, sigma: float) -> LossRange:
+def loss_range(pi: np.ndarray, sigma: float, cap: float = MAX_LOSS) -> LossRange:
     """The :class:`LossRange` for S ~ ``pi`` at ``sigma``: from the jump eps_0 (or the lower tail point
-    when P(S=0) = 0) up to the loss at the upper tail point (P-mass ONE_STEP_TAIL above it)."""
+    when P(S=0) = 0) up to the loss at the upper tail point (P-mass ONE_STEP_TAIL above it), or up to
+    ``cap`` (at most MAX_LOSS) if that is lower: the grid's top mass goes to +infinity either way."""
     mix = _mixture(pi, sigma)
     y_high = _tail_point(mix, ONE_STEP_TAIL, upper=True)
-    high = min(_loss(mix, y_high), MAX_LOSS)
-    if mix.pi0 > 0:
-        return LossRange(mix.jump, high, -40.0, y_high)
-    y_low = _tail_point(mix, LOWER_TAIL, upper=False)
-    return LossRange(max(_loss(mix, y_low), -MAX_LOSS), high, y_low, y_high)
+    high = _loss(mix, y_high)
+    y_low, low = -40.0, mix.jump
+    if mix.pi0 <= 0:
+        y_low = _tail_point(mix, LOWER_TAIL, upper=False)
+        low = max(_loss(mix, y_low), -MAX_LOSS)
+    cap = min(cap, MAX_LOSS)
+    if high > cap > low:  # the y-range ends where the loss reaches the cap
+        y_high = float(_thresholds(mix, np.array([cap]), (y_low, y_high))[0])
+    return LossRange(low, min(high, cap), y_low, y_high)
 
 
 def one_step_pmf(
