@@ -438,7 +438,7 @@ def plan_many(
     """``plan_protection`` for every keyword set in ``jobs``, in ``workers`` processes, in order.
 
     Planning is single-threaded NumPy/HiGHS work, so separate processes use separate cores (the tight
-    calibration of one plan can take minutes). A ``ValueError`` (an infeasible plan) becomes the
+    calibration of one plan takes 1-15 s on the demo). A ``ValueError`` (an infeasible plan) becomes the
     job's error message; anything else is raised.
     """
     from tqdm.auto import tqdm
