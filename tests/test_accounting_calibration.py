@@ -206,6 +206,33 @@ def test_posterior_bounds_resolution_is_looser_but_close():
         posterior_bounds(groups, priors, 6.0, 1000, "kl", resolution=-1.0)
 
 
+def test_near_ties_are_ranked_by_their_laws_at_small_sigma(monkeypatch):
+    """A plan's saturated secrets tie in the Gaussian estimate (E[S] only), but at small sigma a law
+    spread over many rarely sampled examples (two of them drawn together now and then) needs more
+    noise than one concentrated in a single example. The chi-square refinement brackets the spread
+    secret first, so the first round finds the largest sigma (the main job's plans at small c)."""
+    from hush_hf.accounting import calibration
+
+    concentrated = [np.array([0.05])] * 8  # S in {0, 1}
+    spread = [np.full(100, 0.049 / 100)]  # E[S] 2% lower: the estimate ranks it last
+    lists = concentrated + spread
+    priors, targets = np.full(9, 1e-10), np.full(9, 2e-4)
+    groups = SecretGroups.from_lists(lists)
+    calls = []
+    original = calibration._Search._bracket
+
+    def recording(self, secrets, floor, excess=None):
+        calls.append(secrets.copy())
+        return original(self, secrets, floor, excess)
+
+    monkeypatch.setattr(calibration._Search, "_bracket", recording)
+    cal = calibrate_noise(groups, priors, targets, 40, "tight")
+    assert 8 in calls[0] and len(calls) == 1  # bracketed first, and no second round was needed
+    own = [calibrate_noise(SecretGroups.from_lists([lists[j]]), [1e-10], [2e-4], 40).sigma for j in (0, 8)]
+    assert own[1] > own[0] * 1.05  # the spread law really needs more noise
+    assert cal.sigma == pytest.approx(own[1], rel=1e-4)
+
+
 def test_kinds_tied_in_the_estimate_are_each_bracketed_first(monkeypatch):
     """A plan's saturated secrets of different (prior, target) kinds tie in the Gaussian estimate,
     but at small T their own sigmas differ: one secret of each kind is bracketed in the first round,
