@@ -57,7 +57,7 @@ NEAR_TIE = 0.2
 MAX_REFINED = 2048
 #: Rounding ratios of the shared Poisson laws, then resolutions of the envelope groups.
 POISSON_RATIOS = (1.1, 1.01)
-ENVELOPE_RESOLUTIONS = (1e-3, 1e-4, 1e-5)
+ENVELOPE_RESOLUTIONS = (3e-2, 1e-3, 1e-4, 1e-5)
 #: A shared-law cover is used only if each of its laws covers this many secrets on average.
 MIN_SHARING = 4
 #: Below this many pending secrets, go straight to their own laws.
