@@ -233,6 +233,26 @@ def test_near_ties_are_ranked_by_their_laws_at_small_sigma(monkeypatch):
     assert cal.sigma == pytest.approx(own[1], rel=1e-4)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e10])
+def test_law_aware_ranking_keeps_the_mean_order_at_large_sigma(scale):
+    # At sigma0 ~ 1e10 the chi-square is ~1e-19, below the rounding of 1 + chi2: computed as
+    # sum pi pi' expm1(.) it still gives mu = E[S], so the re-ranked estimate keeps the order of E[S].
+    from hush_hf.accounting import calibration
+    from hush_hf.accounting.accountants import ACCOUNTANT_IMPLEMENTATIONS
+
+    groups = SecretGroups.from_lists([[0.029] * 10, [0.03] * 10, [0.028] * 10, [0.027] * 5])
+    priors, targets = np.full(4, 1e-10), np.full(4, 1e-3)
+    tight = ACCOUNTANT_IMPLEMENTATIONS["tight"]
+    search = calibration._Search(groups, priors, targets, 40, tight, 1e-4, False)
+    estimate = scale * groups.sum_rho()
+    refined = search._law_aware(np.arange(4), estimate)
+    assert list(np.argsort(-refined, kind="stable")) == [1, 0, 2, 3]
+    if scale > 1:  # the Gaussian limit: mu = E[S]
+        np.testing.assert_allclose(refined, estimate, rtol=1e-6)
+    else:  # small sigma: the near-ties' spread raises mu above E[S]; the last is no near-tie
+        assert np.all(refined[:3] > estimate[:3]) and refined[3] == estimate[3]
+
+
 def test_kinds_tied_in_the_estimate_are_each_bracketed_first(monkeypatch):
     """A plan's saturated secrets of different (prior, target) kinds tie in the Gaussian estimate,
     but at small T their own sigmas differ: one secret of each kind is bracketed in the first round,

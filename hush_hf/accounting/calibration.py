@@ -321,7 +321,7 @@ class _Search:
     def _law_aware(self, candidates: np.ndarray, estimate: np.ndarray) -> np.ndarray:
         """The estimate with E[S] replaced, for the near-ties of the largest (at most MAX_REFINED),
         by the mean of the Gaussian with the same chi-square divergence at sigma0 = the largest
-        estimate: mu = sigma0 sqrt(log(1 + chi2)), chi2 = sum_{s,s'} pi_s pi_s' e^{s s' / sigma0^2} - 1.
+        estimate: mu = sigma0 sqrt(log(1 + chi2)), chi2 = sum_{s,s'} pi_s pi_s' (e^{s s' / sigma0^2} - 1).
 
         mu -> E[S] as sigma0 grows; at small sigma it is larger for laws that put more mass on two or
         more examples at once, which need more noise than their mean says (a plan's saturated
@@ -336,8 +336,9 @@ class _Search:
         laws = poisson_binomial(self.groups, near, self.mean)
         counts = np.arange(laws.pmf.shape[1], dtype=np.float64)
         exponent = np.minimum(np.outer(counts, counts) / top**2, 700.0)
-        chi2 = np.einsum("js,st,jt->j", laws.pmf, np.exp(exponent), laws.pmf) - 1.0
-        mu = top * np.sqrt(np.log1p(np.maximum(chi2, 0.0)))
+        # sum pi_s pi_s' (e^x - 1): non-negative terms, no cancellation when sigma0 is large
+        chi2 = np.einsum("js,st,jt->j", laws.pmf, np.expm1(exponent), laws.pmf)
+        mu = top * np.sqrt(np.log1p(chi2))
         out = estimate.copy()
         out[near] = estimate[near] * mu / np.maximum(self.mean[near], 1e-300)
         return out
