@@ -107,8 +107,11 @@ class ComposedHockeyStick:
     @property
     def deltas(self) -> np.ndarray:
         a, b = self._usable
-        suffix = np.cumsum(self.v[::-1])[::-1]
-        return self.floor + -math.expm1(-self.step) * suffix[a:b]
+        return self._all_deltas()[a:b]
+
+    def _all_deltas(self) -> np.ndarray:
+        """delta_k for every k of the grid (suffix sums of v)."""
+        return self.floor + -math.expm1(-self.step) * np.cumsum(self.v[::-1])[::-1]
 
     def blowup(self, priors: np.ndarray) -> np.ndarray:
         """min_k [exp(eps_k) p + delta_T(eps_k)], capped at 1, for every prior p.
@@ -152,9 +155,8 @@ class ComposedHockeyStick:
         first = a + np.searchsorted(-slope, -priors, side="left")
         window = np.arange(-_SEARCH_WINDOW, _SEARCH_WINDOW + 1)
         candidates = np.clip(first[:, None] + window[None, :], a, b - 1)
-        deltas = self.floor + -math.expm1(-self.step) * np.cumsum(self.v[::-1])[::-1]
         gamma = np.exp((self.lower + candidates) * self.step)
-        return (gamma * priors[:, None] + deltas[candidates]).min(axis=1)
+        return (gamma * priors[:, None] + self._all_deltas()[candidates]).min(axis=1)
 
 
 def composed_hockey_stick(

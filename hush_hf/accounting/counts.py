@@ -151,10 +151,15 @@ def tail_moment_bound(dists: CountDistributions, weight) -> np.ndarray:
 
 def segment_sums(groups: SecretGroups, values: np.ndarray) -> np.ndarray:
     """Per secret, the sum of ``values`` (aligned with ``groups.rho``) over its entries."""
-    out = np.zeros(groups.num_secrets)
-    nonempty = groups.sizes > 0
+    return _segment_sums(groups.indptr, values)
+
+
+def _segment_sums(indptr: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Sums of ``values[indptr[j]:indptr[j+1]]`` for every j (0 for empty segments)."""
+    out = np.zeros(indptr.size - 1)
+    nonempty = np.diff(indptr) > 0
     if values.size:
-        out[nonempty] = np.add.reduceat(values, groups.indptr[:-1][nonempty])
+        out[nonempty] = np.add.reduceat(values, indptr[:-1][nonempty])
     return out
 
 
@@ -255,7 +260,7 @@ def poisson_dominating_rate(groups: SecretGroups) -> np.ndarray:
     """
     out = np.zeros(groups.num_secrets)
     buffer = np.empty(min(_CHUNK_ENTRIES, groups.rho.size))
-    sizes, first = groups.sizes, 0
+    first = 0
     with np.errstate(divide="ignore"):
         while first < groups.num_secrets:
             start = groups.indptr[first]
@@ -267,9 +272,6 @@ def poisson_dominating_rate(groups: SecretGroups) -> np.ndarray:
             values = buffer[: stop - start]
             np.negative(groups.rho[start:stop], out=values)
             np.log1p(values, out=values)
-            nonempty = np.flatnonzero(sizes[first:last] > 0)
-            if nonempty.size:
-                offsets = groups.indptr[first:last][nonempty] - start
-                out[first + nonempty] = -np.add.reduceat(values, offsets)
+            out[first:last] = -_segment_sums(groups.indptr[first : last + 1] - start, values)
             first = last
     return out * (1.0 + 1e-12)
