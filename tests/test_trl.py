@@ -1,7 +1,8 @@
 """TRL's SFTTrainer with DP through the documented attach path (docs/trl.md), with the real ``trl``:
 completion-only loss and 'wrapped' packing give one step's update equal to a torch.func reference
 (each prepared row's gradient of the model's own loss, clipped, summed, divided by B); padding-free
-batches (TRL's default 'bfd' packing) are refused."""
+batches (TRL's default 'bfd' packing) are refused; ``save_model`` and ``push_to_hub`` publish TRL's own
+model card with the Secret protection section, the plan and the privacy report, through the allow-list."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 from torch.func import functional_call, grad
 
+from hush_hf.cli import main as hush
 from hush_hf.trainer import GhostClippingCallback
+from tests.test_publishing import commits  # noqa: F401  (fixture: Hub commits, no network)
 from tests.test_trainer_helpers import make_plan, sgd, single_thread  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings(
@@ -92,3 +95,40 @@ def test_padding_free_batches_are_refused(tmp_path):
     trainer.train_dataset = plan.attach(trainer.train_dataset)
     with pytest.raises(ValueError, match="padding-free"):
         GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)
+
+
+TRL_CARD = "It has been trained using [TRL](https://github.com/huggingface/trl)."
+SECTION = "## Secret protection"
+PUBLISHED = {
+    "README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    "tokenizer_config.json", "hush_plan.json", "privacy_report.json", "privacy_report.md",
+    "bound_over_target.png", "targets.png",
+}
+
+
+def test_sft_trainer_publishes_trls_card_with_the_protection_artifacts(tmp_path, commits, capsys):  # noqa: F811
+    trainer = sft_trainer(
+        tmp_path, completion_only_loss=True, save_strategy="steps", save_steps=1, hub_model_id="me/tiny-sft"
+    )
+    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
+    trainer.train_dataset = plan.attach(trainer.train_dataset)
+    GhostClippingCallback.attach(trainer, plan, clip_norm=1.0)
+    trainer.train()  # SFTTrainer writes its own card into output_dir with every checkpoint
+    (tmp_path / "hush_plan.json").unlink()
+    trainer.save_model()
+    names = {p.name for p in tmp_path.iterdir()}
+    assert PUBLISHED | {"checkpoint-1", "training_args.bin"} <= names
+    card = (tmp_path / "README.md").read_text()
+    assert TRL_CARD in card and card.count(SECTION) == 1 and card.index(TRL_CARD) < card.index(SECTION)
+    assert hush(["verify", str(tmp_path)]) == 0, capsys.readouterr()
+
+    trainer.create_model_card(model_name="tiny-sft")  # TRL rewrites README.md: the section comes back
+    card = (tmp_path / "README.md").read_text()
+    assert TRL_CARD in card and SECTION in card and card.index(TRL_CARD) < card.index(SECTION)
+
+    trainer.push_to_hub()
+    (paths, kwargs), = commits
+    assert paths == PUBLISHED and kwargs["repo_id"] == "me/tiny-sft"
+    card = (tmp_path / "README.md").read_text()  # what the commit uploaded
+    assert TRL_CARD in card and card.count(SECTION) == 1
+    assert hush(["verify", str(tmp_path)]) == 0, capsys.readouterr()
