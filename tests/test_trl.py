@@ -43,10 +43,11 @@ def sft_trainer(tmp_path, **config):
     tokenizer = gpt2_tokenizer()
     model = tiny_gpt2(len(tokenizer))
     data = datasets.Dataset.from_dict({"prompt": PROMPTS, "completion": COMPLETIONS})
-    args = SFTConfig(
-        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, max_grad_norm=0.0, report_to=[],
-        use_cpu=True, disable_tqdm=True, logging_steps=1, gradient_checkpointing=False, bf16=False, **config,
-    )  # fmt: skip
+    args = SFTConfig(**{
+        "output_dir": str(tmp_path), "max_steps": 1, "per_device_train_batch_size": 2, "max_grad_norm": 0.0,
+        "report_to": [], "use_cpu": True, "disable_tqdm": True, "logging_steps": 1,
+        "activation_checkpointing": False, "bf16": False, **config,
+    })  # fmt: skip
     return SFTTrainer(
         model=model, args=args, train_dataset=data, processing_class=tokenizer, optimizers=sgd(model, lr=1.0)
     )
@@ -87,6 +88,17 @@ def test_sft_step_equals_reference(tmp_path, config):
     for name, update in expected.items():
         change = before[name] - dict(model.named_parameters())[name].detach()
         assert (change - update).norm() <= 1e-5 * update.norm() + 1e-9, name
+
+
+def test_trls_default_gradient_checkpointing_is_refused(tmp_path):
+    from trl import SFTConfig
+
+    assert SFTConfig(output_dir=str(tmp_path), use_cpu=True).activation_checkpointing is True  # TRL's default
+    trainer = sft_trainer(tmp_path, activation_checkpointing=None)  # SFTConfig's default: on
+    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
+    trainer.train_dataset = plan.attach(trainer.train_dataset)
+    with pytest.raises(ValueError, match="activation_checkpointing=True is not supported with DP training"):
+        GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)
 
 
 def test_padding_free_batches_are_refused(tmp_path):
