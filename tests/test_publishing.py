@@ -1,5 +1,7 @@
 """What a DP run publishes: an allow-list up to the Hub commit (HfApi mocked, no network), and no
-statistics of the drawn batches (total_flos, token counts) in logs, metrics or trainer_state.json."""
+statistics of the drawn batches (total_flos, token counts) in logs, metrics or trainer_state.json.
+A plain ``Trainer`` made private with ``GhostClippingCallback.attach`` publishes the same files with the
+same content as ``SecretProtectionTrainer`` (TRL's ``SFTTrainer``: tests/test_trl.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,22 @@ from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from huggingface_hub import HfApi
+from transformers import Trainer, TrainingArguments
 
+from hush_hf.cli import main as hush
+from hush_hf.trainer import GhostClippingCallback
 from hush_hf.trainer.publishing import publishable_files
 from tests.test_trainer import build
-from tests.test_trainer_helpers import single_thread  # noqa: F401  (autouse fixture)
+from tests.test_trainer_helpers import (
+    make_plan,
+    pad_collate,
+    single_thread,  # noqa: F401  (autouse fixture)
+    tiny_gpt2,
+    token_dataset,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
 
@@ -48,6 +60,25 @@ def commits(monkeypatch):
     return made
 
 
+def attached(tmp_path, n=8, **overrides):
+    """``build``'s trainer as a plain ``Trainer`` with ``GhostClippingCallback.attach`` (same model, data,
+    plan, seed and optimizer settings)."""
+    plan = make_plan(np.full(n, 0.5), steps=overrides.get("max_steps", 2), noise_multiplier=1.0)
+    values = dict(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, max_grad_norm=0.0, report_to=[],
+        use_cpu=True, disable_tqdm=True, save_strategy="no", logging_steps=1, learning_rate=1e-2,
+        lr_scheduler_type="constant", dataloader_pin_memory=False,
+    )  # fmt: skip
+    trainer = Trainer(
+        model=tiny_gpt2(seed=0),
+        args=TrainingArguments(**{**values, **overrides}),
+        train_dataset=plan.attach(token_dataset(n)),
+        data_collator=pad_collate,
+    )
+    GhostClippingCallback.attach(trainer, plan, clip_norm=1.0, dp_seed=1234)
+    return trainer
+
+
 def run_clm_style_outputs(trainer):
     """What transformers' run_clm.py leaves in output_dir after training, besides the model."""
     result = trainer.train()
@@ -62,8 +93,9 @@ def run_clm_style_outputs(trainer):
     return result
 
 
-def test_push_to_hub_uploads_only_the_allow_list(tmp_path, commits):
-    trainer = build(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, hub_model_id="me/tiny")
+@pytest.mark.parametrize("make", [build, attached], ids=["SecretProtectionTrainer", "Trainer+attach"])
+def test_push_to_hub_uploads_only_the_allow_list(tmp_path, commits, make):
+    trainer = make(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, hub_model_id="me/tiny")
     run_clm_style_outputs(trainer)
     names = {p.name for p in tmp_path.iterdir()}
     assert {"trainer_state.json", "train_results.json", "all_results.json", "runs", "checkpoint-2",
@@ -80,8 +112,9 @@ def test_push_to_hub_uploads_only_the_allow_list(tmp_path, commits):
     assert len(commits) == 2
 
 
-def test_pushes_during_training_go_through_the_allow_list(tmp_path, commits):
-    trainer = build(
+@pytest.mark.parametrize("make", [build, attached], ids=["SecretProtectionTrainer", "Trainer+attach"])
+def test_pushes_during_training_go_through_the_allow_list(tmp_path, commits, make):
+    trainer = make(
         tmp_path, max_steps=2, save_strategy="steps", save_steps=1, push_to_hub=True,
         hub_model_id="me/tiny", hub_strategy="every_save", hub_always_push=True,
     )
@@ -91,6 +124,27 @@ def test_pushes_during_training_go_through_the_allow_list(tmp_path, commits):
     for paths, kwargs in commits:
         assert paths == PUBLISHED and kwargs["run_as_future"] is True
         assert not any(p.startswith("checkpoint-") for p in paths)
+
+
+def test_attach_saves_what_secret_protection_trainer_saves(tmp_path, capsys):
+    """Same plan, seed and data: the same files, the same weights, plan and report (but for the model
+    name, the output folder's), and ``hush verify`` accepts both."""
+    saved = {}
+    for name, make in [("reference", build), ("attached", attached)]:
+        trainer = make(tmp_path / name, max_steps=2)
+        trainer.train()
+        trainer.save_model()
+        folder = tmp_path / name
+        saved[name] = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+        assert hush(["verify", str(folder)]) == 0, capsys.readouterr()
+        assert "Secret protection" in (folder / "README.md").read_text()
+    reference, attached_files = saved["reference"], saved["attached"]
+    assert set(reference) == set(attached_files) == PUBLISHED | {"training_args.bin"}
+    for name in ("model.safetensors", "hush_plan.json"):
+        assert reference[name] == attached_files[name], name
+    reports = [json.loads(files["privacy_report.json"].decode().replace(label, "MODEL"))
+               for files, label in [(reference, "reference"), (attached_files, "attached")]]  # fmt: skip
+    assert reports[0] == reports[1]
 
 
 def test_a_dp_run_logs_no_flos_or_token_counts(tmp_path):

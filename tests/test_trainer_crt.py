@@ -230,6 +230,8 @@ def test_plain_trainer_with_attach_runs_the_crt_schedule(tmp_path):
     trainer.train()
     assert callback.crt.total_steps == trainer.state.global_step == 4
     assert len([h for h in trainer.state.log_history if "dp_batch_size" in h]) == 2
+    trainer.save_model(str(tmp_path / "out"))  # the card states the CRT run, as SecretProtectionTrainer does
+    assert "CRT mode (`interleave`): 2 public rows" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_trainer_report_carries_the_occurrences_it_is_given(tmp_path):

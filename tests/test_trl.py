@@ -1,7 +1,8 @@
 """TRL's SFTTrainer with DP through the documented attach path (docs/trl.md), with the real ``trl``:
 completion-only loss and 'wrapped' packing give one step's update equal to a torch.func reference
 (each prepared row's gradient of the model's own loss, clipped, summed, divided by B); padding-free
-batches (TRL's default 'bfd' packing) are refused."""
+batches (TRL's default 'bfd' packing) are refused; ``save_model`` and ``push_to_hub`` publish TRL's own
+model card with the Secret protection section, the plan and the privacy report, through the allow-list."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 from torch.func import functional_call, grad
 
+from hush_hf.cli import main as hush
 from hush_hf.trainer import GhostClippingCallback
+from tests.test_publishing import commits  # noqa: F401  (fixture: Hub commits, no network)
 from tests.test_trainer_helpers import make_plan, sgd, single_thread  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.filterwarnings(
@@ -40,10 +43,11 @@ def sft_trainer(tmp_path, **config):
     tokenizer = gpt2_tokenizer()
     model = tiny_gpt2(len(tokenizer))
     data = datasets.Dataset.from_dict({"prompt": PROMPTS, "completion": COMPLETIONS})
-    args = SFTConfig(
-        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, max_grad_norm=0.0, report_to=[],
-        use_cpu=True, disable_tqdm=True, logging_steps=1, gradient_checkpointing=False, bf16=False, **config,
-    )  # fmt: skip
+    args = SFTConfig(**{
+        "output_dir": str(tmp_path), "max_steps": 1, "per_device_train_batch_size": 2, "max_grad_norm": 0.0,
+        "report_to": [], "use_cpu": True, "disable_tqdm": True, "logging_steps": 1,
+        "activation_checkpointing": False, "bf16": False, **config,
+    })  # fmt: skip
     return SFTTrainer(
         model=model, args=args, train_dataset=data, processing_class=tokenizer, optimizers=sgd(model, lr=1.0)
     )
@@ -86,9 +90,57 @@ def test_sft_step_equals_reference(tmp_path, config):
         assert (change - update).norm() <= 1e-5 * update.norm() + 1e-9, name
 
 
+def test_trls_default_gradient_checkpointing_is_refused(tmp_path):
+    from trl import SFTConfig
+
+    assert SFTConfig(output_dir=str(tmp_path), use_cpu=True).activation_checkpointing is True  # TRL's default
+    trainer = sft_trainer(tmp_path, activation_checkpointing=None)  # SFTConfig's default: on
+    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
+    trainer.train_dataset = plan.attach(trainer.train_dataset)
+    with pytest.raises(ValueError, match="activation_checkpointing=True is not supported with DP training"):
+        GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)
+
+
 def test_padding_free_batches_are_refused(tmp_path):
     trainer = sft_trainer(tmp_path, packing=True, max_length=8)  # TRL's default: 'bfd', padding-free
     plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
     trainer.train_dataset = plan.attach(trainer.train_dataset)
     with pytest.raises(ValueError, match="padding-free"):
         GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)
+
+
+TRL_CARD = "It has been trained using [TRL](https://github.com/huggingface/trl)."
+SECTION = "## Secret protection"
+PUBLISHED = {
+    "README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    "tokenizer_config.json", "hush_plan.json", "privacy_report.json", "privacy_report.md",
+    "bound_over_target.png", "targets.png",
+}
+
+
+def test_sft_trainer_publishes_trls_card_with_the_protection_artifacts(tmp_path, commits, capsys):  # noqa: F811
+    trainer = sft_trainer(
+        tmp_path, completion_only_loss=True, save_strategy="steps", save_steps=1, hub_model_id="me/tiny-sft"
+    )
+    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
+    trainer.train_dataset = plan.attach(trainer.train_dataset)
+    GhostClippingCallback.attach(trainer, plan, clip_norm=1.0)
+    trainer.train()  # SFTTrainer writes its own card into output_dir with every checkpoint
+    (tmp_path / "hush_plan.json").unlink()
+    trainer.save_model()
+    names = {p.name for p in tmp_path.iterdir()}
+    assert PUBLISHED | {"checkpoint-1", "training_args.bin"} <= names
+    card = (tmp_path / "README.md").read_text()
+    assert TRL_CARD in card and card.count(SECTION) == 1 and card.index(TRL_CARD) < card.index(SECTION)
+    assert hush(["verify", str(tmp_path)]) == 0, capsys.readouterr()
+
+    trainer.create_model_card(model_name="tiny-sft")  # TRL rewrites README.md: the section comes back
+    card = (tmp_path / "README.md").read_text()
+    assert TRL_CARD in card and SECTION in card and card.index(TRL_CARD) < card.index(SECTION)
+
+    trainer.push_to_hub()
+    (paths, kwargs), = commits
+    assert paths == PUBLISHED and kwargs["repo_id"] == "me/tiny-sft"
+    card = (tmp_path / "README.md").read_text()  # what the commit uploaded
+    assert TRL_CARD in card and card.count(SECTION) == 1
+    assert hush(["verify", str(tmp_path)]) == 0, capsys.readouterr()

@@ -18,7 +18,9 @@ passes), ``_get_grad_norm`` (returns None: nothing computes the pre-noise norm),
 ``_get_num_items_in_batch`` (returns None: the token count is unused, and its cross-rank gather runs
 only on ranks with a non-empty share) and ``log`` (adds sigma and the drawn batch size).
 ``SecretProtectionTrainer`` overrides them; a plain ``Trainer`` gets them from
-:meth:`GhostClippingCallback.attach`. The events do the rest: ``on_train_begin``
+:meth:`GhostClippingCallback.attach`, with the publishing methods (``save_model``, ``create_model_card``,
+``push_to_hub``: the plan, privacy report and card section beside the weights, and an upload allow-list;
+:mod:`hush_hf.trainer.publishing`). The events do the rest: ``on_train_begin``
 hooks the model, ``on_pre_optimizer_step`` reduces and adds the noise, ``on_save`` writes the
 seed, step and plan into the checkpoint.
 """
@@ -43,6 +45,7 @@ from hush_hf.planning.plan import ProtectionPlan
 from hush_hf.planning.verification import Verification
 from hush_hf.sampling import WeightedPoissonSampler, draw_dp_seed
 from hush_hf.sampling.seeds import check_dp_seed
+from hush_hf.trainer import publishing
 from hush_hf.trainer.crt import CrtBatchSampler, CrtSchedule, build_schedule
 from hush_hf.trainer.distributed import (
     all_reduce_sum_,
@@ -205,12 +208,67 @@ class GhostClippingCallback(TrainerCallback):
             raise RuntimeError("the plan is verified when the callback is installed on a trainer")
         return self.plan.with_bounds(self.verification.bound)
 
+    # ------------------------------------------------------------------------- what is published
+    #: Each secret's rows and unique occurrences for the report's CRT section (CRT Prop. 7), e.g.
+    #: ``callback.crt_occurrences = hush_hf.crt.occurrence_counts(text_dataset, secret_set)``.
+    crt_occurrences: Any = None
+
+    def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
+        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit).
+
+        Every bound they state was recomputed when training was set up, at the sigma training uses
+        (``self.verification``); none is read from the plan file. ``crt``: the report's CRT section
+        (default :meth:`crt_report_section`).
+        """
+        from hush_hf.audit import write_protection_artifacts
+
+        if "crt" not in kwargs:
+            kwargs["crt"] = self.crt_report_section(occurrences=self.crt_occurrences)
+        return write_protection_artifacts(
+            output_dir,
+            self.verified_plan,
+            clip_norm=self.clip_norm,
+            noise_multiplier=self.noise_multiplier,
+            bounds_verified=True,
+            **kwargs,
+        )
+
+    def crt_report_section(
+        self,
+        *,
+        recall: float | None = None,
+        conservative_recall: float | None = None,
+        occurrences: Any = None,
+    ) -> dict[str, Any] | None:
+        """The report's CRT section: the CRT-mode counts, the ``occurrences`` and, with ``recall``,
+        CRT Thm. 8.3 (``hush_hf.crt.crt_section``); None when there is nothing to state."""
+        if self.crt is None and recall is None and occurrences is None:
+            return None
+        from hush_hf.crt import crt_section
+
+        training = {}
+        if self.crt is not None:
+            training = {
+                "schedule": self.crt_schedule,
+                "public_rows": int(self.public_rows.size),
+                "public_steps": self.crt.public_steps,
+            }
+        return crt_section(
+            self.plan,
+            recall=recall,
+            conservative_recall=conservative_recall,
+            noise_multiplier=self.noise_multiplier,
+            training=training,
+            occurrences=occurrences,
+        )
+
     # ------------------------------------------------------------------------- installation
     @classmethod
     def attach(
         cls, trainer: Trainer, plan: ProtectionPlan | str | Path, **kwargs: Any
     ) -> GhostClippingCallback:
-        """Make a plain ``Trainer`` train with DP: validates, routes the five methods, adds the callback."""
+        """Make a plain ``Trainer`` (or TRL's ``SFTTrainer``) train with DP and publish like
+        ``SecretProtectionTrainer``: validates, routes the trainer's methods, adds the callback."""
         callback = cls(plan, **kwargs)
         callback.install(trainer, route_methods=True)
         return callback
@@ -220,8 +278,8 @@ class GhostClippingCallback(TrainerCallback):
 
         ``route_methods=True`` replaces ``train``, ``get_train_dataloader``, ``training_step``,
         ``_get_grad_norm``, ``_get_num_items_in_batch`` and ``log`` on this trainer instance (a plain
-        ``Trainer``);
-        ``SecretProtectionTrainer`` overrides them itself and passes False.
+        ``Trainer``), and its publishing methods (``save_model``, ``create_model_card``, ``push_to_hub``,
+        ``_push_from_checkpoint``); ``SecretProtectionTrainer`` overrides them itself and passes False.
         """
         if self._installed:
             raise ValueError("this GhostClippingCallback is already installed on a trainer")
@@ -358,6 +416,49 @@ class GhostClippingCallback(TrainerCallback):
         trainer.log = log
         original_values = trainer.set_initial_training_values
         trainer.set_initial_training_values = lambda *a, **k: self.training_values(original_values(*a, **k))
+        self._route_publishing(trainer)
+
+    def _route_publishing(self, trainer: Trainer) -> None:
+        """``save_model``, ``create_model_card``, ``push_to_hub`` and the pushes during training publish what
+        ``SecretProtectionTrainer`` publishes (:mod:`hush_hf.trainer.publishing`), around the trainer's own
+        methods (TRL's model card included)."""
+        save_weights, write_card = trainer.save_model, trainer.create_model_card
+        write = self.write_protection_artifacts
+
+        def save_model(output_dir: str | None = None, _internal_call: bool = False) -> None:
+            publishing.save_model(
+                trainer, output_dir, _internal_call, save_weights=save_weights, write_artifacts=write
+            )
+
+        def create_model_card(*args: Any, **kwargs: Any) -> None:
+            publishing.create_model_card(
+                trainer, *args, write_card=write_card, write_artifacts=write, **kwargs
+            )
+
+        def push_to_hub(
+            commit_message: str | None = "End of training",
+            blocking: bool = True,
+            token: str | None = None,
+            revision: str | None = None,
+            private: bool | None = None,
+            *,
+            extra_files: tuple[str, ...] | list[str] = (),
+            **kwargs: Any,
+        ) -> Any:
+            return publishing.push_to_hub(
+                trainer, commit_message, blocking, token, revision, private,
+                save_weights=save_weights, extra_files=extra_files, **kwargs,
+            )  # fmt: skip
+
+        def push_from_checkpoint(checkpoint_folder: str) -> None:
+            publishing.push_from_checkpoint(
+                trainer, checkpoint_folder, save_weights=save_weights, write_artifacts=write
+            )
+
+        trainer.save_model = save_model
+        trainer.create_model_card = create_model_card
+        trainer.push_to_hub = push_to_hub
+        trainer._push_from_checkpoint = push_from_checkpoint
 
     # ------------------------------------------------------------------------- one run
     def prepare_run(self, trainer: Trainer, resume_from_checkpoint: str | bool | None, trial: Any) -> None:

@@ -6,13 +6,18 @@ and the drawn batch sizes), ``*_results.json``, ``runs/`` (TensorBoard logs) and
 ``training_args.bin``: statistics of the drawn batches that the noise does not cover. So a DP
 run uploads only the model (weights or adapters), its config, the tokenizer or processor, the
 model card, the plan and the privacy report; anything else only when named explicitly.
+
+The steps that write and upload (``save_model``, ``create_model_card``, ``push_to_hub``, the pushes
+during training) are here too, once, for ``SecretProtectionTrainer`` and for any ``Trainer`` (TRL's
+``SFTTrainer`` included) made private with ``GhostClippingCallback.attach``.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 PUBLISHABLE = (
     # weights (full, sharded, adapters) and their index
@@ -78,3 +83,146 @@ def upload_publishable(
         revision=revision,
         run_as_future=run_as_future,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The publishing steps of a DP run, shared by ``SecretProtectionTrainer`` (its overrides) and by a plain or
+# TRL ``Trainer`` given ``GhostClippingCallback.attach`` (routed onto the instance): ``save_weights`` is the
+# trainer class's own ``save_model``, ``write_card`` its own ``create_model_card`` (TRL's writes TRL's card)
+# and ``write_artifacts(output_dir, **kwargs)`` writes the card section, plan and privacy report
+# (``GhostClippingCallback.write_protection_artifacts``).
+
+SaveWeights = Callable[..., None]
+WriteArtifacts = Callable[..., dict]
+
+
+def sharded_state_dict(trainer: Any) -> bool:
+    """FSDP with a state dict type other than FULL_STATE_DICT (Trainer.save_model saves no weights)."""
+    if not trainer.is_fsdp_enabled:
+        return False
+    return "FULL_STATE_DICT" not in str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
+
+
+def save_model(
+    trainer: Any,
+    output_dir: str | None,
+    internal_call: bool,
+    *,
+    save_weights: SaveWeights,
+    write_artifacts: WriteArtifacts,
+) -> None:
+    """Save the weights, and beside them the plan, the privacy report and the model card.
+
+    Checkpoints (``internal_call`` with a folder) get only the weights and the DP state;
+    ``save_model()`` and ``push_to_hub()`` get the full protection artifacts. Under FSDP2 with a
+    sharded state dict, Trainer writes no weights in ``save_model`` (only checkpoints, sharded);
+    the published model must be whole, so the full state dict is gathered (every rank calls this)
+    and saved.
+    """
+    final = output_dir is None or not internal_call
+    if final and sharded_state_dict(trainer):
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)  # a collective: all ranks
+        if trainer.args.should_save:
+            trainer._save(output_dir or trainer.args.output_dir, state_dict=state_dict)
+    else:
+        save_weights(output_dir, internal_call)
+    if trainer.args.should_save and final:
+        write_artifacts(output_dir or trainer.args.output_dir)
+
+
+def create_model_card(
+    trainer: Any, *args: Any, write_card: Callable[..., None], write_artifacts: WriteArtifacts, **kwargs: Any
+) -> None:
+    """The trainer's own README.md (Trainer's, or TRL's), then the Secret protection section added back
+    with the plan and report: every rewrite of the card (push_to_hub, TRL's checkpoints) keeps it."""
+    write_card(*args, **kwargs)
+    if trainer.is_world_process_zero():
+        write_artifacts(trainer.args.output_dir, model_name=kwargs.get("model_name"))
+
+
+def push_to_hub(
+    trainer: Any,
+    commit_message: str | None,
+    blocking: bool,
+    token: str | None,
+    revision: str | None,
+    private: bool | None,
+    *,
+    save_weights: SaveWeights,
+    extra_files: Sequence[str] = (),
+    **kwargs: Any,
+) -> Any:
+    """Upload the model, config, tokenizer, card, plan and privacy report, and nothing else.
+
+    Same steps as ``Trainer.push_to_hub`` (save, model card, one commit), but the commit holds only
+    the files :func:`publishable_files` allows: never trainer_state.json, ``*_results.json``, ``runs/``,
+    training_args.bin or checkpoints, unless listed in ``extra_files`` (paths relative to ``output_dir``).
+    """
+    from transformers import trainer as hf_trainer  # its hf_api(), looked up as Trainer does
+
+    args = trainer.args
+    trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
+    model_name = kwargs.pop("model_name", None)
+    if model_name is None and args.should_save:
+        model_name = (args.hub_model_id or Path(args.output_dir).name).split("/")[-1]
+    token = token if token is not None else args.hub_token
+    if trainer.hub_model_id is None:
+        trainer.init_hf_repo(token=token, private=private)
+    save_weights(None, True)  # the weights; create_model_card writes the artifacts
+    if not trainer.is_world_process_zero():
+        return None
+    publishable_files(args.output_dir, extra_files)  # a missing extra file fails before the card
+    tags = list(getattr(trainer.model, "model_tags", None) or [])
+    if tags:
+        given = kwargs.get("tags") or []
+        given = [given] if isinstance(given, str) else list(given)
+        kwargs["tags"] = given + [t for t in tags if t not in given]
+    trainer.create_model_card(model_name=model_name, **kwargs)
+    trainer._finish_current_push()
+    return upload_publishable(
+        hf_trainer.hf_api(),
+        repo_id=trainer.hub_model_id,
+        folder=args.output_dir,
+        commit_message=commit_message,
+        token=token,
+        revision=revision if revision is not None else args.hub_revision,
+        run_as_future=not blocking,
+        extra_files=extra_files,
+    )
+
+
+def push_from_checkpoint(
+    trainer: Any, checkpoint_folder: str, *, save_weights: SaveWeights, write_artifacts: WriteArtifacts
+) -> None:
+    """``hub_strategy="every_save"``: push the current model with its artifacts, through the allow-list.
+
+    (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup,
+    since checkpoints hold the secret DP seed.)
+    """
+    from transformers import trainer as hf_trainer
+    from transformers.utils.hub import PushInProgress
+
+    args = trainer.args
+    if not trainer.is_world_process_zero() or str(getattr(args.hub_strategy, "value", "")) == "end":
+        return
+    if not args.hub_always_push and trainer.push_in_progress is not None \
+            and not trainer.push_in_progress.is_done():
+        return
+    trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
+    save_weights(args.output_dir, True)  # internal: no push from there
+    write_artifacts(args.output_dir)
+    if trainer.processing_class is not None:
+        trainer.processing_class.save_pretrained(args.output_dir)
+    job = upload_publishable(
+        hf_trainer.hf_api(),
+        repo_id=trainer.hub_model_id,
+        folder=args.output_dir,
+        commit_message=f"Training in progress, step {trainer.state.global_step}",
+        token=args.hub_token,
+        revision=args.hub_revision,
+        run_as_future=True,
+    )
+    if trainer.push_in_progress is None or trainer.push_in_progress.is_done():
+        trainer.push_in_progress = PushInProgress([job])
+    else:
+        trainer.push_in_progress.jobs.append(job)

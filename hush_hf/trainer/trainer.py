@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments
 
 from hush_hf.planning.plan import ProtectionPlan
+from hush_hf.trainer import publishing
 from hush_hf.trainer.callback import (
     GhostClippingCallback,
     check_clippable,
@@ -199,36 +200,31 @@ class SecretProtectionTrainer(Trainer):
         super().log(self.dp.add_log_fields(logs), start_time)
 
     # -------------------------------------------------------------------- publishing
+    # The steps are shared with a plain/TRL Trainer given GhostClippingCallback.attach: trainer/publishing.py.
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the weights, and beside them the plan, the privacy report and the model card.
 
         Checkpoints (``_internal_call`` with a folder) get only the weights and the DP state;
-        ``save_model()`` and ``push_to_hub()`` get the full protection artifacts. Under FSDP2 with a
-        sharded state dict, Trainer writes no weights in ``save_model`` (only checkpoints, sharded);
-        the published model must be whole, so the full state dict is gathered (every rank calls this)
-        and saved.
+        ``save_model()`` and ``push_to_hub()`` get the full protection artifacts (FSDP2 with a sharded
+        state dict: the full state dict is gathered and saved; see :func:`publishing.save_model`).
         """
-        final = output_dir is None or not _internal_call
-        if final and self._sharded_state_dict():
-            state_dict = self.accelerator.get_state_dict(self.model)  # a collective: all ranks
-            if self.args.should_save:
-                self._save(output_dir or self.args.output_dir, state_dict=state_dict)
-        else:
-            super().save_model(output_dir, _internal_call)
-        if self.args.should_save and final:
-            self.write_protection_artifacts(output_dir or self.args.output_dir)
-
-    def _sharded_state_dict(self) -> bool:
-        """FSDP with a state dict type other than FULL_STATE_DICT (Trainer.save_model saves no weights)."""
-        if not self.is_fsdp_enabled:
-            return False
-        return "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type)
+        publishing.save_model(
+            self,
+            output_dir,
+            _internal_call,
+            save_weights=super().save_model,
+            write_artifacts=self.write_protection_artifacts,
+        )
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         # Trainer writes its own README.md here (push_to_hub); the Secret protection section is added back.
-        super().create_model_card(*args, **kwargs)
-        if self.is_world_process_zero():
-            self.write_protection_artifacts(self.args.output_dir, model_name=kwargs.get("model_name"))
+        publishing.create_model_card(
+            self,
+            *args,
+            write_card=super().create_model_card,
+            write_artifacts=self.write_protection_artifacts,
+            **kwargs,
+        )
 
     def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
         """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit).
@@ -236,16 +232,7 @@ class SecretProtectionTrainer(Trainer):
         Every bound they state was recomputed when training was set up, at the sigma training uses
         (``self.dp.verification``); none is read from the plan file.
         """
-        from hush_hf.audit import write_protection_artifacts
-
-        return write_protection_artifacts(
-            output_dir,
-            self.dp.verified_plan,
-            clip_norm=self.args.per_example_clip_norm,
-            noise_multiplier=self.dp.noise_multiplier,
-            bounds_verified=True,
-            **{"crt": self.crt_report_section(), **kwargs},
-        )
+        return self.dp.write_protection_artifacts(output_dir, **{"crt": self.crt_report_section(), **kwargs})
 
     #: Each secret's rows and unique occurrences for the report's CRT section (CRT Prop. 7), e.g.
     #: ``trainer.crt_occurrences = hush_hf.crt.occurrence_counts(text_dataset, secret_set)``.
@@ -254,24 +241,9 @@ class SecretProtectionTrainer(Trainer):
     def crt_report_section(self) -> dict[str, Any] | None:
         """The report's CRT section: the CRT-mode counts, ``crt_occurrences`` and, with ``crt_recall``,
         CRT Thm. 8.3."""
-        args, crt = self.args, self.dp.crt
-        if crt is None and args.crt_recall is None and self.crt_occurrences is None:
-            return None
-        from hush_hf.crt import crt_section
-
-        training = {}
-        if crt is not None:
-            training = {
-                "schedule": args.crt_schedule,
-                "public_rows": int(self.dp.public_rows.size),
-                "public_steps": crt.public_steps,
-            }
-        return crt_section(
-            self.plan,
-            recall=args.crt_recall,
-            conservative_recall=args.crt_conservative_recall,
-            noise_multiplier=self.dp.noise_multiplier,
-            training=training,
+        return self.dp.crt_report_section(
+            recall=self.args.crt_recall,
+            conservative_recall=self.args.crt_conservative_recall,
             occurrences=self.crt_occurrences,
         )
 
@@ -293,38 +265,10 @@ class SecretProtectionTrainer(Trainer):
         ``*_results.json``, ``runs/``, training_args.bin or checkpoints, unless listed in ``extra_files``
         (paths relative to ``output_dir``).
         """
-        from transformers import trainer as hf_trainer  # its hf_api(), looked up as Trainer does
-
-        from hush_hf.trainer.publishing import publishable_files, upload_publishable
-
-        self.callback_handler.on_push_begin(self.args, self.state, self.control)
-        model_name = kwargs.pop("model_name", None)
-        if model_name is None and self.args.should_save:
-            model_name = (self.args.hub_model_id or Path(self.args.output_dir).name).split("/")[-1]
-        token = token if token is not None else self.args.hub_token
-        if self.hub_model_id is None:
-            self.init_hf_repo(token=token, private=private)
-        Trainer.save_model(self, _internal_call=True)  # the weights; create_model_card writes the artifacts
-        if not self.is_world_process_zero():
-            return None
-        publishable_files(self.args.output_dir, extra_files)  # a missing extra file fails before the card
-        tags = list(getattr(self.model, "model_tags", None) or [])
-        if tags:
-            given = kwargs.get("tags") or []
-            given = [given] if isinstance(given, str) else list(given)
-            kwargs["tags"] = given + [t for t in tags if t not in given]
-        self.create_model_card(model_name=model_name, **kwargs)
-        self._finish_current_push()
-        return upload_publishable(
-            hf_trainer.hf_api(),
-            repo_id=self.hub_model_id,
-            folder=self.args.output_dir,
-            commit_message=commit_message,
-            token=token,
-            revision=revision if revision is not None else self.args.hub_revision,
-            run_as_future=not blocking,
-            extra_files=extra_files,
-        )
+        return publishing.push_to_hub(
+            self, commit_message, blocking, token, revision, private,
+            save_weights=super().save_model, extra_files=extra_files, **kwargs,
+        )  # fmt: skip
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """``hub_strategy="every_save"``: push the current model with its artifacts, through the allow-list.
@@ -332,31 +276,9 @@ class SecretProtectionTrainer(Trainer):
         (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup,
         since checkpoints hold the secret DP seed.)
         """
-        from transformers import trainer as hf_trainer
-        from transformers.utils.hub import PushInProgress
-
-        from hush_hf.trainer.publishing import upload_publishable
-
-        if not self.is_world_process_zero() or str(getattr(self.args.hub_strategy, "value", "")) == "end":
-            return
-        if not self.args.hub_always_push and self.push_in_progress is not None \
-                and not self.push_in_progress.is_done():
-            return
-        self.callback_handler.on_push_begin(self.args, self.state, self.control)
-        Trainer.save_model(self, self.args.output_dir, _internal_call=True)  # internal: no push from there
-        self.write_protection_artifacts(self.args.output_dir)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(self.args.output_dir)
-        job = upload_publishable(
-            hf_trainer.hf_api(),
-            repo_id=self.hub_model_id,
-            folder=self.args.output_dir,
-            commit_message=f"Training in progress, step {self.state.global_step}",
-            token=self.args.hub_token,
-            revision=self.args.hub_revision,
-            run_as_future=True,
+        publishing.push_from_checkpoint(
+            self,
+            checkpoint_folder,
+            save_weights=super().save_model,
+            write_artifacts=self.write_protection_artifacts,
         )
-        if self.push_in_progress is None or self.push_in_progress.is_done():
-            self.push_in_progress = PushInProgress([job])
-        else:
-            self.push_in_progress.jobs.append(job)
