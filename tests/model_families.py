@@ -111,6 +111,10 @@ FAMILIES: list[Family] = [
     Family("GPT-NeoX", "GPTNeoXConfig", "GPTNeoXForCausalLM", "causal", _hf(
         "GPTNeoXConfig", "GPTNeoXForCausalLM", intermediate_size=32, max_position_embeddings=64,
         hidden_dropout=0.0, attention_dropout=0.0, **_DEC)),
+    Family("GPT-Neo", "GPTNeoConfig", "GPTNeoForCausalLM", "causal", _hf(
+        "GPTNeoConfig", "GPTNeoForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, num_heads=2,
+        attention_types=[[["global", "local"], 1]], window_size=8, max_position_embeddings=64,
+        resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0), notes="local attention window 8"),
     Family("BERT (MLM)", "BertConfig", "BertForMaskedLM", "masked", _hf(
         "BertConfig", "BertForMaskedLM", **_BERT_LIKE)),
     Family("RoBERTa (MLM)", "RobertaConfig", "RobertaForMaskedLM", "masked", _hf(
@@ -131,6 +135,12 @@ FAMILIES: list[Family] = [
         _hf("GPT2Config", "GPT2LMHeadModel", **_GPT2), ["c_attn"]), ties=(True,),
         notes="only the adapters train"),
 ]  # fmt: skip
+
+BLOOM = Family("BLOOM", "BloomConfig", "BloomForCausalLM", "causal", _hf(
+    "BloomConfig", "BloomForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=2, n_head=2,
+    hidden_dropout=0.0, attention_dropout=0.0, pad_token_id=0), notes="ALiBi positions")  # fmt: skip
+"""Not in ``FAMILIES``: the one-step test's torch.func reference cannot differentiate ``BloomGelu`` (an
+``autograd.Function`` without ``setup_context``); tests/test_example_independence.py uses it."""
 
 CASES: list[tuple[Family, bool]] = [(f, tied) for f in FAMILIES for tied in f.ties]
 """(family, tied) pairs; the test runs each padded + micro-batched and unpadded."""

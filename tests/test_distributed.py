@@ -49,6 +49,32 @@ def train_once(output_dir: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
     return parameters(model), trainer.state.log_history
 
 
+def coupled_refusal(output_dir: str, use_cpu: bool = True) -> str:
+    """The error of a run whose per-example loss is normalised over the batch (refused by the first
+    step's independence check, on every rank); "not refused" otherwise."""
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, tiny_gpt2, token_dataset
+
+    class BatchNormalised(SecretProtectionTrainer):
+        def compute_per_example_loss(self, model, inputs):
+            losses = super().compute_per_example_loss(model, inputs)
+            return losses / losses.mean()
+
+    plan = make_plan(np.full(N, 0.5), steps=1, noise_multiplier=0.6)
+    trainer = BatchNormalised(
+        model=tiny_gpt2(seed=0),
+        args=dp_config(output_dir, max_steps=1, per_device_train_batch_size=2, dp_seed=SEED, use_cpu=use_cpu),
+        train_dataset=plan.attach(token_dataset(N, seed=4)),
+        data_collator=pad_collate,
+        plan=plan,
+    )
+    try:
+        trainer.train()
+    except ValueError as error:
+        return str(error)
+    return "not refused"
+
+
 def worker(out_path: str) -> None:
     import torch.distributed as dist
 
@@ -71,6 +97,9 @@ def worker(out_path: str) -> None:
         disagreement_caught = True  # on every rank, not only where it differs
     caught = torch.tensor([float(disagreement_caught)])
     dist.all_reduce(caught)
+    refusal = coupled_refusal(str(Path(out_path).parent / "coupled"))
+    refused = torch.tensor([float(refusal.startswith("example independence check failed"))])
+    dist.all_reduce(refused)  # reached by both ranks: neither waits in a collective the other skipped
     if rank == 0:
         torch.save(
             {
@@ -79,6 +108,8 @@ def worker(out_path: str) -> None:
                 "world_size": world_size,
                 "reduced": tensors,
                 "caught": caught.item(),
+                "refused": refused.item(),
+                "refusal": refusal,
             },
             out_path,
         )
@@ -112,6 +143,8 @@ def test_two_processes_train_the_same_model_as_one(tmp_path):
     for got, want in zip(two["reduced"], expected, strict=True):
         assert torch.equal(got, want)
     assert two["caught"] == 2.0  # replicas that disagree are detected on both ranks
+    # A loss normalised over the batch is refused at the first step on both ranks (no rank left waiting).
+    assert two["refused"] == 2.0, two["refusal"]
 
 
 if __name__ == "__main__":

@@ -147,6 +147,12 @@ def worker(out_path: str, device: str) -> None:
         str(Path(out_path).parent / "gemma2"), model_name="gemma2", use_cpu=device == "cpu"
     )
     crt_refusal = crt_under_fsdp(Path(out_path).parent / "crt", use_cpu=device == "cpu")
+    # The first step's independence check runs FSDP forwards (collectives) and refuses on both ranks.
+    from tests.test_distributed import coupled_refusal
+
+    refusal = coupled_refusal(str(Path(out_path).parent / "coupled"), use_cpu=device == "cpu")
+    refused = torch.tensor([float(refusal.startswith("example independence check failed"))])
+    dist.all_reduce(refused)
     if rank == 0:
         torch.save(
             {
@@ -154,6 +160,8 @@ def worker(out_path: str, device: str) -> None:
                 "resumed": resumed,
                 "gemma2": gemma2,
                 "crt_refusal": crt_refusal,
+                "refused": refused.item(),
+                "refusal": refusal,
                 "saved": sorted(os.listdir(final)),
                 "saved_params": saved_parameters(final),
                 "logs": logs,
@@ -195,6 +203,7 @@ def check_equals_one_process(two: dict, tmp_path: Path, *, use_cpu: bool, atol: 
     for name, value in two["params"].items():  # resumed from the sharded checkpoint of step 2
         torch.testing.assert_close(two["resumed"][name], value, rtol=0, atol=atol)
     assert two["crt_refusal"].startswith("crt_schedule='interleave' is not supported under FSDP")
+    assert two["refused"] == 2.0, two["refusal"]  # a batch-normalised loss: refused on both ranks
     # save_model() wrote the whole trained model (loadable without FSDP) and the protection artifacts.
     assert {"model.safetensors", "hush_plan.json", "README.md"} <= set(two["saved"])
     assert two["saved_params"].keys() == two["params"].keys()

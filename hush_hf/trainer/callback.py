@@ -22,14 +22,19 @@ only on ranks with a non-empty share) and ``log`` (adds sigma and the drawn batc
 ``push_to_hub``: the plan, privacy report and card section beside the weights, and an upload allow-list;
 :mod:`hush_hf.trainer.publishing`). The events do the rest: ``on_train_begin``
 hooks the model, ``on_pre_optimizer_step`` reduces and adds the noise, ``on_save`` writes the
-seed, step and plan into the checkpoint.
+seed, step and plan into the checkpoint. Every example must stand alone: left padding is moved to
+the right (:mod:`hush_hf.trainer.padding`) and the first step checks independence
+(:mod:`hush_hf.trainer.independence`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
+import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +63,11 @@ from hush_hf.trainer.distributed import (
     replicated,
 )
 from hush_hf.trainer.fsdp import check_fsdp_plugin, filler_micro_batches, is_sharded, max_across_ranks
-from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs
+from hush_hf.trainer.independence import RTOL, alone, check_rows, coupled_rows, precision
+from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs, unwrap_model
 from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
 from hush_hf.trainer.noise import ensure_grads_, privatize_gradients_
+from hush_hf.trainer.padding import right_align
 from hush_hf.trainer.plan_setup import (
     PLAN_COLUMNS,
     SECRET_IDS_COLUMN,
@@ -137,6 +144,12 @@ class GhostClippingCallback(TrainerCallback):
     ``crt_public_column``, ``crt_public_batch_size``: the CRT mode (see
     :class:`~hush_hf.trainer.SecretProtectionConfig` and :mod:`hush_hf.trainer.crt`).
 
+    Each example must stand alone (its clipped gradient a function of it only, or C bounds nothing):
+    left-padded batches are re-padded to the right, exactly, or refused where that cannot be exact
+    (:mod:`hush_hf.trainer.padding`); the first step of every run checks, before any gradient, that a
+    few training rows get the same per-example loss inside a batch and alone
+    (:mod:`hush_hf.trainer.independence`), and refuses to train otherwise.
+
     With a plain ``Trainer`` (``max_grad_norm=0``, ``max_steps=T``)::
 
         GhostClippingCallback.attach(trainer, plan, clip_norm=1.0)
@@ -185,6 +198,8 @@ class GhostClippingCallback(TrainerCallback):
         self._sharded = False  # FSDP2: the model's parameters are shards (set in on_train_begin)
         self._filler_source: tuple[Any, Any] | None = None  # (dataset, collator) of the filler row
         self._drawn_since_log: list[int] = []
+        self._independence_checked = False  # this run's first-step check (see independence.py)
+        self._told_left_padding = False
 
     def __repr__(self) -> str:  # no seed
         return (
@@ -589,10 +604,13 @@ class GhostClippingCallback(TrainerCallback):
         """Accumulate ``sum_i clip(g_i, C)`` over this rank's share into ``p.grad``; return its mean loss.
 
         The forward runs on the unwrapped model (under DDP's ``no_sync``): DDP's averaging hook must
-        not touch the clipped sums. Under FSDP2 every rank runs as many micro-batches as the busiest
-        one, padding with zero-weight fillers (:mod:`hush_hf.trainer.fsdp`). The returned loss is the
-        mean per-example loss of the share (NaN for an empty share, which Trainer's
-        ``logging_nan_inf_filter`` skips); fillers are not counted in it.
+        not touch the clipped sums. A left-padded share is re-padded to the right first (exact, see
+        :mod:`hush_hf.trainer.padding`); the first step of a run checks that each example's loss
+        depends on that example alone (:mod:`hush_hf.trainer.independence`). Under FSDP2 every rank
+        runs as many micro-batches as the busiest one, padding with zero-weight fillers
+        (:mod:`hush_hf.trainer.fsdp`). The returned loss is the mean per-example loss of the share (NaN
+        for an empty share, which Trainer's ``logging_nan_inf_filter`` skips); fillers are not counted
+        in it.
         """
         if self._clipper is None or self._model is None:
             raise RuntimeError("the DP step is not set up: train through trainer.train()")
@@ -607,7 +625,10 @@ class GhostClippingCallback(TrainerCallback):
         for p in self._params:  # only this step's clipped sum may reach the optimizer
             p.grad = None
         self._clipper.reset()
-        inputs = {k: v for k, v in inputs.items() if k not in PLAN_COLUMNS}
+        if not self._independence_checked:
+            self._check_independence(trainer)
+            self._independence_checked = True
+        inputs = self._right_aligned({k: v for k, v in inputs.items() if k not in PLAN_COLUMNS})
         if self.crt is not None:
             inputs.pop(self.crt_public_column, None)
             if self.crt.is_public(step):
@@ -626,31 +647,100 @@ class GhostClippingCallback(TrainerCallback):
             micros += [self._filler_batch()] * fillers
         with trainer.accelerator.no_sync(model):
             for k, micro in enumerate(micros):
-                rows = batch_size(micro)
-                batch = model_inputs(module, micro, args.device)
-                with trainer.compute_loss_context_manager():
-                    losses = self.per_example_loss(module, batch)
-                if not isinstance(losses, Tensor) or tuple(losses.shape) != (rows,):
-                    shape = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
-                    raise ValueError(f"per_example_loss must return a tensor of shape ({rows},), got {shape}")
+                losses = self._per_example_losses(trainer, micro)
                 if k >= real:  # a filler: its examples weigh 0
                     self._clipper.clipped_backward(losses * 0.0)
                     continue
                 self._clipper.clipped_backward(losses)
                 loss_sum += losses.detach().sum().to(torch.float64)
-                count += rows
+                count += losses.shape[0]
         self._pending = (step, count, False)
         mean = loss_sum / count if count else torch.tensor(math.nan, dtype=torch.float64, device=args.device)
         return mean.to(torch.float32)
+
+    def _per_example_losses(self, trainer: Trainer, micro: dict[str, Any]) -> Tensor:
+        """``per_example_loss`` of one micro-batch, as the DP step computes it (shape checked: (rows,))."""
+        module = self._model
+        rows = batch_size(micro)
+        batch = model_inputs(module, micro, trainer.args.device)
+        with trainer.compute_loss_context_manager():
+            losses = self.per_example_loss(module, batch)
+        if not isinstance(losses, Tensor) or tuple(losses.shape) != (rows,):
+            shape = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
+            raise ValueError(f"per_example_loss must return a tensor of shape ({rows},), got {shape}")
+        return losses
+
+    @property
+    def _encoder_decoder(self) -> bool:
+        return bool(getattr(getattr(unwrap_model(self._model), "config", None), "is_encoder_decoder", False))
+
+    def _right_aligned(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch with left padding moved to the right (exact; refused where it cannot be, see
+        :mod:`hush_hf.trainer.padding`); said once per callback."""
+        aligned = right_align(batch, encoder_decoder=self._encoder_decoder)
+        if aligned is not batch and not self._told_left_padding:
+            logger.info(
+                "left-padded batches are re-padded to the right before the DP step (a left-padded row's "
+                "loss depends on the other rows' lengths); set tokenizer.padding_side = 'right' to skip this"
+            )
+            self._told_left_padding = True
+        return aligned
+
+    def _collated(self, rows: list[Any]) -> dict[str, Any]:
+        """Training rows collated like every batch, plan columns dropped, right-aligned."""
+        if self._filler_source is None:
+            raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
+        _, collate_fn = self._filler_source
+        dropped = (*PLAN_COLUMNS, self.crt_public_column)
+        return self._right_aligned({k: v for k, v in collate_fn(rows).items() if k not in dropped})
 
     def _filler_batch(self) -> dict[str, Any]:
         """Row 0 of the training set, collated like every batch: the input of a filler micro-batch."""
         if self._filler_source is None:
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
-        dataset, collate_fn = self._filler_source
-        batch = collate_fn([dataset[0]])
-        dropped = (*PLAN_COLUMNS, self.crt_public_column)
-        return split_micro_batches({k: v for k, v in batch.items() if k not in dropped}, 1)[0]
+        dataset, _ = self._filler_source
+        return split_micro_batches(self._collated([dataset[0]]), 1)[0]
+
+    def _check_independence(self, trainer: Trainer) -> None:
+        """ValueError unless each check row's per-example loss is the same inside a batch and alone.
+
+        See :mod:`hush_hf.trainer.independence`. Runs at the first step of a run, before any gradient,
+        on every rank at once (the rows do not depend on the draw; under FSDP the forwards are
+        collectives) and every rank raises if any rank found a difference.
+        """
+        if self._filler_source is None:
+            raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
+        dataset, _ = self._filler_source
+        indices = check_rows(dataset)
+        with preserved_random_state(trainer.args.device):  # a masking collator draws from the global RNGs
+            batch = self._collated([dataset[i] for i in indices])
+        module, args = self._model, trainer.args
+        tf32 = args.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
+        mixed = trainer.accelerator.mixed_precision not in (None, "no") or args.bf16 or args.fp16
+        kind = precision([p.dtype for p in module.parameters()], mixed_precision=bool(mixed), tf32=tf32)
+        in_batch: list[float] = []
+        by_itself: list[float] = []
+        module.eval()  # dropout would make the two forwards differ
+        try:
+            with torch.no_grad():
+                for micro in split_micro_batches(batch, args.per_device_train_batch_size):
+                    in_batch += self._per_example_losses(trainer, micro).double().tolist()
+                    for row in range(batch_size(micro)):
+                        single = alone(micro, row, encoder_decoder=self._encoder_decoder)
+                        by_itself += self._per_example_losses(trainer, single).double().tolist()
+        finally:
+            module.train()
+        coupled = coupled_rows(in_batch, by_itself, RTOL[kind])
+        if max_across_ranks(int(bool(coupled)), args.device):
+            rows = sorted(indices[i] for i in coupled)
+            where = f"training rows {rows}" if coupled else "another rank's rows"
+            raise ValueError(
+                f"example independence check failed: {where} get a different per_example_loss inside a batch "
+                f"of {len(indices)} than alone (beyond {RTOL[kind]:g} relative, {kind} precision), so one "
+                "example's clipped gradient depends on the others and C no longer bounds its influence; look "
+                "for a per_example_loss normalised over the batch, labels on padding positions (make them "
+                "-100), packed rows without a per-row attention mask, or a model whose forward mixes rows"
+            )
 
     def _self_check_on_filler(self, trainer: Trainer) -> None:
         """FSDP: run the clipper's first-call self-check on every rank at once, on the same row.
@@ -660,10 +750,7 @@ class GhostClippingCallback(TrainerCallback):
         others and the collectives would no longer match. Checked here on the filler row with weight 1,
         identically on every rank; ``p.grad`` is not touched (``per_example_norms``).
         """
-        module = self._model
-        batch = model_inputs(module, self._filler_batch(), trainer.args.device)
-        with trainer.compute_loss_context_manager():
-            losses = self.per_example_loss(module, batch)
+        losses = self._per_example_losses(trainer, self._filler_batch())
         self._clipper.per_example_norms(losses)
         del losses
         if not self._clipper.verified:
@@ -675,18 +762,16 @@ class GhostClippingCallback(TrainerCallback):
     def _public_step(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
         """CRT public step: the plain backward of this rank's summed loss (no clipping, no noise); the
         sum is reduced over ranks and divided by the public batch size in ``on_pre_optimizer_step``."""
-        args, module = trainer.args, self._model
+        args = trainer.args
         loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
         count = 0
         with trainer.accelerator.no_sync(model):
             for micro in split_micro_batches(inputs, args.per_device_train_batch_size):
-                batch = model_inputs(module, micro, args.device)
-                with trainer.compute_loss_context_manager():
-                    losses = self.per_example_loss(module, batch)
+                losses = self._per_example_losses(trainer, micro)
                 self._clipper.reset()  # the hooks recorded this forward; a public step does not clip
                 losses.sum().backward()
                 loss_sum += losses.detach().sum().to(torch.float64)
-                count += batch_size(micro)
+                count += losses.shape[0]
         self._pending = (trainer.state.global_step, count, True)
         mean = loss_sum / count if count else torch.tensor(math.nan, dtype=torch.float64, device=args.device)
         return mean.to(torch.float32)
@@ -726,6 +811,7 @@ class GhostClippingCallback(TrainerCallback):
                 "plain backward, which FSDP would average over ranks; use DDP for CRT mode"
             )
         self._clipper = GhostClipper(model, self.clip_norm)
+        self._independence_checked = False
         self._model = model
         self._params = params
         self._param_ids = {id(p) for p in params}
@@ -784,6 +870,22 @@ class GhostClippingCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.finish_run()
+
+
+@contextlib.contextmanager
+def preserved_random_state(device: torch.device) -> Iterator[None]:
+    """Python's, NumPy's and torch's global random states (CPU and ``device``) are restored on exit: a
+    check that calls the collator once more leaves the training batches (e.g. MLM masks) as they were."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = []
+    if device.type == "cuda":
+        devices = [torch.cuda.current_device() if device.index is None else device.index]
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def _as_list(values: Any) -> list[Any]:

@@ -157,7 +157,8 @@ class SecretProtectionTrainer(Trainer):
     def compute_per_example_loss(self, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
         """loss_i per example, shape (b,) (default: mean token cross-entropy, masked or causal LM).
 
-        One forward of ``model`` on ``inputs`` (labels included); each loss_i must depend on example i only.
+        One forward of ``model`` on ``inputs`` (labels included); each loss_i must depend on example i only
+        (checked at the first step: see :mod:`hush_hf.trainer.independence`).
         """
         return lm_per_example_loss(model, inputs)
 
