@@ -101,6 +101,7 @@ class SecretProtectionTrainer(Trainer):
             clip_norm=args.per_example_clip_norm,
             noise_multiplier=args.noise_multiplier,
             dp_seed=args.dp_seed,
+            dp_state_dir=args.dp_state_dir,
             per_example_loss=self.compute_per_example_loss,
             crt_schedule=args.crt_schedule,
             crt_public_column=args.crt_public_column,
@@ -329,8 +330,8 @@ class SecretProtectionTrainer(Trainer):
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """``hub_strategy="every_save"``: push the current model with its artifacts, through the allow-list.
 
-        (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup,
-        since checkpoints hold the secret DP seed.)
+        (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup:
+        checkpoints hold the un-noised training logs and the optimizer state.)
         """
         from transformers import trainer as hf_trainer
         from transformers.utils.hub import PushInProgress
