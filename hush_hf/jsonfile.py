@@ -88,7 +88,7 @@ def loads_json(text: str, *, source: str, shown_keys: Collection[str] = (), line
     except json.JSONDecodeError as err:
         if line is not None:
             raise ValueError(
-                f"{source}: line {line} is not valid JSON ({err.msg} at column {err.colno})"
+                f"{source}: line {line} is not valid JSON (column {err.colno}: {err.msg})"
             ) from None
         hint = "" if text.rstrip().endswith(("}", "]")) else " (the file ends early: truncated?)"
         raise ValueError(
