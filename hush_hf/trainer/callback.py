@@ -55,6 +55,7 @@ from hush_hf.trainer.distributed import (
     rank_and_world_size,
     replicated,
 )
+from hush_hf.trainer.evaluation import EvaluationCoverage
 from hush_hf.trainer.fsdp import check_fsdp_plugin, filler_micro_batches, is_sharded, max_across_ranks
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs
 from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
@@ -276,6 +277,7 @@ class GhostClippingCallback(TrainerCallback):
             self._setup_crt(dataset, secret_ids)
         if route_methods:
             self._route_methods(trainer)
+            EvaluationCoverage().register(trainer.eval_dataset)  # SecretProtectionTrainer does its own
         trainer.add_callback(self)
         # First in line: every other callback's on_pre_optimizer_step then sees the noised gradient only.
         callbacks = trainer.callback_handler.callbacks

@@ -21,6 +21,7 @@ from hush_hf.trainer.callback import (
 )
 from hush_hf.trainer.config import SecretProtectionConfig, as_secret_protection_config
 from hush_hf.trainer.distributed import broadcast_object, rank_and_world_size
+from hush_hf.trainer.evaluation import EvaluationCoverage
 from hush_hf.trainer.losses import lm_per_example_loss
 from hush_hf.trainer.plan_setup import (
     check_expected_batch_size,
@@ -79,6 +80,10 @@ class SecretProtectionTrainer(Trainer):
         if hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset has 0 rows: nothing to train on (was it filtered to nothing?)")
         plan, train_dataset = self._resolve_plan(args, train_dataset, secrets=secrets, plan=plan)
+        evaluation = EvaluationCoverage(
+            secrets if secrets is not None else args.secrets_file, text_column=args.secrets_text_column
+        )
+        evaluation.register(eval_dataset)  # warns about rows holding secrets (before the marks go)
         eval_dataset = drop_marks(eval_dataset)
         super().__init__(
             model=model,
@@ -96,6 +101,7 @@ class SecretProtectionTrainer(Trainer):
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         )
         self.plan = plan
+        self.evaluation = evaluation
         self.dp = GhostClippingCallback(
             plan,
             clip_norm=args.per_example_clip_norm,
@@ -174,6 +180,13 @@ class SecretProtectionTrainer(Trainer):
             self.dp.finish_run()
         return without_batch_statistics(output)
 
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        # Metrics on rows holding secrets are outside the plan: recorded for the card (evaluation.py).
+        self.evaluation.evaluating(eval_dataset, metric_key_prefix, self.eval_dataset)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         return no_floating_point_ops(inputs)  # total_flos would count the tokens actually drawn
 
@@ -245,7 +258,7 @@ class SecretProtectionTrainer(Trainer):
             clip_norm=self.args.per_example_clip_norm,
             noise_multiplier=self.dp.noise_multiplier,
             bounds_verified=True,
-            **{"crt": self.crt_report_section(), **kwargs},
+            **{"crt": self.crt_report_section(), "evaluation": self.evaluation.card_section(), **kwargs},
         )
 
     #: Each secret's rows and unique occurrences for the report's CRT section (CRT Prop. 7), e.g.
