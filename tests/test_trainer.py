@@ -212,7 +212,7 @@ def test_resume_without_the_seed_file_is_refused_in_one_line_and_exact_once_it_i
     again = build(tmp_path / "out", 10, model=tiny_gpt2(seed=9), dp_state_dir=str(elsewhere), **kwargs)
     again.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     for name, value in parameters(again.model).items():
-        torch.testing.assert_close(value, parameters(first.model)[name], rtol=0, atol=1e-6)
+        assert torch.equal(value, parameters(first.model)[name]), name  # bit-exact
     with pytest.raises(ValueError, match="dp_seed was given but is not the seed the checkpoint's run was "
                                          "trained with"):
         build(tmp_path / "out", 10, **{**kwargs, "dp_seed": seed + 1}).train(resume_from_checkpoint=True)
