@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import codecs
+import csv
+import functools
+import io
+import json
 from pathlib import Path
 from typing import Any
+
+from hush_hf.jsonfile import decode_utf8
 
 LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}
 
@@ -23,15 +30,108 @@ def load_text_dataset(name_or_path: str, *, split: str = "train") -> Any:
             raise ValueError(
                 f"dataset file {str(path)!r} has suffix {path.suffix!r}; supported: {sorted(LOCAL_BUILDERS)}"
             )
-        if not path.read_bytes().strip():
+        if not _has_content(path, text=builder != "parquet"):
             raise ValueError(f"dataset file {str(path)!r} is empty: it has no rows")
         try:
             loaded = datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
         except StopIteration:  # datasets' json builder on a file without a single record
             raise ValueError(f"dataset file {str(path)!r} has no rows") from None
+        except (datasets.exceptions.DatasetGenerationError, ValueError) as error:  # Arrow/pandas errors too
+            raise ValueError(load_error(path, builder, error)) from None
         if len(loaded) == 0:
             raise ValueError(f"dataset file {str(path)!r} has no rows")
         return loaded
     if path.suffix.lower() in LOCAL_BUILDERS or name_or_path.startswith((".", "/")):
         raise ValueError(f"dataset file {str(path)!r} does not exist")
     return datasets.load_dataset(name_or_path, split=split)
+
+
+
+def _has_content(path: Path, *, text: bool) -> bool:
+    """Whether the file holds a non-whitespace byte, read 1 MiB at a time. A ``text`` file must be UTF-8:
+    a ValueError naming the line otherwise (pyarrow loads Latin-1 JSON into string columns unchecked,
+    and the first read of such a row fails far from here, without the file's name)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    found = False
+    with open(path, "rb") as handle:
+        for chunk in iter(functools.partial(handle.read, 1 << 20), b""):
+            found = found or bool(chunk.strip())
+            if not text:
+                if found:
+                    return True
+                continue
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError:
+                decode_utf8(path.read_bytes(), source=f"dataset file {str(path)!r}")  # raises, with the line
+        if text:
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                decode_utf8(path.read_bytes(), source=f"dataset file {str(path)!r}")
+    return found
+
+
+def load_error(path: Path, builder: str, error: BaseException) -> str:
+    """One line naming the file and, where it can be found, the line that broke ``datasets``' builder.
+
+    datasets wraps a parse error in ``DatasetGenerationError`` (a traceback, no file or line); so the file
+    is read again here: not UTF-8 (the line of the first bad byte), JSON / JSON Lines syntax (the line),
+    a CSV row with a different number of fields than the header (the line). Otherwise the builder's
+    exception types are named; their messages are not repeated, since some quote the offending row.
+    """
+    source = f"dataset file {str(path)!r}"
+    if builder in ("json", "csv", "text"):
+        text = decode_utf8(path.read_bytes(), source=source)
+        problem = {"json": _json_problem, "csv": _csv_problem}.get(builder, lambda _: None)(text)
+        if problem is not None:
+            return f"{source}: {problem}"
+    kinds, cause = [], error
+    while cause is not None and len(kinds) < 4:
+        kinds.append(type(cause).__name__)
+        cause = cause.__cause__ or cause.__context__
+    return (
+        f"{source} could not be loaded by datasets' {builder!r} builder ({' <- '.join(kinds)}); "
+        f"check that it is a valid {builder} file"
+    )
+
+
+def _json_problem(text: str) -> str | None:
+    """Where a JSON document (``[...]``) or a JSON Lines file stops being valid, or None."""
+    if text.lstrip().startswith("["):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as err:
+            return f"line {err.lineno}, column {err.colno}: not valid JSON ({err.msg})"
+        return None
+    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 is valid JSON
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            return (f"line {number} is not valid JSON (column {err.colno}: {err.msg}); JSON Lines holds one "
+                    "object per line")
+        if not isinstance(row, dict):
+            kind = type(row).__name__
+            return f"line {number} is a JSON {kind}, not an object: a row is {{\"column\": value}}"
+    return None
+
+
+def _csv_problem(text: str) -> str | None:
+    """The first CSV line whose field count differs from the header's, or that does not parse, or None."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header: list[str] | None = None
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as err:  # the csv module's own words, never the row
+            return f"line {start}: malformed CSV ({err})"
+        if header is None:
+            header = row
+        elif row and len(row) != len(header):
+            return (f"line {reader.line_num}: {len(row)} fields but the header has {len(header)}; quote "
+                    "fields that contain commas")

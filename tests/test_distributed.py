@@ -4,6 +4,7 @@ noise added once. Run as a script, this file is the worker each launched process
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,9 @@ CONFIG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
 N, STEPS, SEED = 14, 3, 5551212
 
 
-def train_once(output_dir: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
+def train_once(
+    output_dir: str, resume: str | None = None, **overrides
+) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """The run both tests compare: micro-batches of 2, varying rho, noise on."""
     from hush_hf.trainer import SecretProtectionTrainer
     from tests.test_trainer_helpers import (
@@ -36,16 +39,19 @@ def train_once(output_dir: str) -> tuple[dict[str, torch.Tensor], list[dict]]:
         args=dp_config(
             output_dir,
             max_steps=STEPS,
-            per_device_train_batch_size=2,
-            dp_seed=SEED,
-            learning_rate=0.05,
-            per_example_clip_norm=0.5,
+            **{
+                "per_device_train_batch_size": 2,
+                "dp_seed": SEED,
+                "learning_rate": 0.05,
+                "per_example_clip_norm": 0.5,
+                **overrides,
+            },
         ),
         train_dataset=plan.attach(token_dataset(N, seed=4)),
         data_collator=pad_collate,
         plan=plan,
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     return parameters(model), trainer.state.log_history
 
 
@@ -75,6 +81,27 @@ def coupled_refusal(output_dir: str, use_cpu: bool = True) -> str:
     return "not refused"
 
 
+def resume_with_the_seed_on_rank_zero_only(folder: Path, rank: int) -> tuple[float, float]:
+    """A run with a drawn seed and a checkpoint at step 1, resumed where only rank 0's dp_state_dir holds
+    the seed (rank 1's is empty): (largest difference to the uninterrupted run, 1.0 if a resume with
+    rank 0's folder empty too was refused on this rank)."""
+    uninterrupted, _ = train_once(str(folder / "run"), dp_seed=None, save_strategy="steps", save_steps=1)
+    own = folder / f"empty_{rank}"
+    state_dir = os.environ["HUSH_HF_DP_STATE_DIR"] if rank == 0 else str(own)
+    resumed, _ = train_once(
+        str(folder / f"resumed_{rank}"), resume=str(folder / "run" / "checkpoint-1"), dp_seed=None,
+        dp_state_dir=state_dir,
+    )
+    diff = max(float((resumed[n] - v).abs().max()) for n, v in uninterrupted.items())
+    try:
+        train_once(str(folder / f"refused_{rank}"), resume=str(folder / "run" / "checkpoint-1"), dp_seed=None,
+                   dp_state_dir=str(own))
+        refused = 0.0
+    except ValueError as error:
+        refused = float(str(error).startswith("cannot resume checkpoint"))
+    return diff, refused
+
+
 def worker(out_path: str) -> None:
     import torch.distributed as dist
 
@@ -82,6 +109,9 @@ def worker(out_path: str) -> None:
 
     params, logs = train_once(str(Path(out_path).parent / "run"))
     rank, world_size = rank_and_world_size()
+    resume_diff, refused = resume_with_the_seed_on_rank_zero_only(Path(out_path).parent / "resume", rank)
+    refusals = torch.tensor([refused])
+    dist.all_reduce(refusals)
     # The bucketed all-reduce: many buckets, mixed shapes and dtypes, every rank contributes rank + 1.
     tensors = [
         torch.full((3, 5), rank + 1.0),
@@ -110,6 +140,8 @@ def worker(out_path: str) -> None:
                 "caught": caught.item(),
                 "refused": refused.item(),
                 "refusal": refusal,
+                "resume_diff": resume_diff,
+                "refusals": refusals.item(),
             },
             out_path,
         )
@@ -145,6 +177,9 @@ def test_two_processes_train_the_same_model_as_one(tmp_path):
     assert two["caught"] == 2.0  # replicas that disagree are detected on both ranks
     # A loss normalised over the batch is refused at the first step on both ranks (no rank left waiting).
     assert two["refused"] == 2.0, two["refusal"]
+    # Resumed with the seed in rank 0's dp_state_dir only: exact; with none: refused on both ranks.
+    assert two["resume_diff"] <= 1e-6
+    assert two["refusals"] == 2.0
 
 
 if __name__ == "__main__":

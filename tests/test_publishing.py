@@ -6,6 +6,8 @@ same content as ``SecretProtectionTrainer`` (TRL's ``SFTTrainer``: tests/test_tr
 from __future__ import annotations
 
 import json
+import os
+import stat
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +20,7 @@ from transformers import Trainer, TrainingArguments
 from hush_hf.cli import main as hush
 from hush_hf.trainer import GhostClippingCallback
 from hush_hf.trainer.publishing import publishable_files
-from tests.test_trainer import build
+from tests.test_trainer import build, files_holding, seed_encodings, stored_seed
 from tests.test_trainer_helpers import (
     make_plan,
     pad_collate,
@@ -173,3 +175,32 @@ def test_publishable_files_picks_model_tokenizer_and_protection_files(tmp_path):
         "vocab.txt",
     ])
     assert "notes.txt" in publishable_files(tmp_path, ["notes.txt"])
+
+
+def test_no_file_under_output_dir_holds_the_seed_it_is_in_the_private_state_dir(
+    tmp_path, private_dp_state_dir, commits
+):
+    """A run with checkpoints, save_model(), save_state() and a push of a checkpoint folder: no file under
+    output_dir (recursively, any file, any encoding of the seed) holds the drawn seed; it is in
+    dp_state_dir/<run id>.json, owner-only in an owner-only folder, and every checkpoint names that run."""
+    out = tmp_path / "out"
+    trainer = build(
+        out, max_steps=4, save_strategy="steps", save_steps=2, hub_model_id="me/tiny", dp_seed=None
+    )
+    trainer.train()
+    trainer.save_model()  # the final output, beside the checkpoints
+    trainer.save_state()
+    seed, seed_file = stored_seed(private_dp_state_dir, out, 4)
+    assert seed_file.parent == private_dp_state_dir
+    assert stat.S_IMODE(os.stat(seed_file).st_mode) == 0o600
+    assert list(private_dp_state_dir.iterdir()) == [seed_file]  # one file per run, nothing else
+    assert stored_seed(private_dp_state_dir, out, 2) == (seed, seed_file)
+    assert seed.bit_length() > 64  # drawn from the OS (128 bits), so no accidental match below
+    assert files_holding(private_dp_state_dir, seed) == [f"{seed_file.name} (decimal)"]  # the search works
+    assert {"hush_state.json", "hush_plan.json", "model.safetensors"} <= set(os.listdir(out / "checkpoint-4"))
+    assert files_holding(out, seed) == []
+    trainer.push_to_hub(extra_files=["checkpoint-4"])  # the checkpoint uploaded on purpose: still no seed
+    ((paths, _),) = commits
+    assert "checkpoint-4/hush_state.json" in paths
+    uploaded = {name: (out / name).read_bytes() for name in paths}
+    assert not [n for n, data in uploaded.items() for b in seed_encodings(seed).values() if b in data]

@@ -54,7 +54,45 @@ def files_under(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def test_logs_carry_sigma_and_batch_size_but_no_grad_norm_and_the_seed_stays_in_checkpoints(tmp_path):
+def seed_encodings(seed: int) -> dict[str, bytes]:
+    """The ways a 128-bit seed could sit in a file: decimal, hex (either case, 0x or not), the 16 raw
+    bytes (either byte order) and their base64/hex forms, and the decimal text in UTF-16."""
+    import base64
+
+    raw = {order: seed.to_bytes(16, order) for order in ("big", "little")}
+    forms = {
+        "decimal": str(seed).encode(),
+        "hex": format(seed, "x").encode(),
+        "HEX": format(seed, "X").encode(),
+        "decimal-utf16": str(seed).encode("utf-16-le"),
+    }
+    for order, data in raw.items():
+        forms[f"bytes-{order}"] = data
+        forms[f"base64-{order}"] = base64.b64encode(data).rstrip(b"=")
+        forms[f"hex-bytes-{order}"] = data.hex().encode()
+    return forms
+
+
+def files_holding(folder: Path, seed: int) -> list[str]:
+    """Every file under ``folder`` (recursively, any file) whose bytes hold the seed in any encoding."""
+    forms = seed_encodings(seed)
+    return sorted(
+        f"{name} ({form})"
+        for name, data in files_under(folder).items()
+        for form, b in forms.items()
+        if b in data
+    )
+
+
+def stored_seed(state_dir: Path, output_dir: Path, step: int) -> tuple[int, Path]:
+    """The seed a checkpoint's run keeps in ``state_dir`` (read as the resume does) and its file."""
+    from hush_hf.trainer.seed_store import load_dp_seed, seed_path
+
+    run_id = json.loads((output_dir / f"checkpoint-{step}" / "hush_state.json").read_text())["run_id"]
+    return load_dp_seed(state_dir, run_id, checkpoint=None), seed_path(state_dir, run_id)
+
+
+def test_logs_carry_sigma_and_batch_size_but_no_grad_norm(tmp_path):
     trainer = build(
         tmp_path,
         max_steps=4,
@@ -80,23 +118,30 @@ def test_logs_carry_sigma_and_batch_size_but_no_grad_norm_and_the_seed_stays_in_
         assert "grad_norm" not in log
         assert log["dp_noise_multiplier"] == 1.0
         assert log["dp_batch_size"] == int(log["dp_batch_size"]) >= 0
-    # The seed is in each checkpoint's hush_state.json (owner-only) and nowhere else.
-    seed = str(SEED).encode()
-    for step in (2, 4):
-        state_file = tmp_path / f"checkpoint-{step}" / "hush_state.json"
-        assert json.loads(state_file.read_text())["dp_seed"] == str(SEED)
-        assert stat.S_IMODE(os.stat(state_file).st_mode) == 0o600
-        assert (tmp_path / f"checkpoint-{step}" / "hush_plan.json").is_file()
-    leaks = [name for name, data in files_under(tmp_path).items() if seed in data]
-    assert sorted(leaks) == ["checkpoint-2/hush_state.json", "checkpoint-4/hush_state.json"]
     assert (tmp_path / "final" / "training_args.bin").is_file()
+    assert files_holding(tmp_path, SEED) == []
     states = [data for name, data in files_under(tmp_path).items() if name.endswith("trainer_state.json")]
     assert len(states) == 3 and all(b'"grad_norm"' not in data for data in states)
 
 
+def test_a_seed_file_made_private_is_created_owner_only(tmp_path):
+    from hush_hf.trainer.seed_store import load_dp_seed, new_run_id, save_dp_seed
+
+    folder, run_id = tmp_path / "fresh" / "dp_state", new_run_id()
+    path = save_dp_seed(folder, run_id, SEED)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert load_dp_seed(folder, run_id, checkpoint=None) == SEED
+    assert save_dp_seed(folder, run_id, SEED) == path  # written once; the same seed again is a no-op
+    with pytest.raises(RuntimeError, match="holds another seed than this run's"):
+        save_dp_seed(folder, run_id, SEED + 1)
+    assert sorted(os.listdir(folder)) == [path.name]  # no temporary file left behind
+
+
 def test_resumed_run_ends_exactly_where_the_uninterrupted_run_does(tmp_path):
     """4 steps with a checkpoint at step 2, resumed from it in a new trainer (no dp_seed given:
-    the secret seed must come from the checkpoint), ends with the same parameters."""
+    the secret seed must come from dp_state_dir, found through the checkpoint's run id), ends with the
+    same parameters."""
     plan = make_plan(np.full(10, 0.4), steps=4, noise_multiplier=0.7)
     first = build(
         tmp_path,
@@ -129,6 +174,95 @@ def test_resumed_run_ends_exactly_where_the_uninterrupted_run_does(tmp_path):
     assert resumed.state.global_step == 4
     for name, value in parameters(resumed.model).items():
         torch.testing.assert_close(value, uninterrupted[name], rtol=0, atol=1e-6)
+
+
+def test_resume_without_the_seed_file_is_refused_in_one_line_and_exact_once_it_is_provided(
+    tmp_path, private_dp_state_dir
+):
+    """The seed is not in the checkpoint: with another dp_state_dir the resume is refused before any step,
+    naming the file it looked for and how to provide it; with the file copied there it is exact."""
+    plan = make_plan(np.full(10, 0.4), steps=4, noise_multiplier=0.7)
+    kwargs = dict(plan=plan, max_steps=4, dp_seed=None, learning_rate=5e-2)
+    first = build(tmp_path / "out", 10, save_strategy="steps", save_steps=2, **kwargs)
+    first.train()
+    seed, seed_file = stored_seed(private_dp_state_dir, tmp_path / "out", 2)
+    elsewhere = tmp_path / "other_machine"
+    resumed = build(tmp_path / "out", 10, model=tiny_gpt2(seed=9), dp_state_dir=str(elsewhere), **kwargs)
+    before = parameters(resumed.model)
+    with pytest.raises(ValueError) as info:
+        resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"cannot resume checkpoint '{tmp_path / 'out' / 'checkpoint-2'}': the secret DP seed of its run is "
+        f"not in '{elsewhere / seed_file.name}'. Put the file {seed_file.name} from the dp_state_dir of the "
+        "machine that trained it there, or point dp_state_dir (or $HUSH_HF_DP_STATE_DIR) at the folder "
+        "holding it."
+    )
+    assert "start again from step 0 with a fresh model" in message
+    assert all(str(v) not in message for v in seed_encodings(seed).values())
+    assert resumed.state.global_step == 0
+    for name, value in parameters(resumed.model).items():
+        assert torch.equal(value, before[name]), name  # no step taken
+    elsewhere.mkdir()
+    (elsewhere / seed_file.name).write_bytes(seed_file.read_bytes())  # what the message says to do
+    resumed = build(tmp_path / "out", 10, model=tiny_gpt2(seed=9), dp_state_dir=str(elsewhere), **kwargs)
+    resumed.train(resume_from_checkpoint=True)  # the last checkpoint: step 4, nothing left to train
+    assert resumed.state.global_step == 4
+    again = build(tmp_path / "out", 10, model=tiny_gpt2(seed=9), dp_state_dir=str(elsewhere), **kwargs)
+    again.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    for name, value in parameters(again.model).items():
+        assert torch.equal(value, parameters(first.model)[name]), name  # bit-exact
+    with pytest.raises(ValueError, match="dp_seed was given but is not the seed the checkpoint's run was "
+                                         "trained with"):
+        build(tmp_path / "out", 10, **{**kwargs, "dp_seed": seed + 1}).train(resume_from_checkpoint=True)
+
+
+def test_the_seed_folder_must_lie_outside_output_dir(tmp_path, monkeypatch):
+    from hush_hf.trainer.seed_store import DP_STATE_DIR_ENV, default_dp_state_dir
+
+    out = tmp_path / "out"
+    inside = f"dp_state_dir '{out / 'seeds'}' \\(dp_state_dir\\) lies inside output_dir '{out}': uploading"
+    with pytest.raises(ValueError, match=inside + " output_dir would publish the secret DP seed"):
+        build(out, dp_state_dir=str(out / "seeds"))
+    monkeypatch.setenv(DP_STATE_DIR_ENV, str(out))
+    with pytest.raises(ValueError, match="lies inside output_dir"):
+        build(out)
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    trainer = Trainer(model=tiny_gpt2(), args=TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, max_grad_norm=0.0, report_to=[], use_cpu=True),
+        train_dataset=plan.attach(token_dataset(8)), data_collator=pad_collate)
+    with pytest.raises(ValueError, match="lies inside output_dir"):
+        GhostClippingCallback.attach(trainer, plan, dp_state_dir=str(tmp_path / "a" / "b"))
+    monkeypatch.delenv(DP_STATE_DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_dp_state_dir() == tmp_path / "xdg" / "hush_hf" / "dp_state"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_dp_state_dir() == tmp_path / "home" / ".cache" / "hush_hf" / "dp_state"
+
+
+def test_a_corrupt_hush_state_json_is_one_line_naming_the_file(tmp_path):
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    build(tmp_path, plan=plan, save_strategy="steps", save_steps=1).train()
+    state_file = tmp_path / "checkpoint-1" / "hush_state.json"
+    good = json.loads(state_file.read_text())
+    source = f"DP state file '{state_file}'"
+    cases = [
+        ('{"format_version": 2, "run_id": ', f"{source} is not valid JSON at line 1, column 33"),
+        (json.dumps({k: v for k, v in good.items() if k != "steps"}), f"{source}: missing field 'steps'"),
+        (json.dumps({**good, "global_step": "1"}), f"{source}: global_step must be an integer, got a str"),
+        (json.dumps({**good, "run_id": "x"}), f"{source}: run_id must be 32 lowercase hex digits"),
+        (json.dumps([good]), f"{source}: expected a JSON object, got a list"),
+        (json.dumps(good)[:-1] + ', "steps": 3}', f"{source}: line 1: one object has the field 'steps' "),
+        (json.dumps({**good, "format_version": 1}), f"{source}: format_version=1 is not supported"),
+    ]
+    for text, message in cases:
+        state_file.write_text(text)
+        with pytest.raises(ValueError) as info:
+            build(tmp_path, plan=plan).train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+        assert str(info.value).startswith(message), (text, str(info.value))
+        assert "\n" not in str(info.value)
 
 
 def test_resume_refuses_changed_dp_parameters_or_a_non_dp_checkpoint(tmp_path):

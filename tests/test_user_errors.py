@@ -139,3 +139,170 @@ def test_the_trainer_on_a_zero_row_dataset_says_so(tmp_path):
     with pytest.raises(ValueError, match="train_dataset has 0 rows"):
         SecretProtectionTrainer(model=tiny_gpt2(), args=dp_config(tmp_path), train_dataset=token_dataset(0),
                                 plan=make_plan([0.5], steps=2, noise_multiplier=1.0))
+
+
+# ----------------------------------------------------------------------------------------- input hygiene
+SECRET = "zanzibar"  # the secret string of these files: never in a message
+
+
+@pytest.fixture
+def quiet_datasets():
+    """No progress bars on stderr (they would be lines besides the error line)."""
+    import datasets
+
+    enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    yield
+    if enabled:
+        datasets.enable_progress_bars()
+
+
+def plan_error(tmp_path, capsys, monkeypatch, secrets_file) -> str:
+    """`hush plan` on ``secrets_file``: the one stderr line, checked to come before the data is read."""
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the dataset was read before the secrets file was checked")
+
+    monkeypatch.setattr("hush_hf.data.load_text_dataset", no_reading)
+    argv = f"plan --dataset {tmp_path / 'd.jsonl'} --secrets {secrets_file} --batch-size 2 --steps 3"
+    assert main(argv.split()) == 2
+    line = error_line(capsys)
+    assert SECRET not in line
+    return line
+
+
+def test_a_field_given_twice_in_a_secrets_file_is_an_error_with_the_line(tmp_path, capsys, monkeypatch):
+    cases = {
+        "dup.csv": (f"id,prior,target,terms,terms\n{SECRET},1e-4,0.05,{SECRET},other\n",
+                    "line 1: the header names the field 'terms' twice"),
+        "noheader.csv": (f"{SECRET},1e-4,0.05,{SECRET}\n",
+                         "line 1: the header names the field (name not shown"),
+        "dup.json": (f'[\n {{"id": "{SECRET}",\n  "prior": 1e-4,\n  "prior": 2e-4,\n  "target": 0.05}}\n]',
+                     "line 4: one object has the field 'prior' twice; JSON would keep only the last value"),
+        "keys.json": (f'{{"secrets": [], "{SECRET}": 1,\n "{SECRET}": 2}}',
+                      "line 2: one object has the field (name not shown: it may be secret) twice"),
+        "dup.jsonl": (f'{{"id": "a", "prior": 1e-4, "target": 0.05}}\n'
+                      f'{{"id": "{SECRET}", "target": 0.05, "prior": 1e-4, "target": 0.1}}\n',
+                      "line 2: one object has the field 'target' twice"),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        line = plan_error(tmp_path, capsys, monkeypatch, path)
+        assert line.startswith(f"hush plan: error: secrets file '{path}': {message}"), line
+
+
+def test_a_secrets_file_that_is_not_utf8_names_the_file_and_line(tmp_path, capsys, monkeypatch):
+    latin = f"café {SECRET}".encode("latin-1")
+    cases = {
+        "latin.csv": b"id,prior,target,terms\n" + latin + b",1e-4,0.05,x\n",
+        "latin.json": b'[{"id": "ok", "prior": 1e-4, "target": 0.05},\n {"id": "' + latin + b'"}]',
+        "latin.jsonl": b'{"id": "ok", "prior": 1e-4, "target": 0.05}\n{"id": "' + latin + b'"}\n',
+    }
+    for name, data in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        offset = data.index(b"\xe9")
+        assert plan_error(tmp_path, capsys, monkeypatch, path) == (
+            f"hush plan: error: secrets file '{path}': line 2 is not UTF-8 text (byte {offset} of the file; "
+            "Latin-1 or Windows encoding?): save the file as UTF-8"
+        )
+
+
+def test_a_regex_error_in_a_secrets_file_never_shows_group_names(tmp_path, capsys, monkeypatch):
+    """re.error's own message quotes the group name ("redefinition of group name 'zanzibar' ..."): only
+    the kind of error and its position are shown."""
+    cases = [
+        (f"(?P<{SECRET}>a)(?P<{SECRET}>b)", "redefinition of group name at position 19"),
+        (f"(?P={SECRET})", "unknown group name at position 4"),
+        (f"(?P<{SECRET}-x>a)", "bad character in group name at position 4"),
+        (f"(?P<ok>a)(?({SECRET})b)", "unknown group name at position 12"),
+    ]
+    for pattern, kind in cases:
+        path = tmp_path / "regex.json"
+        path.write_text(json.dumps([{"id": "s", "prior": 1e-4, "target": 0.05, "pattern": pattern}]))
+        assert plan_error(tmp_path, capsys, monkeypatch, path) == (
+            f"hush plan: error: secret #0: pattern is not a valid regular expression: {kind}"
+        )
+
+
+@pytest.mark.usefixtures("quiet_datasets")
+def test_a_malformed_jsonl_dataset_is_one_line_with_file_and_line_in_plan_and_redact(files, tmp_path, capsys):
+    _, secrets, _ = files
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(f'{{"text": "doc 0 {SECRET}"}}\n{{"text": "doc 1 {SECRET}\n{{"text": "doc 2"}}\n')
+    expected = (f"dataset file '{bad}': line 2 is not valid JSON (column 10: Unterminated string starting "
+                "at); JSON Lines holds one object per line")
+    assert main(f"plan --dataset {bad} --secrets {secrets} --batch-size 2 --steps 3".split()) == 2
+    assert error_line(capsys) == f"hush plan: error: {expected}"
+    out = tmp_path / "redacted.jsonl"
+    assert main(f"redact --dataset {bad} --output {out}".split()) == 2
+    assert error_line(capsys) == f"hush redact: error: {expected}"
+    assert not out.exists()
+
+
+@pytest.mark.usefixtures("quiet_datasets")
+def test_load_text_dataset_names_the_file_and_line_of_what_datasets_cannot_read(tmp_path):
+    from hush_hf.data import load_text_dataset
+
+    cases = {
+        "trunc.json": (f'[{{"text": "{SECRET}"}},\n {{"text": "b"', "line 2, column 14: not valid JSON"),
+        "rows.jsonl": (f'{{"text": "{SECRET}"}}\n[1, 2]\n', "line 2 is a JSON list, not an object"),
+        "fields.csv": (f"text,label\n{SECRET},1\n{SECRET},2,3\n", "line 3: 3 fields but the header has 2"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError) as info:
+            load_text_dataset(str(tmp_path / name))
+        assert str(info.value).startswith(f"dataset file '{tmp_path / name}': {message}"), str(info.value)
+        assert SECRET not in str(info.value)
+    # Latin-1: pyarrow would load it into a string column unchecked and fail at the first read of the row.
+    for name in ("latin.jsonl", "latin.txt", "latin.csv"):
+        text = {"latin.jsonl": f'{{"text": "ok"}}\n{{"text": "café {SECRET}"}}\n',
+                "latin.txt": f"ok\ncafé {SECRET}\n", "latin.csv": f"text\nok\ncafé {SECRET}\n"}[name]
+        data = text.encode("latin-1")
+        offset = data.index("é".encode("latin-1"))
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError) as info:
+            load_text_dataset(str(tmp_path / name))
+        assert str(info.value) == (
+            f"dataset file '{tmp_path / name}': line {2 if name != 'latin.csv' else 3} is not UTF-8 text "
+            f"(byte {offset} of the file; Latin-1 or Windows encoding?): save the file as UTF-8"
+        )
+    (tmp_path / "ok.jsonl").write_text(f'{{"text": "café {SECRET}"}}\n')  # UTF-8 with a BOM-less accent
+    assert load_text_dataset(str(tmp_path / "ok.jsonl"))["text"] == [f"café {SECRET}"]
+
+
+def test_a_malformed_canary_file_names_the_file(tmp_path, capsys):
+    from hush_hf.audit.canaries import CanarySpace, make_canaries, save_canaries
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    good = save_canaries(tmp_path / "good.json", make_canaries(2, space=CanarySpace(length=6), seed=1))
+    data = json.loads(good.read_text())
+    values = [c["value"] for c in data["canaries"]]
+    text = good.read_text()
+    twice = text.replace('"repetitions": 1', '"repetitions": 1, "value": "000000"', 1)
+    line = twice[: twice.index('"value": "000000"')].count("\n") + 1  # counted here, independently
+    cases = [
+        (text[:-3], " is not valid JSON at line"),
+        (twice, f": line {line}: one object has the field 'value' twice"),
+        (json.dumps({**data, "canaries": [{"index": 0, "value": values[0]}]}),
+         ": canaries[0] must be an object with the keys index, value, repetitions"),
+        (json.dumps({**data, "canaries": [{"index": "0", "value": values[0], "repetitions": 1}]}),
+         ": canaries[0]: index must be an integer, got a str"),
+        (json.dumps({**data, "canaries": [{"index": 0, "value": values[0] + "x", "repetitions": 1}]}),
+         ": canaries[0]: value is not in this canary space"),
+        (json.dumps({**data, "space": {"template": "{secret}"}}),
+         ": 'space' must be an object with the keys"),
+        (json.dumps({"canaries": []}), ": not a canary file"),
+    ]
+    bad = tmp_path / "canaries.json"
+    for content, message in cases:
+        bad.write_text(content)
+        argv = ["audit", "--model-dir", str(model), "--canaries", str(bad), "--output-dir", str(tmp_path)]
+        assert main(argv) == 2
+        line = error_line(capsys)
+        assert line.startswith(f"hush audit: error: canary file '{bad}'{message}"), (line, message)
+        assert not any(value in line for value in values)

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 PLACEHOLDER = "{secret}"
+SPACE_KEYS = ("template", "alphabet", "length")
+CANARY_KEYS = ("index", "value", "repetitions")  # the keys of a canary file's entries
 CANARY_ID_PREFIX = "hush-canary-"
 _WORD_CHAR = re.compile(r"\w")
 
@@ -242,9 +244,38 @@ def save_canaries(path: str | Path, canaries: Sequence[Canary]) -> Path:
 
 
 def load_canaries(path: str | Path) -> list[Canary]:
-    """Read canaries written by :func:`save_canaries`."""
-    data = json.loads(Path(path).read_text())
+    """Read canaries written by :func:`save_canaries`.
+
+    Anything malformed is a one-line ValueError naming the file, and the line (JSON syntax, a key given
+    twice) or the canary's position (``canaries[k]``); a value is never shown.
+    """
+    from hush_hf.jsonfile import read_json
+
+    source = f"canary file {str(path)!r}"
+    data = read_json(path, what="canary file", shown_keys=("space", "canaries", *SPACE_KEYS, *CANARY_KEYS))
     if not isinstance(data, dict) or set(data) != {"space", "canaries"}:
-        raise ValueError(f"{path}: not a canary file (expected the keys 'space' and 'canaries')")
-    space = CanarySpace(**data["space"])
-    return [Canary(int(c["index"]), str(c["value"]), int(c["repetitions"]), space) for c in data["canaries"]]
+        raise ValueError(f"{source}: not a canary file (expected the keys 'space' and 'canaries')")
+    space_data, entries = data["space"], data["canaries"]
+    if not isinstance(space_data, dict) or set(space_data) != set(SPACE_KEYS):
+        raise ValueError(f"{source}: 'space' must be an object with the keys {', '.join(SPACE_KEYS)}")
+    try:
+        space = CanarySpace(**space_data)
+    except ValueError as error:
+        raise ValueError(f"{source}: space: {error}") from None
+    if not isinstance(entries, list):
+        raise ValueError(f"{source}: 'canaries' must be a list, got a {type(entries).__name__}")
+    canaries = []
+    for k, entry in enumerate(entries):
+        where = f"{source}: canaries[{k}]"
+        if not isinstance(entry, dict) or set(entry) != set(CANARY_KEYS):
+            raise ValueError(f"{where} must be an object with the keys {', '.join(CANARY_KEYS)}")
+        index, value, repetitions = (entry[key] for key in CANARY_KEYS)
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(f"{where}: index must be an integer, got a {type(index).__name__}")
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: value must be a string, got a {type(value).__name__}")
+        try:
+            canaries.append(Canary(index, value, repetitions, space))
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+    return canaries

@@ -104,6 +104,8 @@ def protection_section(report: Mapping[str, Any]) -> str:
         ]
     if report.get("crt"):
         lines += ["", "### Redaction (CRT)", "", *crt_lines(report["crt"])]
+    if report.get("evaluation"):
+        lines += ["", "### Evaluation", "", evaluation_line(report["evaluation"])]
     lines += ["", "### Audit", ""]
     lines += _audit_lines(report.get("attacks") or {})
     if t is not None and s is not None:
@@ -120,6 +122,17 @@ def protection_section(report: Mapping[str, Any]) -> str:
     lines += ["", "Full report: `privacy_report.md` / `privacy_report.json`; plan: `hush_plan.json`.",
               SECTION_END, ""]
     return "\n".join(lines)
+
+
+def evaluation_line(evaluation: Mapping[str, Any]) -> str:
+    """Evaluations on rows holding secrets are outside the guarantee (:mod:`hush_hf.trainer.evaluation`)."""
+    rows, unchecked = evaluation["rows_with_secrets"], evaluation["unchecked"]
+    where = [f"{rows} rows that hold protected secrets"] if rows else []
+    where += [f"data that could not be checked for secrets ({', '.join(unchecked)})"] if unchecked else []
+    return (f"**Evaluation metrics are not covered.** The evaluations run during training "
+            f"({', '.join(evaluation['evaluations'])}) included {' and '.join(where)}. Metrics on such rows "
+            "(eval loss, perplexity, ...) are computed from the rows themselves, without noise: the "
+            "guarantee above does not extend to them or to a checkpoint chosen by them.")
 
 
 def _audit_lines(attacks: Mapping[str, Any]) -> list[str]:
@@ -177,13 +190,16 @@ def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: 
                                report: Mapping[str, Any] | None = None, model_name: str | None = None,
                                noise_multiplier: float | None = None,
                                crt: Mapping[str, Any] | None = None,
+                               evaluation: Mapping[str, Any] | None = None,
                                bounds_verified: bool = False) -> dict[str, Path]:
     """Write README.md (card), hush_plan.json, privacy_report.json/.md and plots into ``output_dir``.
 
     What ``SecretProtectionTrainer.save_model``/``push_to_hub`` call beside the weights. ``clip_norm``
     is the trainer's ``per_example_clip_norm``; ``noise_multiplier`` the sigma it actually trained
     with when not the plan's (below the plan's, the card says the bounds do NOT hold); ``report`` is
-    a ``run_audit`` result (or its attacks); ``crt`` a CRT section (``hush_hf.crt.crt_section``). An
+    a ``run_audit`` result (or its attacks); ``crt`` a CRT section (``hush_hf.crt.crt_section``);
+    ``evaluation`` the evaluations run on rows holding secrets
+    (``hush_hf.trainer.evaluation.EvaluationCoverage.card_section``). An
     existing README.md keeps its content; the Secret protection section is added or replaced. Every
     bound written is recomputed at the sigma used (unless ``bounds_verified``: the trainer passes a
     plan whose bounds it recomputed at train start).
@@ -196,6 +212,8 @@ def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: 
     privacy_report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
                                           noise_multiplier=noise_multiplier, crt=crt,
                                           bounds_verified=True)  # validates before writing
+    if evaluation:
+        privacy_report["evaluation"] = dict(evaluation)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {"plan": plan.save(output_dir / PLAN_FILE)}
     paths.update(write_privacy_report(privacy_report, output_dir, plan=plan))

@@ -111,10 +111,12 @@ def run(args: argparse.Namespace) -> int:
     from hush_hf.data import load_text_dataset
     from hush_hf.planning import plan_protection
     from hush_hf.planning.sweep import plot_sweep, sweep_lp_c
+    from hush_hf.secrets import SecretSet
 
     check_arguments(args)
+    secret_set = SecretSet.load(args.secrets) if args.secrets else None  # a bad file fails before the data
     dataset = load_text_dataset(args.dataset, split=args.split)
-    secret_set, dataset = _secrets_and_tags(args, dataset)
+    secret_set, dataset = _secrets_and_tags(args, dataset, secret_set)
     secret_ids = dataset.data.column("secret_ids")
     plan_kwargs = dict(
         expected_batch_size=args.batch_size,
@@ -158,12 +160,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _secrets_and_tags(args: argparse.Namespace, dataset):
-    from hush_hf.secrets import SecretSet, select_by_document_frequency, tag_dataset, tagger_for
+def _secrets_and_tags(args: argparse.Namespace, dataset, secret_set):
+    from hush_hf.secrets import select_by_document_frequency, tag_dataset, tagger_for
 
-    if args.secrets:
-        secret_set = SecretSet.load(args.secrets)
-    else:
+    if secret_set is None:
         if args.case_sensitive:
             # Selection counts case-folded words; case-sensitive tagging would miss "Word" for "word"
             # and leave examples containing a secret untagged (under-protection).

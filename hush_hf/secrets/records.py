@@ -10,12 +10,13 @@ e.g. in a CSV without a header row); they give field names and positions.
 from __future__ import annotations
 
 import csv
-import json
+import io
 import numbers
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hush_hf.jsonfile import loads_json, read_text
 from hush_hf.secrets.secret import Secret
 
 NAME_KEYS = ("name", "id")
@@ -23,6 +24,7 @@ PRIOR_KEYS = ("prior", "p")
 TARGET_KEYS = ("target_posterior", "target", "r")
 OPTIONAL_KEYS = ("terms", "pattern", "raw_pattern")
 KNOWN_KEYS = frozenset(NAME_KEYS + PRIOR_KEYS + TARGET_KEYS + OPTIONAL_KEYS)
+SHOWN_KEYS = KNOWN_KEYS | {"secrets"}  # field names a message may show (any other key may be a secret)
 TERM_SEPARATOR = ";"
 ID_IS_TERM = "@id"  # a CSV terms cell saying explicitly that the id itself is the term
 
@@ -120,100 +122,115 @@ def secret_from_record(record: Any) -> Secret:
     )
 
 
+def source_name(path: str | Path) -> str:
+    """How messages name a secrets file."""
+    return f"secrets file {str(path)!r}"
+
+
 def read_json(path: str | Path) -> list[Any]:
-    """Records from a JSON file holding a list of records or ``{"secrets": [...]}``."""
-    with open(path, encoding="utf-8") as handle:
-        try:
-            data = json.load(handle)
-        except json.JSONDecodeError as error:
-            raise ValueError(
-                f"{path}: not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
-            ) from None
+    """Records from a JSON file holding a list of records or ``{"secrets": [...]}`` (UTF-8; a field
+    given twice in one record is an error with its line)."""
+    source = source_name(path)
+    data = loads_json(read_text(path, what="secrets file"), source=source, shown_keys=SHOWN_KEYS)
     if isinstance(data, dict):
         if set(data) != {"secrets"}:
             # Keys are not echoed: a file mapping names to records would print the names.
             raise ValueError(
-                f"{path}: a JSON object must have exactly one key 'secrets', found {len(data)} key(s)"
+                f"{source}: a JSON object must have exactly one key 'secrets', found {len(data)} key(s)"
             )
         data = data["secrets"]
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of records, got a {type(data).__name__}")
+        raise ValueError(f"{source}: expected a JSON list of records, got a {type(data).__name__}")
     return data
 
 
 def read_jsonl(path: str | Path) -> list[Any]:
     """Records from a JSON Lines file: one JSON record per non-blank line."""
+    source = source_name(path)
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}: line {line_number} is not valid JSON ({error.msg})") from None
+    # split on "\n" only: str.splitlines() would also cut at U+2028 and others, valid inside JSON strings
+    for line_number, line in enumerate(read_text(path, what="secrets file").split("\n"), start=1):
+        if line.strip():
+            records.append(loads_json(line, source=source, shown_keys=SHOWN_KEYS, line=line_number))
     return records
 
 
 def read_csv(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     """``(line, record)`` for each data row of a CSV file with a header row (UTF-8, optional BOM).
 
-    Refused with the line number, never the row's text: a quoted field that runs over a line break
-    (an unterminated quote would swallow the next secrets), a row with more or fewer fields than the
-    header, a ``terms`` cell with commas but no ``;`` (terms are separated by ``;``), and an empty
-    ``terms`` cell on a row without a pattern (write ``@id`` to make the id the term; a file without
-    a ``terms`` column uses every id as its term).
+    Refused with the line number, never the row's text: a header naming a field twice (a record would
+    keep only the last cell), a quoted field that runs over a line break (an unterminated quote would
+    swallow the next secrets), a row with more or fewer fields than the header, a ``terms`` cell with
+    commas but no ``;`` (terms are separated by ``;``), and an empty ``terms`` cell on a row without a
+    pattern (write ``@id`` to make the id the term; a file without a ``terms`` column uses every id as
+    its term).
     """
+    source = source_name(path)
     rows = []
-    with open(path, encoding="utf-8-sig", newline="") as handle:
-        reader = csv.reader(handle, strict=True)
-        header: list[str] | None = None
-        line = 0
-        while True:
-            start = reader.line_num + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as error:
-                # error text is the csv module's own (e.g. "unexpected end of data"), never the row
-                raise ValueError(
-                    f"{path}: line {start}: malformed CSV ({error}); unterminated quote?"
-                ) from None
-            line = reader.line_num
-            if line != start:
-                raise ValueError(
-                    f"{path}: line {start}: a quoted field runs over {line - start + 1} lines; "
-                    "is a quote unterminated?"
-                )
-            if not row or not any(cell.strip() for cell in row):
-                continue
-            if header is None:
-                header = [cell.strip() for cell in row]
-                continue
-            if len(row) != len(header):
-                raise ValueError(
-                    f"{path}: line {line}: {len(row)} fields but the header has {len(header)}; "
-                    "quote fields that contain commas"
-                )
-            rows.append((line, dict(zip(header, row, strict=True))))
+    text = read_text(path, what="secrets file")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    header: list[str] | None = None
+    line = 0
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as error:
+            # error text is the csv module's own (e.g. "unexpected end of data"), never the row
+            raise ValueError(
+                f"{source}: line {start}: malformed CSV ({error}); unterminated quote?"
+            ) from None
+        line = reader.line_num
+        if line != start:
+            raise ValueError(
+                f"{source}: line {start}: a quoted field runs over {line - start + 1} lines; "
+                "is a quote unterminated?"
+            )
+        if not row or not any(cell.strip() for cell in row):
+            continue
+        if header is None:
+            header = [cell.strip() for cell in row]
+            _check_header(source, line, header)
+            continue
+        if len(row) != len(header):
+            raise ValueError(
+                f"{source}: line {line}: {len(row)} fields but the header has {len(header)}; "
+                "quote fields that contain commas"
+            )
+        rows.append((line, dict(zip(header, row, strict=True))))
     if header is not None and "terms" in header:
         for line, record in rows:
-            _check_csv_terms(path, line, record)
+            _check_csv_terms(source, line, record)
     return rows
 
 
-def _check_csv_terms(path: str | Path, line: int, record: dict[str, Any]) -> None:
+def _check_header(source: str, line: int, header: list[str]) -> None:
+    """ValueError if a field is named twice (the name is shown only if it is a known field: a file
+    without a header row has a secret where the header should be)."""
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            shown = repr(name) if name in KNOWN_KEYS else "(name not shown: it may be secret)"
+            raise ValueError(
+                f"{source}: line {line}: the header names the field {shown} twice; a record would keep only "
+                "its last cell: merge the columns (terms are separated by ';')"
+            )
+        seen.add(name)
+
+
+def _check_csv_terms(source: str, line: int, record: dict[str, Any]) -> None:
     terms = record["terms"].strip()
     if terms == ID_IS_TERM:
         record["terms"] = ""
         return
     if "," in terms and TERM_SEPARATOR not in terms:
         raise ValueError(
-            f"{path}: line {line}: the terms cell holds commas but no ';': terms are separated by ';'"
+            f"{source}: line {line}: the terms cell holds commas but no ';': terms are separated by ';'"
         )
     if not terms and not (record.get("pattern") or "").strip():
         raise ValueError(
-            f"{path}: line {line}: terms is empty and there is no pattern; write {ID_IS_TERM} in the terms "
+            f"{source}: line {line}: terms is empty and there is no pattern; write {ID_IS_TERM} in the terms "
             "cell to use the id itself as the term"
         )

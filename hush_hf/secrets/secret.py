@@ -7,7 +7,7 @@ import numbers
 import re
 from dataclasses import dataclass
 
-from hush_hf.secrets.matching import term_words
+from hush_hf.secrets.matching import regex_error_kind, term_words
 
 
 def check_probability(field: str, value: object) -> float:
@@ -47,9 +47,9 @@ def check_pattern(pattern: object) -> str | None:
     try:
         re.compile(pattern)
     except re.error as error:
-        # error.msg and error.pos only: the full message could quote the pattern.
+        # The kind and position only: error.msg quotes group names, escapes and ranges of the pattern.
         raise ValueError(
-            f"pattern is not a valid regular expression: {error.msg} at position {error.pos}"
+            f"pattern is not a valid regular expression: {regex_error_kind(error)} at position {error.pos}"
         ) from None
     return pattern
 

@@ -10,7 +10,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from hush_hf.secrets.records import read_csv, read_json, read_jsonl, secret_from_record
+from hush_hf.secrets.records import read_csv, read_json, read_jsonl, secret_from_record, source_name
 from hush_hf.secrets.secret import Secret
 
 
@@ -133,7 +133,7 @@ class SecretSet(Sequence[Secret]):
             try:
                 secrets.append(secret_from_record(record))
             except ValueError as error:
-                raise ValueError(f"{path}: line {line}: {error}") from None
+                raise ValueError(f"{source_name(path)}: line {line}: {error}") from None
         return cls(secrets)
 
     @classmethod

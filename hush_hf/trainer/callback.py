@@ -21,9 +21,10 @@ only on ranks with a non-empty share) and ``log`` (adds sigma and the drawn batc
 :meth:`GhostClippingCallback.attach`, with the publishing methods (``save_model``, ``create_model_card``,
 ``push_to_hub``: the plan, privacy report and card section beside the weights, and an upload allow-list;
 :mod:`hush_hf.trainer.publishing`). The events do the rest: ``on_train_begin``
-hooks the model, ``on_pre_optimizer_step`` reduces and adds the noise, ``on_save`` writes the
-seed, step and plan into the checkpoint. Every example must stand alone: left padding is moved to
-the right (:mod:`hush_hf.trainer.padding`) and the first step checks independence
+hooks the model, ``on_pre_optimizer_step`` reduces and adds the noise, ``on_save`` writes the run id,
+step and plan into the checkpoint and the secret seed into the private ``dp_state_dir`` (never into
+``output_dir``: :mod:`hush_hf.trainer.seed_store`). Every example must stand alone: left padding is moved
+to the right (:mod:`hush_hf.trainer.padding`) and the first step checks independence
 (:mod:`hush_hf.trainer.independence`).
 """
 
@@ -62,6 +63,7 @@ from hush_hf.trainer.distributed import (
     rank_and_world_size,
     replicated,
 )
+from hush_hf.trainer.evaluation import EvaluationCoverage
 from hush_hf.trainer.fsdp import check_fsdp_plugin, filler_micro_batches, is_sharded, max_across_ranks
 from hush_hf.trainer.independence import RTOL, alone, check_rows, coupled_rows, precision
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs, unwrap_model
@@ -80,6 +82,7 @@ from hush_hf.trainer.plan_setup import (
     verify_plan_for_training,
 )
 from hush_hf.trainer.run_state import RunState, load_run_state, same_sampling, save_run_state
+from hush_hf.trainer.seed_store import load_dp_seed, new_run_id, resolve_dp_state_dir, save_dp_seed
 from hush_hf.trainer.validation import (
     check_dp_training_arguments,
     check_noise_multiplier,
@@ -139,9 +142,12 @@ class GhostClippingCallback(TrainerCallback):
     None uses the plan's calibrated sigma; a smaller value (0 = no noise, for baselines) is allowed
     with a loud warning that the certified targets do not hold. ``dp_seed``: the secret seed of the
     sampling and noise; None (recommended) draws 128 bits from the OS at train start. Anyone who
-    knows it can subtract the noise. ``per_example_loss(model, inputs) -> Tensor[b]``: default
-    mean token cross-entropy per example (masked or causal LM). ``crt_schedule``,
-    ``crt_public_column``, ``crt_public_batch_size``: the CRT mode (see
+    knows it can subtract the noise. ``dp_state_dir``: the private folder the seed is kept in for
+    resuming (default ``$HUSH_HF_DP_STATE_DIR`` or ``~/.cache/hush_hf/dp_state``; never inside
+    ``output_dir``; see :mod:`hush_hf.trainer.seed_store`).
+    ``per_example_loss(model, inputs) -> Tensor[b]``: default mean token cross-entropy per example
+    (masked or causal LM). ``crt_schedule``, ``crt_public_column``, ``crt_public_batch_size``: the CRT
+    mode (see
     :class:`~hush_hf.trainer.SecretProtectionConfig` and :mod:`hush_hf.trainer.crt`).
 
     Each example must stand alone (its clipped gradient a function of it only, or C bounds nothing):
@@ -163,6 +169,7 @@ class GhostClippingCallback(TrainerCallback):
         clip_norm: float = 1.0,
         noise_multiplier: float | None = None,
         dp_seed: int | None = None,
+        dp_state_dir: str | Path | None = None,
         per_example_loss: PerExampleLoss | None = None,
         crt_schedule: str = "off",
         crt_public_column: str = "crt_public",
@@ -186,8 +193,11 @@ class GhostClippingCallback(TrainerCallback):
                 "the noise, which removes all protection. Use it only for tests; leave it None in real runs."
             )
         self.per_example_loss = per_example_loss or lm_per_example_loss
+        self.dp_state_dir = dp_state_dir
         self._installed = False
         self._dp_seed: int | None = None
+        self._run_id: str | None = None
+        self._state_dir: Path | None = None  # dp_state_dir resolved against output_dir
         self._start_step = 0
         self._steps_run = 0
         self._clipper: GhostClipper | None = None
@@ -198,6 +208,8 @@ class GhostClippingCallback(TrainerCallback):
         self._sharded = False  # FSDP2: the model's parameters are shards (set in on_train_begin)
         self._filler_source: tuple[Any, Any] | None = None  # (dataset, collator) of the filler row
         self._drawn_since_log: list[int] = []
+        #: The eval datasets and the evaluations that ran on rows holding secrets (stated on the card).
+        self.evaluation = EvaluationCoverage()
         self._independence_checked = False  # this run's first-step check (see independence.py)
         self._told_left_padding = False
 
@@ -239,6 +251,8 @@ class GhostClippingCallback(TrainerCallback):
 
         if "crt" not in kwargs:
             kwargs["crt"] = self.crt_report_section(occurrences=self.crt_occurrences)
+        if "evaluation" not in kwargs:
+            kwargs["evaluation"] = self.evaluation.card_section()
         return write_protection_artifacts(
             output_dir,
             self.verified_plan,
@@ -301,6 +315,7 @@ class GhostClippingCallback(TrainerCallback):
         args = trainer.args
         check_dp_training_arguments(args)
         check_single_process_devices(args)
+        self._state_dir = resolve_dp_state_dir(self.dp_state_dir, args.output_dir)
         if trainer.is_deepspeed_enabled:
             raise ValueError(
                 "DeepSpeed is not supported with DP training: it owns the backward and the gradient "
@@ -339,6 +354,7 @@ class GhostClippingCallback(TrainerCallback):
             self._setup_crt(dataset, secret_ids)
         if route_methods:
             self._route_methods(trainer)
+            self.evaluation.register(trainer.eval_dataset)  # SecretProtectionTrainer registers its own
         trainer.add_callback(self)
         # First in line: every other callback's on_pre_optimizer_step then sees the noised gradient only.
         callbacks = trainer.callback_handler.callbacks
@@ -405,7 +421,7 @@ class GhostClippingCallback(TrainerCallback):
         return (*values[:-1], self.crt.total_steps)
 
     def _route_methods(self, trainer: Trainer) -> None:
-        original_train, original_log = trainer.train, trainer.log
+        original_train, original_log, original_evaluate = trainer.train, trainer.log, trainer.evaluate
 
         @functools.wraps(original_train)
         def train(resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs: Any) -> Any:
@@ -429,6 +445,14 @@ class GhostClippingCallback(TrainerCallback):
         trainer._get_num_items_in_batch = no_num_items_in_batch
         trainer.floating_point_ops = no_floating_point_ops
         trainer.log = log
+
+        @functools.wraps(original_evaluate)
+        def evaluate(eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"):
+            # Metrics on rows holding secrets are outside the plan: recorded for the card (evaluation.py).
+            self.evaluation.evaluating(eval_dataset, metric_key_prefix, trainer.eval_dataset)
+            return original_evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
+        trainer.evaluate = evaluate
         original_values = trainer.set_initial_training_values
         trainer.set_initial_training_values = lambda *a, **k: self.training_values(original_values(*a, **k))
         self._route_publishing(trainer)
@@ -485,6 +509,7 @@ class GhostClippingCallback(TrainerCallback):
             raise ValueError("hyperparameter search (trial=) is not supported with DP training")
         check_process_group_matches_launch()
         destroy_process_group_at_exit()
+        self._state_dir = resolve_dp_state_dir(self.dp_state_dir, trainer.args.output_dir)
         digest = plan_digest(self.plan)
         if broadcast_object(digest) != digest:
             raise RuntimeError(
@@ -506,8 +531,15 @@ class GhostClippingCallback(TrainerCallback):
                     f"cannot resume: the checkpoint's plan samples differently from this run's plan; pass "
                     f"plan='{Path(checkpoint) / 'hush_plan.json'}' to continue the checkpoint's run"
                 )
-            saved.check_continues(self._run_state(dp_seed=saved.dp_seed, step=saved.global_step))
-            seed, start = saved.dp_seed, saved.global_step
+            saved.check_continues(self._run_state(run_id=saved.run_id, step=saved.global_step))
+            state_dir = self._state_dir
+            seed = on_rank_zero(lambda: load_dp_seed(state_dir, saved.run_id, checkpoint=checkpoint))
+            if self._configured_seed is not None and self._configured_seed != seed:
+                raise ValueError(
+                    "dp_seed was given but is not the seed the checkpoint's run was trained with (values not "
+                    "shown); leave dp_seed unset to resume: the seed is read from dp_state_dir"
+                )
+            run_id, start = saved.run_id, saved.global_step
         else:
             if self._steps_run > 0:
                 raise ValueError(
@@ -516,8 +548,8 @@ class GhostClippingCallback(TrainerCallback):
                     "checkpoint (train(resume_from_checkpoint=...)) or start from a fresh model."
                 )
             seed = self._configured_seed if self._configured_seed is not None else draw_dp_seed()
-            start = 0
-        self._dp_seed = broadcast_object(seed)  # rank 0's seed on every rank
+            run_id, start = new_run_id(), 0
+        self._dp_seed, self._run_id = broadcast_object((seed, run_id))  # rank 0's on every rank
         self._start_step = start
 
     def finish_run(self) -> None:
@@ -527,9 +559,9 @@ class GhostClippingCallback(TrainerCallback):
         self._clipper = None
         self._pending = None
 
-    def _run_state(self, *, dp_seed: int, step: int) -> RunState:
+    def _run_state(self, *, run_id: str, step: int) -> RunState:
         return RunState(
-            dp_seed=dp_seed,
+            run_id=run_id,
             global_step=step,
             noise_multiplier=float(self.noise_multiplier),
             clip_norm=self.clip_norm,
@@ -863,10 +895,12 @@ class GhostClippingCallback(TrainerCallback):
                 p.grad.div_(max(count, 1))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
-        """Write the seed, step and plan into the checkpoint Trainer just saved (main process only)."""
+        """Write the seed into ``dp_state_dir`` (once per run), and the run id, step and plan into the
+        checkpoint Trainer just saved (main process only)."""
         if args.should_save:
+            save_dp_seed(self._state_dir, self._run_id, self._dp_seed)
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            save_run_state(folder, self._run_state(dp_seed=self._dp_seed, step=state.global_step), self.plan)
+            save_run_state(folder, self._run_state(run_id=self._run_id, step=state.global_step), self.plan)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.finish_run()
@@ -886,6 +920,21 @@ def preserved_random_state(device: torch.device) -> Iterator[None]:
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)
+
+
+def on_rank_zero(load: Any) -> Any:
+    """``load()`` run on rank 0 only, its result on every rank; its ValueError raised on every rank (a
+    rank that raised alone would leave the others waiting in the broadcast)."""
+    result, error = None, None
+    if rank_and_world_size()[0] == 0:
+        try:
+            result = load()
+        except ValueError as err:
+            error = str(err)
+    result, error = broadcast_object((result, error))
+    if error is not None:
+        raise ValueError(error)
+    return result
 
 
 def _as_list(values: Any) -> list[Any]:

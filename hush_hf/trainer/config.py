@@ -9,6 +9,7 @@ from transformers import TrainingArguments
 
 from hush_hf.sampling.seeds import check_dp_seed
 from hush_hf.trainer.plan_setup import loud_warning
+from hush_hf.trainer.seed_store import resolve_dp_state_dir
 from hush_hf.trainer.validation import check_dp_training_arguments, check_noise_multiplier, check_positive
 
 REDACTED_SEED = "<DP_SEED>"
@@ -39,9 +40,16 @@ class SecretProtectionConfig(TrainingArguments):
             per-secret targets do not hold.
         dp_seed (`int` or `None`, *optional*, defaults to `None`):
             Seed of the sampling and noise randomness. `None` (recommended) draws 128 secret bits at
-            train start; they are stored only in checkpoints. Anyone who knows the seed can remove the
-            noise: set it only for reproducible tests. It is redacted from `to_dict()`, `repr()` and the
-            pickled `training_args.bin` (so a pickled or deep-copied config has `dp_seed=None`).
+            train start; they are kept only in `dp_state_dir`, never in `output_dir`. Anyone who knows the
+            seed can remove the noise: set it only for reproducible tests. It is redacted from `to_dict()`,
+            `repr()` and the pickled `training_args.bin` (so a pickled or deep-copied config has
+            `dp_seed=None`).
+        dp_state_dir (`str` or `None`, *optional*, defaults to `None`):
+            Private folder the secret seed is written to when a checkpoint is saved (file
+            `<run id>.json`, owner-only), so that a resumed run draws exactly the batches and noise the
+            interrupted one drew; checkpoints record only the run id. `None`: `$HUSH_HF_DP_STATE_DIR`, else
+            `~/.cache/hush_hf/dp_state`. Must lie outside `output_dir` (an upload of `output_dir` would
+            take it). Without the seed file a resume is refused (why: `hush_hf.trainer.seed_store`).
 
         > Parameters that control the protection plan
 
@@ -126,6 +134,13 @@ class SecretProtectionConfig(TrainingArguments):
             "who knows it can remove the noise. For reproducible tests only."
         },
     )
+    dp_state_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Private folder (outside output_dir) keeping the secret DP seed for resuming "
+            "(default: $HUSH_HF_DP_STATE_DIR or ~/.cache/hush_hf/dp_state)."
+        },
+    )
 
     # Parameters that control the protection plan
     secrets_file: str | None = field(
@@ -203,6 +218,7 @@ class SecretProtectionConfig(TrainingArguments):
             raise ValueError("give secrets_file or plan_file, not both")
         if self.dp_seed is not None:
             check_dp_seed(self.dp_seed)
+        resolve_dp_state_dir(self.dp_state_dir, self.output_dir)
         from hush_hf.trainer.crt import CRT_SCHEDULES
 
         if self.crt_schedule not in CRT_SCHEDULES:

@@ -1,45 +1,40 @@
-"""What a checkpoint must keep for a DP run to resume exactly: the secret seed, the step, the plan.
+"""What a checkpoint must keep for a DP run to resume exactly: the run id, the step, the plan.
 
-Written into each ``checkpoint-*`` folder only (checkpoints hold weights trained on the private data
-and are private anyway); never into logs, ``training_args.bin`` or the final ``save_model`` output.
-Batch t and noise t are functions of ``(dp_seed, t)``, so the seed and the step counter are the
-whole sampler and noise RNG state.
+Batch t and noise t are functions of ``(dp_seed, t)``, so the seed and the step counter are the whole
+sampler and noise RNG state. The seed is secret and is NOT in the checkpoint: ``hush_state.json``
+records the run's random id, and the seed is looked up under that id in the private ``dp_state_dir``
+(:mod:`hush_hf.trainer.seed_store`), outside ``output_dir``, so no upload of ``output_dir`` or of a
+checkpoint can carry it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
+from hush_hf.jsonfile import read_json
 from hush_hf.planning.plan import ProtectionPlan
-from hush_hf.sampling.seeds import check_dp_seed
+from hush_hf.trainer.seed_store import check_run_id
 
 RUN_STATE_NAME = "hush_state.json"
 PLAN_NAME = "hush_plan.json"
-RUN_STATE_VERSION = 1
+RUN_STATE_VERSION = 2  # 1 held the seed itself
 
 
 @dataclass(frozen=True)
 class RunState:
-    """The DP parameters a run was started with and how far it got."""
+    """The DP parameters a run was started with and how far it got; ``run_id`` names its seed file."""
 
-    dp_seed: int
+    run_id: str
     global_step: int
     noise_multiplier: float
     clip_norm: float
     expected_batch_size: float
     steps: int
-
-    def __repr__(self) -> str:  # the seed is secret
-        return (
-            f"RunState(global_step={self.global_step}, noise_multiplier={self.noise_multiplier}, "
-            f"clip_norm={self.clip_norm}, expected_batch_size={self.expected_batch_size}, steps={self.steps})"
-        )
 
     def check_continues(self, other: RunState) -> None:
         """ValueError unless ``other`` (the resuming run) has the same DP parameters."""
@@ -53,20 +48,17 @@ class RunState:
 
 
 def save_run_state(folder: str | Path, state: RunState, plan: ProtectionPlan) -> None:
-    """Write ``hush_state.json`` (owner-only permissions: it holds the seed) and ``hush_plan.json``."""
+    """Write ``hush_state.json`` (no secret in it) and ``hush_plan.json`` into the checkpoint ``folder``."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"checkpoint folder {str(folder)!r} does not exist")
-    data = {"format_version": RUN_STATE_VERSION, **asdict(state), "dp_seed": str(state.dp_seed)}
-    path = folder / RUN_STATE_NAME
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
+    data = {"format_version": RUN_STATE_VERSION, **asdict(state)}
+    (folder / RUN_STATE_NAME).write_text(json.dumps(data))
     plan.save(folder / PLAN_NAME)
 
 
 def load_run_state(folder: str | Path) -> tuple[RunState, ProtectionPlan]:
-    """Read what ``save_run_state`` wrote; a clear error if the checkpoint is not from a DP run."""
+    """Read what ``save_run_state`` wrote; a one-line error naming the file if it is missing or corrupt."""
     folder = Path(folder)
     path = folder / RUN_STATE_NAME
     if not path.is_file() or not (folder / PLAN_NAME).is_file():
@@ -74,18 +66,37 @@ def load_run_state(folder: str | Path) -> tuple[RunState, ProtectionPlan]:
             f"checkpoint {str(folder)!r} has no {RUN_STATE_NAME}/{PLAN_NAME}: it was not saved by a DP run "
             "(GhostClippingCallback); resuming from it would restart the DP randomness"
         )
-    data = json.loads(path.read_text())
+    names = [f.name for f in fields(RunState)]
+    source = f"DP state file {str(path)!r}"
+    data = read_json(path, what="DP state file", shown_keys=("format_version", *names))
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a JSON object, got a {type(data).__name__}")
     if data.get("format_version") != RUN_STATE_VERSION:
-        raise ValueError(f"{path}: format_version={data.get('format_version')!r} is not supported")
+        raise ValueError(
+            f"{source}: format_version={data.get('format_version')!r} is not supported (expected "
+            f"{RUN_STATE_VERSION}; version 1 checkpoints hold the secret seed: delete them, never upload)"
+        )
+    missing = [name for name in names if name not in data]
+    if missing:
+        raise ValueError(f"{source}: missing field {missing[0]!r}")
     state = RunState(
-        dp_seed=check_dp_seed(int(data["dp_seed"]), f"{RUN_STATE_NAME} dp_seed"),
-        global_step=int(data["global_step"]),
-        noise_multiplier=float(data["noise_multiplier"]),
-        clip_norm=float(data["clip_norm"]),
-        expected_batch_size=float(data["expected_batch_size"]),
-        steps=int(data["steps"]),
+        run_id=check_run_id(data["run_id"], source),
+        global_step=_field(data, "global_step", int, source),
+        noise_multiplier=_field(data, "noise_multiplier", float, source),
+        clip_norm=_field(data, "clip_norm", float, source),
+        expected_batch_size=_field(data, "expected_batch_size", float, source),
+        steps=_field(data, "steps", int, source),
     )
     return state, ProtectionPlan.load(folder / PLAN_NAME)
+
+
+def _field(data: dict, name: str, kind: type, source: str) -> int | float:
+    value = data[name]
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    if wrong_type or (kind is int and isinstance(value, float)):
+        wanted = "an integer" if kind is int else "a number"
+        raise ValueError(f"{source}: {name} must be {wanted}, got a {type(value).__name__}")
+    return kind(value)
 
 
 def same_sampling(a: ProtectionPlan, b: ProtectionPlan) -> bool:

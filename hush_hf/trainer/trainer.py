@@ -22,6 +22,7 @@ from hush_hf.trainer.callback import (
 )
 from hush_hf.trainer.config import SecretProtectionConfig, as_secret_protection_config
 from hush_hf.trainer.distributed import broadcast_object, rank_and_world_size
+from hush_hf.trainer.evaluation import EvaluationCoverage
 from hush_hf.trainer.losses import lm_per_example_loss
 from hush_hf.trainer.plan_setup import (
     check_expected_batch_size,
@@ -80,6 +81,10 @@ class SecretProtectionTrainer(Trainer):
         if hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset has 0 rows: nothing to train on (was it filtered to nothing?)")
         plan, train_dataset = self._resolve_plan(args, train_dataset, secrets=secrets, plan=plan)
+        evaluation = EvaluationCoverage(
+            secrets if secrets is not None else args.secrets_file, text_column=args.secrets_text_column
+        )
+        evaluation.register(eval_dataset)  # warns about rows holding secrets (before the marks go)
         eval_dataset = drop_marks(eval_dataset)
         super().__init__(
             model=model,
@@ -102,11 +107,13 @@ class SecretProtectionTrainer(Trainer):
             clip_norm=args.per_example_clip_norm,
             noise_multiplier=args.noise_multiplier,
             dp_seed=args.dp_seed,
+            dp_state_dir=args.dp_state_dir,
             per_example_loss=self.compute_per_example_loss,
             crt_schedule=args.crt_schedule,
             crt_public_column=args.crt_public_column,
             crt_public_batch_size=args.crt_public_batch_size,
         )
+        self.dp.evaluation = evaluation
         self.dp.install(self, route_methods=False)
 
     @staticmethod
@@ -174,6 +181,13 @@ class SecretProtectionTrainer(Trainer):
         finally:
             self.dp.finish_run()
         return without_batch_statistics(output)
+
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        # Metrics on rows holding secrets are outside the plan: recorded for the card (evaluation.py).
+        self.dp.evaluation.evaluating(eval_dataset, metric_key_prefix, self.eval_dataset)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         return no_floating_point_ops(inputs)  # total_flos would count the tokens actually drawn
@@ -274,8 +288,8 @@ class SecretProtectionTrainer(Trainer):
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """``hub_strategy="every_save"``: push the current model with its artifacts, through the allow-list.
 
-        (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup,
-        since checkpoints hold the secret DP seed.)
+        (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup:
+        checkpoints hold the un-noised training logs and the optimizer state.)
         """
         publishing.push_from_checkpoint(
             self,

@@ -49,7 +49,8 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
       without offloading (:func:`hush_hf.trainer.fsdp.check_fsdp_arguments`).
     - ``auto_find_batch_size`` restarts training after an out-of-memory error and
       ``ignore_data_skip`` replays batches after a resume: both would reuse batches the accounting
-      counts once. Pushing checkpoints to the Hub would publish the secret DP seed they hold.
+      counts once. Pushing checkpoints to the Hub would publish their un-noised training logs
+      (``trainer_state.json``) and optimizer state.
     - ``label_smoothing_factor`` is not part of the per-example loss; a ``train_sampling_strategy``
       other than "random" would be ignored (the plan's sampler draws the batches).
     - LOMO and layer-wise optimizers update parameters during the backward pass, before the noise.
@@ -112,7 +113,7 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
     ):
         raise ValueError(
             f"hub_strategy={args.hub_strategy!r} with push_to_hub would upload checkpoints, which hold "
-            "the secret DP seed; use hub_strategy='end' or 'every_save'"
+            "the un-noised training logs (trainer_state.json); use hub_strategy='end' or 'every_save'"
         )
     check_no_pre_noise_logging(args)
 

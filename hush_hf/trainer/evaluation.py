@@ -1,0 +1,120 @@
+"""Evaluation on rows that hold secrets is outside the protection plan.
+
+The plan bounds what the trained weights reveal about each secret (Hush, Def. 3.1); anything computed
+from the weights alone, or from the weights and data that hold no secret, is post-processing and stays
+covered. An evaluation metric on a row that holds secret j (eval loss, perplexity, accuracy) is computed
+from that row itself, without clipping or noise: it is a function of the secret (a guessed value can be
+confirmed by the loss it gets), so publishing it, or picking a checkpoint by it, is not covered.
+
+So the trainer counts the evaluation rows that hold a secret (from the secret marks of
+:func:`hush_hf.mark_secrets`, a ``secret_ids`` column, or by tagging the text column with the run's
+secrets), warns loudly with the count (never the content), and the model card says so when evaluations
+ran on such rows (or on rows it could not check).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hush_hf.trainer.plan_setup import SECRET_IDS_COLUMN, column, column_names, load_secrets, loud_warning
+
+logger = logging.getLogger(__name__)
+
+#: The key of a single (not named) eval dataset.
+SINGLE = "eval"
+
+
+def secret_rows(dataset: Any, *, secrets: Any = None, text_column: str = "text") -> int | None:
+    """How many rows of ``dataset`` hold a secret; None when it cannot be told (no marks, no
+    ``secret_ids``, and no text column with the run's ``secrets``: a SecretSet or a secrets file)."""
+    import datasets
+
+    from hush_hf.secrets.marks import find_marks_column, secret_ids_from_marks
+
+    if not hasattr(dataset, "__len__"):  # an iterable dataset: rows cannot be counted up front
+        return None
+    names = column_names(dataset)
+    marks = find_marks_column(names)
+    if marks is not None:
+        return _non_empty(secret_ids_from_marks(column(dataset, marks)))
+    if SECRET_IDS_COLUMN in names:
+        return _non_empty(column(dataset, SECRET_IDS_COLUMN))
+    if secrets is None or not isinstance(dataset, datasets.Dataset) or text_column not in names:
+        return None
+    from hush_hf.secrets import tag_dataset, tagger_for
+
+    secret_set = load_secrets(secrets)
+    tagged = tag_dataset(
+        dataset.select_columns([text_column]), tagger_for(secret_set), text_column=text_column,
+        num_secrets=len(secret_set),
+    )
+    return _non_empty(column(tagged, SECRET_IDS_COLUMN))
+
+
+def _non_empty(lists: Any) -> int:
+    values = lists.to_pylist() if hasattr(lists, "to_pylist") else list(lists)
+    return sum(1 for ids in values if ids)
+
+
+class EvaluationCoverage:
+    """The trainer's record of the eval datasets it was given and the evaluations that ran on them.
+
+    ``rows[name]``: rows holding a secret in eval dataset ``name`` (``"eval"`` for a single one), None
+    if unknown; ``ran``: the metric prefixes of the evaluations that ran.
+    """
+
+    def __init__(self, secrets: Any = None, *, text_column: str = "text") -> None:
+        self.secrets, self.text_column = secrets, text_column
+        self.rows: dict[str, int | None] = {}
+        self.ran: dict[str, int | None] = {}
+
+    def register(self, eval_dataset: Any) -> None:
+        """Count (and warn about) the secret rows of the trainer's ``eval_dataset`` (a dict: each)."""
+        if eval_dataset is None:
+            return
+        parts = eval_dataset if isinstance(eval_dataset, dict) else {SINGLE: eval_dataset}
+        for name, part in parts.items():
+            self.rows[name] = self._check(part, name)
+
+    def evaluating(self, eval_dataset: Any, prefix: str, trainer_eval_dataset: Any) -> None:
+        """Record an ``evaluate(eval_dataset, metric_key_prefix=prefix)`` call that computes metrics
+        (dicts are split by Trainer into one call per dataset; those calls are the ones recorded)."""
+        split_by_trainer = eval_dataset is None and isinstance(trainer_eval_dataset, dict)
+        if isinstance(eval_dataset, dict) or split_by_trainer:
+            return
+        if isinstance(eval_dataset, str):
+            self.ran[prefix] = self.rows.get(eval_dataset)
+        elif eval_dataset is None:
+            self.ran[prefix] = self.rows.get(SINGLE)
+        elif prefix not in self.ran:  # a dataset passed to evaluate(): checked on its first evaluation
+            self.ran[prefix] = self._check(eval_dataset, prefix)
+
+    def _check(self, dataset: Any, name: str) -> int | None:
+        count = secret_rows(dataset, secrets=self.secrets, text_column=self.text_column)
+        if count:
+            loud_warning(
+                f"eval dataset {name!r}: {count} of {len(dataset)} rows hold protected secrets. Evaluation "
+                "metrics on them (eval loss, perplexity, ...) are computed without noise from the secrets "
+                "themselves and are NOT covered by the protection plan: keep them private, evaluate on rows "
+                "without secrets, and do not pick checkpoints by them"
+            )
+        elif count is None:
+            logger.warning(
+                "eval dataset %r could not be checked for secrets (no secret marks, no '%s' column, or no "
+                "text column and secrets to tag it with): metrics on rows holding secrets are not covered "
+                "by the protection plan", name, SECRET_IDS_COLUMN,
+            )
+        return count
+
+    def card_section(self) -> dict[str, Any] | None:
+        """What the model card states: None when no evaluation ran on rows holding (or maybe holding)
+        secrets."""
+        flagged = {prefix: rows for prefix, rows in self.ran.items() if rows != 0}
+        if not flagged:
+            return None
+        return {
+            "evaluations": sorted(flagged),
+            "rows_with_secrets": sum(rows for rows in flagged.values() if rows is not None),
+            "unchecked": sorted(prefix for prefix, rows in flagged.items() if rows is None),
+        }
