@@ -198,12 +198,24 @@ class GhostClippingCallback(TrainerCallback):
     def expected_batch_size(self) -> float:
         return self.plan.expected_batch_size
 
-    @property
-    def verified_plan(self) -> ProtectionPlan:
-        """The plan with the bounds recomputed at the sigma training uses: what reports and cards state."""
-        if self.verification is None:
-            raise RuntimeError("the plan is verified when the callback is installed on a trainer")
-        return self.plan.with_bounds(self.verification.bound)
+    def steps_behind(self, global_step: int) -> tuple[int, int]:
+        """(DP steps, CRT public steps) among the first ``global_step`` optimizer steps: what weights
+        saved at that step went through (``global_step`` counts resumed steps too).
+
+        A trainer that took no step (``global_step`` 0: e.g. a model trained elsewhere, saved by a
+        fresh trainer) cannot know what the weights went through; the plan's T is counted, which is
+        never less than a run of this plan took, so the bounds stated are never more favourable.
+        """
+        if global_step <= 0:
+            logger.warning(
+                "no DP step was taken by this trainer: the protection artifacts certify the plan's T=%d "
+                "steps (true only if the weights went through at most T steps of this plan)", self.plan.steps
+            )
+            return self.plan.steps, 0
+        if self.crt is None:
+            return int(global_step), 0
+        private = int(np.count_nonzero(~self.crt.public[:global_step]))
+        return private, int(global_step) - private
 
     # ------------------------------------------------------------------------- installation
     @classmethod

@@ -231,19 +231,25 @@ class SecretProtectionTrainer(Trainer):
             self.write_protection_artifacts(self.args.output_dir, model_name=kwargs.get("model_name"))
 
     def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
-        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit).
+        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit),
+        beside the weights already saved in ``output_dir``.
 
-        Every bound they state was recomputed when training was set up, at the sigma training uses
-        (``self.dp.verification``); none is read from the plan file.
+        The plan written carries the training record: the sigma used, the DP steps the weights went
+        through (``trainer.state.global_step``, CRT public steps apart) and the weights' digests. Every
+        bound stated is recomputed at them (``self.dp.verification``, made when training was set up,
+        is reused when the run took the plan's T steps); none is read from the plan file.
         """
         from hush_hf.audit import write_protection_artifacts
 
+        dp_steps, public_steps = self.dp.steps_behind(self.state.global_step)
         return write_protection_artifacts(
             output_dir,
-            self.dp.verified_plan,
+            self.plan,
             clip_norm=self.args.per_example_clip_norm,
             noise_multiplier=self.dp.noise_multiplier,
-            bounds_verified=True,
+            dp_steps=dp_steps,
+            public_steps=public_steps,
+            verification=self.dp.verification,
             **{"crt": self.crt_report_section(), **kwargs},
         )
 
