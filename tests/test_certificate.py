@@ -253,6 +253,26 @@ def test_the_card_and_report_name_the_plan_they_were_published_with(published, t
     assert verify(capsys, "--plan", folder / "hush_plan.json")[0] == 0  # the plan alone is consistent
 
 
+def test_weights_beyond_the_lp_budget_fail_with_the_secrets_file(published, tmp_path, capsys):
+    from scipy.stats import norm
+
+    data = json.loads((published.good / "hush_plan.json").read_text())
+    weights = np.array(data["weights"])
+    budget = norm.isf(PRIORS) - norm.isf(TARGETS)  # g_j, the 'tight' budget (DESIGN sec. 3), c = 1
+    sums = np.array([sum(weights[i] for i, ids in enumerate(SECRET_IDS) if j in ids) for j in range(3)])
+    assert data["lp_c"] == 1.0 and np.all(sums <= budget * (1 + 1e-9))  # the published weights are feasible
+    row = SECRET_IDS.index([2])  # secret #2's first row: raise its weight past g_2, rho consistent
+    weights[row] += 1.01 * budget[2] - sums[2]
+    assert weights[row] <= 1.0
+    data["weights"] = weights.tolist()
+    data["sampling_probs"] = (data["expected_batch_size"] * weights / weights.sum()).tolist()
+    data["digest"] = content_digest(data)
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    code, found, text = verify(capsys, "--plan", tmp_path / "plan.json", "--secrets", published.secrets)
+    assert code == 1 and found["LP constraints"] == "FAILED" and found["sampling probabilities"] == "ok"
+    assert "first: secret #2" in text
+
+
 def test_a_plan_without_memberships_is_not_verified(published, tmp_path, capsys):
     data = json.loads((published.good / "hush_plan.json").read_text())
     del data["memberships"]
