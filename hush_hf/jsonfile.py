@@ -4,12 +4,14 @@ Messages never quote the file's content (a line of a secrets file, canary file o
 secret): they give the file, the line and what is wrong. A key that appears twice in one JSON object is
 an error (``json`` would silently keep the last value); its name is shown only if it is one of the
 format's own field names.
+
+:func:`first_difference` compares JSON content with what it should be (``hush verify``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,53 @@ def read_json(path: str | Path, *, what: str = "file", shown_keys: Collection[st
     not UTF-8, not valid JSON (with the line and column, e.g. of a truncated file) or has a key twice
     in one object."""
     return loads_json(read_text(path, what=what), source=f"{what} {str(path)!r}", shown_keys=shown_keys)
+
+
+def first_difference(found: Any, expected: Any, *, rtol: float = 1e-9, path: str = "") -> str | None:
+    """Where two JSON-like values first differ, as ``path: found X, expected Y`` (None if they agree).
+
+    Floats agree within ``rtol`` (relative; recomputed numbers may differ in the last bits between
+    machines); bools, strings, integers, keys and list lengths must be equal.
+    """
+    where = path or "(top)"
+    if isinstance(expected, Mapping):
+        if not isinstance(found, Mapping):
+            return f"{where}: found {_short(found)}, expected an object"
+        for key in sorted(set(found) | set(expected), key=str):
+            if key not in expected:
+                return f"{_join(path, key)}: not expected"
+            if key not in found:
+                return f"{_join(path, key)}: missing"
+            difference = first_difference(found[key], expected[key], rtol=rtol, path=_join(path, key))
+            if difference is not None:
+                return difference
+        return None
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(found, (list, tuple)) or len(found) != len(expected):
+            return f"{where}: found {_short(found)}, expected {len(expected)} items"
+        for k, (a, b) in enumerate(zip(found, expected, strict=True)):
+            difference = first_difference(a, b, rtol=rtol, path=f"{path}[{k}]")
+            if difference is not None:
+                return difference
+        return None
+    if _is_number(expected) and _is_number(found):
+        same = found == expected or (
+            not (isinstance(found, int) and isinstance(expected, int))
+            and abs(found - expected) <= rtol * max(abs(found), abs(expected))
+        )
+    else:
+        same = type(found) is type(expected) and found == expected
+    return None if same else f"{where}: found {_short(found)}, expected {_short(expected)}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, float) else json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -81,7 +81,8 @@ def test_with_hush_exposure_stays_near_chance_and_the_audit_reports_it(data, tmp
     model_dir = tmp_path / "model"
     trainer.save_model(str(model_dir))
     write_protection_artifacts(model_dir, plan, clip_norm=trainer.args.per_example_clip_norm,
-                               noise_multiplier=trainer.dp.noise_multiplier, model_name="tiny")
+                               noise_multiplier=trainer.dp.noise_multiplier,
+                               dp_steps=trainer.state.global_step, model_name="tiny")
 
     report = run_audit(model_dir, output_dir=tmp_path / "audit", secrets=secrets, canaries=canaries,
                        exposure_method="exact", num_alternatives=200, batch_size=1000)

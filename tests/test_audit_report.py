@@ -92,7 +92,7 @@ def test_markdown_states_warnings_and_attacks():
 @pytest.mark.parametrize("clip_norm", [0.0, -1.0, float("nan"), float("inf"), "1.0", True])
 def test_bad_clip_norm_is_refused_before_writing(tmp_path, clip_norm):
     with pytest.raises(ValueError, match="clip_norm"):
-        write_protection_artifacts(tmp_path / "out", make_plan(), clip_norm=clip_norm)
+        write_protection_artifacts(tmp_path / "out", make_plan(), clip_norm=clip_norm, dp_steps=300)
     assert not (tmp_path / "out").exists()
 
 
@@ -113,7 +113,7 @@ def test_card_states_the_guarantee_in_plain_words():
     lo, hi, median = target.min(), target.max(), np.median(target)
     assert f"Targets range from {lo:.4g} to {hi:.4g} (median {median:.4g})" in text
     assert "hush verify ." in text  # readers are told how to recompute the bounds
-    assert "sigma*C = 4.25 * 0.5" in text and "T = 300 steps" in text and "`tight` accountant" in text
+    assert "sigma*C = 4.25 * 0.5" in text and "T = 300 DP steps" in text and "`tight` accountant" in text
     assert "Canary exposure: max 3.1 bits" in text
     assert f"AUC {ATTACKS['membership'][0]['auc']:.4g}" in text
     assert "ranked first among its candidates for 1 of 2 secrets" in text
@@ -122,8 +122,8 @@ def test_card_states_the_guarantee_in_plain_words():
 
 def test_write_protection_artifacts_writes_everything(tmp_path):
     out = tmp_path / "model"
-    paths = write_protection_artifacts(out, make_plan(), clip_norm=0.5, report={"attacks": ATTACKS},
-                                       model_name="tiny")
+    paths = write_protection_artifacts(out, make_plan(), clip_norm=0.5, dp_steps=300,
+                                       report={"attacks": ATTACKS}, model_name="tiny")
     names = sorted(p.name for p in out.iterdir())
     assert names == ["README.md", "bound_over_target.png", "exposure.png", "hush_plan.json",
                      "privacy_report.json", "privacy_report.md", "reconstruction.png", "targets.png"]
@@ -138,7 +138,7 @@ def test_an_existing_readme_keeps_its_text_and_gets_one_section(tmp_path):
     readme.write_text("---\nlicense: mit\ntags:\n- generated_from_trainer\n---\n\n"
                       "# My model\n\nTrainer notes.\n")
     for _ in range(2):  # writing twice replaces the section instead of appending a second one
-        write_protection_artifacts(tmp_path, make_plan(), clip_norm=1.0)
+        write_protection_artifacts(tmp_path, make_plan(), clip_norm=1.0, dp_steps=300)
     text = readme.read_text()
     assert text.count(SECTION_START) == 1 and text.count(SECTION_END) == 1
     assert "Trainer notes." in text and "license: mit" in text
@@ -160,7 +160,8 @@ def test_render_report_from_plan_and_audit_files(tmp_path):
 
 
 def test_training_below_the_planned_noise_voids_the_card(tmp_path):
-    paths = write_protection_artifacts(tmp_path / "weak", make_plan(), clip_norm=1.0, noise_multiplier=1.0)
+    paths = write_protection_artifacts(tmp_path / "weak", make_plan(), clip_norm=1.0, dp_steps=300,
+                                       noise_multiplier=1.0)
     card = paths["card"].read_text()
     assert "training used noise multiplier 1, below the 4.25 the plan calibrated" in card
     assert "carries **no** certified secret protection" in card
@@ -168,9 +169,11 @@ def test_training_below_the_planned_noise_voids_the_card(tmp_path):
     report = json.loads(paths["json"].read_text())
     assert report["training"]["bounds_hold"] is False and report["training"]["noise_std"] == 1.0
     # More noise than planned keeps every bound (they decrease as sigma grows).
-    strong = write_protection_artifacts(tmp_path / "strong", make_plan(), clip_norm=1.0, noise_multiplier=5.0)
+    strong = write_protection_artifacts(tmp_path / "strong", make_plan(), clip_norm=1.0, dp_steps=300,
+                                        noise_multiplier=5.0)
     assert "What is guaranteed" in strong["card"].read_text()
     assert json.loads(strong["json"].read_text())["training"]["bounds_hold"] is True
     with pytest.raises(ValueError, match="noise_multiplier"):
-        write_protection_artifacts(tmp_path / "bad", make_plan(), clip_norm=1.0, noise_multiplier=-1.0)
+        write_protection_artifacts(tmp_path / "bad", make_plan(), clip_norm=1.0, dp_steps=300,
+                                   noise_multiplier=-1.0)
     assert not (tmp_path / "bad").exists()

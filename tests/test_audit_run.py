@@ -60,7 +60,7 @@ def audited(tmp_path_factory):
                              num_secrets=len(secrets))
         plan = plan_protection(tagged["secret_ids"], secrets.priors, secrets.targets, expected_batch_size=4,
                                steps=100, drop_secretless=True, allow_unmatched=True)  # canary 1: 0 copies
-        write_protection_artifacts(model_dir, plan, clip_norm=0.5)
+        write_protection_artifacts(model_dir, plan, clip_norm=0.5, dp_steps=plan.steps)
         report = run_audit(model_dir, train, output_dir=root / "audit", secrets=secrets, canaries=canaries,
                            heldout=heldout, prefix_length=4, suffix_length=4, exposure_method="skewnorm",
                            num_samples=300, num_alternatives=10, batch_size=32, seed=0)

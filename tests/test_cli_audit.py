@@ -33,7 +33,7 @@ def test_hush_audit_then_hush_report(tmp_path, capsys):
     plan = plan_protection(
         tagged["secret_ids"], secrets.priors, secrets.targets, expected_batch_size=2, steps=20
     )
-    write_protection_artifacts(model_dir, plan, clip_norm=1.0)
+    write_protection_artifacts(model_dir, plan, clip_norm=1.0, dp_steps=plan.steps)
 
     audit_dir = tmp_path / "audit"
     code = main(

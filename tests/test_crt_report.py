@@ -74,7 +74,7 @@ def test_no_recall_or_no_noise_states_no_confidentiality():
 def test_card_and_hush_report_carry_the_crt_section(tmp_path):
     plan = make_plan()
     paths = write_protection_artifacts(
-        tmp_path / "model", plan, clip_norm=1.0, crt=crt_section(plan, recall=0.8)
+        tmp_path / "model", plan, clip_norm=1.0, dp_steps=plan.steps, crt=crt_section(plan, recall=0.8)
     )
     assert "### Redaction (CRT)" in paths["card"].read_text()
     plan_path = plan.save(tmp_path / "plan.json")
@@ -103,7 +103,8 @@ def test_occurrences_reach_the_report_json_markdown_and_card(tmp_path):
     assert "1 of 3 secrets repeat a sentence" in text
     # Most unique occurrences first: secret 2 (2), secret 0 (1), secret 1 (0).
     assert text.index("| 2 | 2 | 2 | 2 |") < text.index("| 0 | 4 | 5 | 1 |") < text.index("| 1 | 0 | 0 | 0 |")
-    card = write_protection_artifacts(tmp_path / "model", plan, clip_norm=1.0, crt=section)["card"]
+    card = write_protection_artifacts(tmp_path / "model", plan, clip_norm=1.0, dp_steps=plan.steps,
+                                      crt=section)["card"]
     assert "**Occurrences (CRT Prop. 7).**" in card.read_text()
 
 

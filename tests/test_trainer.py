@@ -172,6 +172,7 @@ def test_resumed_run_ends_exactly_where_the_uninterrupted_run_does(tmp_path):
     )
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert resumed.state.global_step == 4
+    assert resumed.dp.steps_behind(resumed.state.global_step) == (4, 0)  # the record counts all 4 steps
     for name, value in parameters(resumed.model).items():
         torch.testing.assert_close(value, uninterrupted[name], rtol=0, atol=1e-6)
 

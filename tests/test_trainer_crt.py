@@ -229,6 +229,7 @@ def test_plain_trainer_with_attach_runs_the_crt_schedule(tmp_path):
     callback = GhostClippingCallback.attach(trainer, plan, dp_seed=1234, crt_schedule="interleave")
     trainer.train()
     assert callback.crt.total_steps == trainer.state.global_step == 4
+    assert callback.steps_behind(4) == (2, 2) and callback.steps_behind(3) == (1, 2)  # public step first
     assert len([h for h in trainer.state.log_history if "dp_batch_size" in h]) == 2
     trainer.save_model(str(tmp_path / "out"))  # the card states the CRT run, as SecretProtectionTrainer does
     assert "CRT mode (`interleave`): 2 public rows" in (tmp_path / "out" / "README.md").read_text()

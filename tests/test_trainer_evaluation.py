@@ -9,6 +9,7 @@ import datasets
 import numpy as np
 import pytest
 
+from hush_hf.cli import main as hush
 from hush_hf.trainer import SecretProtectionTrainer
 from hush_hf.trainer.evaluation import secret_rows
 from tests.test_trainer_helpers import (
@@ -55,6 +56,7 @@ def test_evaluating_on_rows_with_secrets_warns_with_the_count_and_the_card_says_
     assert (f"**Evaluation metrics are not covered.** The evaluations run during training (eval) included "
             f"{expected} rows that hold protected secrets.") in card
     assert SECRET not in card.lower()
+    assert hush(["verify", str(tmp_path / "after")]) == 0  # the note is stated, not certified
 
 
 def test_named_eval_datasets_and_evaluate_calls_are_recorded_per_metric_prefix(tmp_path, caplog):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import datasets
 import numpy as np
 import pytest
 
@@ -123,6 +122,7 @@ def test_a_calibrated_plan_trains_and_its_card_certifies_the_recomputed_bounds(p
     np.testing.assert_allclose(
         trainer.dp.verification.bound, reference_bounds(plan, plan.noise_multiplier), rtol=1e-12
     )
+    trainer.train()
     trainer.save_model()
     card = (tmp_path / "run" / "README.md").read_text()
     assert "Each bound is at most the target r_j" in card and "hush verify ." in card
@@ -140,48 +140,3 @@ def test_a_plan_made_with_too_little_noise_is_refused_unless_the_noise_is_explic
         trainer_for(tmp_path, weak, noise_multiplier=weak.noise_multiplier)
 
 
-def model_dir(folder, plan, trained_sigma=None):
-    """What write_protection_artifacts leaves beside the weights, as far as `hush verify` reads it."""
-    folder.mkdir()
-    plan.save(folder / "hush_plan.json")
-    sigma = plan.noise_multiplier if trained_sigma is None else trained_sigma
-    (folder / "privacy_report.json").write_text(json.dumps({"training": {"noise_multiplier": sigma}}))
-    return str(folder)
-
-
-def test_hush_verify_exits_0_for_a_good_plan_and_1_for_a_bad_one(plan, tmp_path, capsys):
-    assert main(["verify", model_dir(tmp_path / "good", plan)]) == 0
-    out = capsys.readouterr().out
-    assert "OK: all 3 targets hold" in out and "bound/target" in out
-
-    weak = plan_protection(
-        SECRET_IDS, PRIORS, TARGETS, expected_batch_size=2.0, steps=STEPS,
-        noise_multiplier=plan.noise_multiplier / 10,
-    )
-    assert main(["verify", model_dir(tmp_path / "bad", weak)]) == 1
-    assert "FAILED: 3 of 3 secrets exceed their targets" in capsys.readouterr().out
-
-    # Trained below the plan's noise: the privacy report's sigma is the one verified.
-    assert main(["verify", model_dir(tmp_path / "under", plan, plan.noise_multiplier / 10)]) == 1
-    assert "from the privacy report" in capsys.readouterr().out
-
-    assert main(["verify", "--plan", str(edited(plan, tmp_path / "e.json", resign=False))]) == 2
-    assert "was edited" in capsys.readouterr().err
-    assert main(["verify", "--plan", str(edited(plan, tmp_path / "f.json", resign=True))]) == 1
-
-
-def test_hush_verify_with_the_dataset_recomputes_the_memberships(plan, tmp_path, capsys):
-    plan_path = plan.save(tmp_path / "plan.json")
-    data = tmp_path / "data"
-    datasets.Dataset.from_dict({"text": ["x"] * len(SECRET_IDS), "secret_ids": SECRET_IDS}).save_to_disk(
-        str(data)
-    )
-    assert main(["verify", "--plan", str(plan_path), "--dataset", str(data)]) == 0
-    assert "memberships" not in capsys.readouterr().err
-    other = tmp_path / "other"
-    reversed_ids = SECRET_IDS[::-1]
-    datasets.Dataset.from_dict({"text": ["x"] * len(SECRET_IDS), "secret_ids": reversed_ids}).save_to_disk(
-        str(other)
-    )
-    assert main(["verify", "--plan", str(plan_path), "--dataset", str(other)]) == 2
-    assert "do not match the plan" in capsys.readouterr().err

@@ -7,11 +7,13 @@ numbers it rests on and the audit's results; secrets appear as counts and statis
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hush_hf.audit.certificate import CARD_METADATA_KEY, certificate_block, certify
 from hush_hf.audit.report import (
     build_privacy_report,
     check_attacks,
@@ -19,7 +21,6 @@ from hush_hf.audit.report import (
     check_noise_multiplier,
     crt_lines,
     guarantee_lines,
-    verified_plan,
     void_warning,
     write_privacy_report,
 )
@@ -87,7 +88,9 @@ def protection_section(report: Mapping[str, Any]) -> str:
                       "target; for those, only the (weaker) bound holds.**", ""]
         lines += [
             "**How.** Examples were weighted by a linear program and drawn by weighted Poisson sampling "
-            f"(expected batch size B = {_fmt(t['expected_batch_size'])}, T = {t['steps']} steps, "
+            f"(expected batch size B = {_fmt(t['expected_batch_size'])}, T = {t['steps']} DP steps"
+            + (f" of the {t['planned_steps']} planned" if t.get("planned_steps", t["steps"]) != t["steps"]
+               else "") + ", "
             f"{t['retained_fraction']:.2%} of {t['examples']} examples kept with a non-zero weight); each "
             f"example's gradient was clipped to norm C = {_fmt(t['clip_norm'])} and Gaussian noise of "
             f"standard deviation sigma*C = {_fmt(t['noise_multiplier'])} * {_fmt(t['clip_norm'])} was "
@@ -97,7 +100,8 @@ def protection_section(report: Mapping[str, Any]) -> str:
             "**What is not guaranteed.** The guarantee covers a secret's occurrences in the examples tagged "
             "as containing it; it does not hide which examples contain secrets, or that an example was "
             "trained on (membership is public under this definition); and it holds only if training "
-            "followed the plan (`hush_plan.json`) exactly.",
+            "followed the plan (`hush_plan.json`) and its training record (the sigma and DP steps above) "
+            "exactly, for the weight files whose SHA-256 digests the plan records.",
             "",
             "### Numbers", "",
             *guarantee_lines(report),
@@ -110,15 +114,16 @@ def protection_section(report: Mapping[str, Any]) -> str:
     lines += _audit_lines(report.get("attacks") or {})
     if t is not None and s is not None:
         lines += ["", "### Check it yourself", "",
-                  "Every bound above was recomputed from the plan when this model was trained. To recompute "
+                  "Every bound above was recomputed from the plan when this model was saved. To recompute "
                   "them again from the files in this repository (the plan's sampling probabilities, which "
-                  "examples contain which secret, the noise and the number of steps), install hush_hf and "
-                  "run, in a download of this repository:", "",
+                  "examples contain which secret, and its training record: the noise and the number of DP "
+                  "steps), and to check that the weights, this card and the privacy report are the ones the "
+                  "plan certifies, install hush_hf and run, in a download of this repository:", "",
                   "```bash", "pip install hush-hf", "hush verify .", "```", "",
                   "It prints each secret's target against its recomputed bound and exits with status 0 when "
-                  "every target holds, 1 otherwise. With the training data at hand, `hush verify --plan "
-                  "hush_plan.json --dataset DATA --secrets SECRETS` also recomputes which examples contain "
-                  "which secret."]
+                  "every target holds and every check passes, 1 otherwise. With the training data and the "
+                  "secrets file at hand, `hush verify . --dataset DATA --secrets SECRETS` also recomputes "
+                  "which examples contain which secret and compares every secret's prior and target."]
     lines += ["", "Full report: `privacy_report.md` / `privacy_report.json`; plan: `hush_plan.json`.",
               SECTION_END, ""]
     return "\n".join(lines)
@@ -162,7 +167,8 @@ def _audit_lines(attacks: Mapping[str, Any]) -> list[str]:
 
 def build_model_card(report: Mapping[str, Any], *, model_name: str | None = None,
                      existing: str | Path | None = None) -> Any:
-    """A ``huggingface_hub.ModelCard`` with the Secret protection section.
+    """A ``huggingface_hub.ModelCard`` with the Secret protection section, and the report's certificate
+    block (if any) as the ``hush_hf`` entry of its YAML metadata.
 
     With ``existing`` (a README.md, e.g. written by ``Trainer.create_model_card``) its metadata and
     text are kept and the section is appended, or replaced if a previous one is there.
@@ -180,42 +186,57 @@ def build_model_card(report: Mapping[str, Any], *, model_name: str | None = None
             card.text = text.rstrip() + "\n\n" + section
         tags = list(card.data.tags or [])
         card.data.tags = tags + [t for t in CARD_TAGS if t not in tags]
+        card.data.pop(CARD_METADATA_KEY, None)  # a previous run's block never survives
+        if report.get("certificate") is not None:
+            card.data[CARD_METADATA_KEY] = dict(report["certificate"])
         return card
-    data = ModelCardData(library_name="transformers", tags=list(CARD_TAGS), model_name=model_name)
+    block = {CARD_METADATA_KEY: dict(report["certificate"])} if report.get("certificate") is not None else {}
+    data = ModelCardData(library_name="transformers", tags=list(CARD_TAGS), model_name=model_name, **block)
     return ModelCard.from_template(data, template_str=CARD_TEMPLATE, model_name=model_name or "Model",
                                    protection_section=section)
 
 
 def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: float,
-                               report: Mapping[str, Any] | None = None, model_name: str | None = None,
+                               dp_steps: int | None = None, public_steps: int | None = None,
                                noise_multiplier: float | None = None,
+                               verification: Any = None, report: Mapping[str, Any] | None = None,
+                               model_name: str | None = None,
                                crt: Mapping[str, Any] | None = None,
-                               evaluation: Mapping[str, Any] | None = None,
-                               bounds_verified: bool = False) -> dict[str, Path]:
-    """Write README.md (card), hush_plan.json, privacy_report.json/.md and plots into ``output_dir``.
+                               evaluation: Mapping[str, Any] | None = None) -> dict[str, Path]:
+    """Write README.md (card), hush_plan.json, privacy_report.json/.md and plots beside the weights
+    already saved in ``output_dir``.
 
-    What ``SecretProtectionTrainer.save_model``/``push_to_hub`` call beside the weights. ``clip_norm``
-    is the trainer's ``per_example_clip_norm``; ``noise_multiplier`` the sigma it actually trained
-    with when not the plan's (below the plan's, the card says the bounds do NOT hold); ``report`` is
-    a ``run_audit`` result (or its attacks); ``crt`` a CRT section (``hush_hf.crt.crt_section``);
-    ``evaluation`` the evaluations run on rows holding secrets
-    (``hush_hf.trainer.evaluation.EvaluationCoverage.card_section``). An
-    existing README.md keeps its content; the Secret protection section is added or replaced. Every
-    bound written is recomputed at the sigma used (unless ``bounds_verified``: the trainer passes a
-    plan whose bounds it recomputed at train start).
+    What ``SecretProtectionTrainer.save_model``/``push_to_hub`` call after saving the weights. The plan
+    written carries the training record (:func:`hush_hf.audit.certificate.certify`): sigma
+    (``noise_multiplier``, the sigma training used; below the plan's, the card says the bounds do NOT
+    hold), ``dp_steps`` (the DP steps the saved weights went through), ``public_steps`` (CRT public
+    steps among the optimizer steps), ``clip_norm`` (the trainer's ``per_example_clip_norm``) and the
+    SHA-256 of every weight file in ``output_dir``. None takes sigma, ``dp_steps`` and ``public_steps``
+    from the plan's own record (a published plan: e.g. to add an audit to its card); a plan without
+    one needs ``dp_steps`` and defaults sigma to the plan's. Every bound
+    written is recomputed at that sigma and ``dp_steps`` (``verification``: the trainer's bounds at
+    train start, reused when made at the same sigma and steps). The report and the card's YAML
+    metadata carry the certificate block (``hush verify`` compares them). ``report`` is a ``run_audit``
+    result (or its attacks); ``crt`` a CRT section (``hush_hf.crt.crt_section``); ``evaluation`` the
+    evaluations run on rows holding secrets (``hush_hf.trainer.evaluation.EvaluationCoverage.card_section``).
+    An existing README.md keeps its content; the Secret protection section is added or replaced.
     """
     clip_norm = check_clip_norm(clip_norm)
     attacks = check_attacks(report)
+    noise_multiplier = check_noise_multiplier(noise_multiplier)
     output_dir = Path(output_dir)
-    if not bounds_verified:
-        plan = verified_plan(plan, check_noise_multiplier(noise_multiplier))
+    plan, verification = certify(plan, output_dir, noise_multiplier=noise_multiplier, dp_steps=dp_steps,
+                                 clip_norm=clip_norm, public_steps=public_steps, verification=verification)
+    plan_json = plan.to_json()
+    block = certificate_block(plan, plan_json["digest"], verification)
     privacy_report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
-                                          noise_multiplier=noise_multiplier, crt=crt,
-                                          bounds_verified=True)  # validates before writing
+                                          crt=crt, bounds_verified=True,  # validates before writing
+                                          certificate=block)
     if evaluation:
         privacy_report["evaluation"] = dict(evaluation)
     output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"plan": plan.save(output_dir / PLAN_FILE)}
+    paths = {"plan": output_dir / PLAN_FILE}
+    paths["plan"].write_text(json.dumps(plan_json))
     paths.update(write_privacy_report(privacy_report, output_dir, plan=plan))
     card_path = output_dir / CARD_FILE
     build_model_card(privacy_report, model_name=model_name, existing=card_path).save(card_path)

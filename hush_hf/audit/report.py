@@ -79,25 +79,49 @@ def check_noise_multiplier(noise_multiplier: object) -> float | None:
     return float(noise_multiplier)
 
 
-def verified_plan(plan: Any, noise_multiplier: float | None = None) -> Any:
-    """``plan`` with every secret's bound recomputed at the sigma training used (default: the plan's)
-    from its rho, recorded memberships and T (``hush_hf.planning.verification``): what a report or a
-    card states is never a number read from the plan file."""
-    from hush_hf.planning.verification import recompute_bounds
+def trained_noise_multiplier(plan: Any, noise_multiplier: float | None = None) -> float:
+    """The sigma the weights were trained with: the plan's training record's when it has one (an
+    explicit ``noise_multiplier`` must then agree with it), else ``noise_multiplier``, else the plan's."""
+    noise_multiplier = check_noise_multiplier(noise_multiplier)
+    record = getattr(plan, "training", None)
+    if record is None:
+        return float(plan.noise_multiplier if noise_multiplier is None else noise_multiplier)
+    if noise_multiplier is not None and noise_multiplier != record.noise_multiplier:
+        raise ValueError(f"noise_multiplier={noise_multiplier!r} contradicts the plan's training record, "
+                         f"which says the model was trained with {record.noise_multiplier!r}")
+    return float(record.noise_multiplier)
 
-    return plan.with_bounds(recompute_bounds(plan, check_noise_multiplier(noise_multiplier)).bound)
+
+def verified_plan(plan: Any, noise_multiplier: float | None = None) -> Any:
+    """``plan`` with every secret's bound recomputed from its rho and recorded memberships at what was
+    trained: the training record's sigma and DP steps when the plan has one, else at ``noise_multiplier``
+    (default: the plan's) and T (``hush_hf.planning.verification``). What a report or a card states is
+    never a number read from the plan file."""
+    from hush_hf.planning.verification import certified_bounds, recompute_bounds
+
+    sigma = trained_noise_multiplier(plan, noise_multiplier)
+    if plan.training is not None:
+        return plan.with_bounds(certified_bounds(plan).bound)
+    return plan.with_bounds(recompute_bounds(plan, sigma).bound)
 
 
 def training_section(plan: Any, clip_norm: float | None,
                      noise_multiplier: float | None = None) -> dict[str, Any]:
     """What the guarantee rests on: accountant, sigma, C, B, T, sampling and the LP's outcome.
 
-    ``noise_multiplier`` is the sigma training actually used when it differs from the plan's.
-    ``bounds_hold`` says whether that sigma is at least the plan's; the report's bounds are always
-    recomputed at the sigma used (see :func:`verified_plan`).
+    sigma, the DP steps ``steps`` and C come from the plan's training record when it has one (what
+    the weights went through); otherwise ``noise_multiplier`` is the sigma training used when it
+    differs from the plan's, and ``steps`` is the plan's T. ``bounds_hold`` says whether sigma is at
+    least the plan's; the report's bounds are always recomputed at what was trained (see
+    :func:`verified_plan`).
     """
     summary = plan.summary()
-    sigma = plan.noise_multiplier if noise_multiplier is None else noise_multiplier
+    sigma = trained_noise_multiplier(plan, noise_multiplier)
+    record = getattr(plan, "training", None)
+    if record is not None and clip_norm is not None and clip_norm != record.clip_norm:
+        raise ValueError(f"clip_norm={clip_norm!r} contradicts the plan's training record, which says the "
+                         f"model was trained with {record.clip_norm!r}")
+    clip_norm = record.clip_norm if record is not None else clip_norm
     return {
         "accountant": plan.accountant,
         "noise_multiplier": sigma,
@@ -106,7 +130,8 @@ def training_section(plan: Any, clip_norm: float | None,
         "clip_norm": clip_norm,
         "noise_std": sigma * clip_norm if clip_norm is not None else None,
         "expected_batch_size": plan.expected_batch_size,
-        "steps": plan.steps,
+        "steps": record.dp_steps if record is not None else plan.steps,
+        "planned_steps": plan.steps,
         "sampling": "weighted Poisson (example i in each batch with probability rho_i = B w_i / sum(w))",
         "max_sampling_prob": summary["max_sampling_prob"],
         "examples": plan.num_examples,
@@ -143,12 +168,15 @@ def build_privacy_report(plan: Any | None, *, clip_norm: float | None,
                          attacks: Mapping[str, Any] | None = None, model_name: str | None = None,
                          noise_multiplier: float | None = None,
                          crt: Mapping[str, Any] | None = None,
-                         bounds_verified: bool = False) -> dict[str, Any]:
+                         bounds_verified: bool = False,
+                         certificate: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The report as a JSON-ready dict. ``plan=None`` reports attacks alone (e.g. an unprotected baseline);
     ``noise_multiplier``: the sigma training used, if not the plan's (see :func:`training_section`);
     ``crt``: a :func:`hush_hf.crt.confidentiality.crt_section` (CRT's confidentiality for what the
-    taggers miss, given a measured recall), added under ``"crt"`` when given. The plan's bounds are
-    recomputed at that sigma unless ``bounds_verified`` (the caller just did)."""
+    taggers miss, given a measured recall), added under ``"crt"`` when given; ``certificate``: the
+    machine-readable block of :func:`hush_hf.audit.certificate.certificate_block`, added under
+    ``"certificate"``. The plan's bounds are recomputed at what was trained unless ``bounds_verified``
+    (the caller just did)."""
     clip_norm = check_clip_norm(clip_norm, allow_none=True)
     noise_multiplier = check_noise_multiplier(noise_multiplier)
     if plan is not None and not bounds_verified:
@@ -161,6 +189,7 @@ def build_privacy_report(plan: Any | None, *, clip_norm: float | None,
         "secrets": secrets_section(plan) if plan is not None else None,
         "attacks": check_attacks(attacks),
         **({"crt": dict(crt)} if crt is not None else {}),
+        **({"certificate": dict(certificate)} if certificate is not None else {}),
     }
 
 
@@ -200,7 +229,8 @@ def guarantee_lines(report: Mapping[str, Any]) -> list[str]:
         ["clip norm C", t["clip_norm"]],
         ["noise std sigma*C", t["noise_std"]],
         ["expected batch size B", t["expected_batch_size"]],
-        ["steps T", t["steps"]],
+        ["DP steps taken T", t["steps"]],
+        ["DP steps planned", t.get("planned_steps", t["steps"])],
         ["sampling", t["sampling"]],
         ["max sampling probability", t["max_sampling_prob"]],
         ["examples", t["examples"]],
@@ -402,8 +432,9 @@ def render_report(plan_path: str | Path, audit_json: str | Path | None, output_d
                   crt_occurrences: str | Path | None = None) -> dict[str, Path]:
     """``hush report``: plan JSON + audit JSON -> privacy_report.json/.md and PNG plots in ``output_dir``.
 
-    ``clip_norm`` and ``noise_multiplier`` (the sigma training used) default to the ones recorded in
-    the audit JSON (``run_audit`` records them when known); sigma then defaults to the plan's.
+    ``clip_norm`` and ``noise_multiplier`` (the sigma training used) come from the plan's training
+    record when it has one; otherwise they default to the ones recorded in the audit JSON
+    (``run_audit`` records them when known), and sigma then to the plan's.
     ``crt_recall`` (measured recall of the redaction policies) adds the CRT section (CRT Thm. 8.3);
     ``crt_occurrences``, the report JSON of ``hush redact --secrets``, adds each secret's rows and
     unique occurrences to it (CRT Prop. 7).
@@ -418,15 +449,17 @@ def render_report(plan_path: str | Path, audit_json: str | Path | None, output_d
         if not isinstance(raw, Mapping):
             raise ValueError(f"audit file {str(audit_json)!r}: expected a JSON object")
         attacks = check_attacks(raw)
-        clip_norm = recorded(raw, "clip_norm") if clip_norm is None else clip_norm
-        noise_multiplier = recorded(raw, "noise_multiplier") if noise_multiplier is None else noise_multiplier
+        if plan.training is None:
+            clip_norm = recorded(raw, "clip_norm") if clip_norm is None else clip_norm
+            if noise_multiplier is None:
+                noise_multiplier = recorded(raw, "noise_multiplier")
     plan = verified_plan(plan, noise_multiplier)
     crt = None
     if crt_recall is not None or crt_occurrences is not None:
         from hush_hf.crt.confidentiality import crt_section
 
         crt = crt_section(plan, recall=crt_recall, conservative_recall=crt_conservative_recall,
-                          delta=crt_delta, noise_multiplier=check_noise_multiplier(noise_multiplier),
+                          delta=crt_delta, noise_multiplier=trained_noise_multiplier(plan, noise_multiplier),
                           occurrences=None if crt_occurrences is None else load_occurrences(crt_occurrences))
     report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,
                                   noise_multiplier=noise_multiplier, crt=crt, bounds_verified=True)

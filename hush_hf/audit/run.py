@@ -37,6 +37,7 @@ from hush_hf.audit.report import (
     check_clip_norm,
     check_noise_multiplier,
     recorded,
+    trained_noise_multiplier,
     verified_plan,
     write_privacy_report,
 )
@@ -177,8 +178,9 @@ def run_audit(
     ``dataset``: the training data (path, list of texts or ``datasets.Dataset``); ``heldout``: data
     not trained on (membership inference); ``secrets``: a ``SecretSet`` or secrets file;
     ``canaries``: a canary file or list. ``plan`` (default ``model_dir/hush_plan.json``), ``clip_norm``
-    and ``noise_multiplier`` (the sigma training used; defaults: as recorded in
-    ``model_dir/privacy_report.json``, else the plan's sigma) add the guarantee.
+    and ``noise_multiplier`` (the sigma training used; defaults: the plan's training record; for a plan
+    without one, as recorded in ``model_dir/privacy_report.json``, else the plan's sigma) add the
+    guarantee.
     At most ``max_examples`` texts per data set and ``max_secrets`` secrets (besides canaries) are
     attacked, drawn with ``seed``; the report records how many.
     """
@@ -206,12 +208,16 @@ def run_audit(
     plan = _load_plan(plan, model_dir)
     if plan is not None and secrets is not None and plan.num_secrets != len(secrets):
         raise ValueError(f"secrets has {len(secrets)} secrets but the plan covers {plan.num_secrets}")
-    if (model_dir / REPORT_JSON).is_file():  # written beside the weights by write_protection_artifacts
+    record = plan.training if plan is not None else None
+    if record is None and (model_dir / REPORT_JSON).is_file():  # a plan without a training record
         written = json.loads((model_dir / REPORT_JSON).read_text())
         clip_norm = recorded(written, "clip_norm") if clip_norm is None else clip_norm
         if noise_multiplier is None:
             noise_multiplier = recorded(written, "noise_multiplier")
-    if plan is not None:  # bounds recomputed at the sigma trained with, never read from the plan file
+    if record is not None:  # what the weights went through, from the plan they were published with
+        clip_norm = record.clip_norm if clip_norm is None else clip_norm
+        noise_multiplier = trained_noise_multiplier(plan, noise_multiplier)
+    if plan is not None:  # bounds recomputed at what was trained, never read from the plan file
         plan = verified_plan(plan, noise_multiplier)
     model, tokenizer, kind = load_model(model_dir, kind=kind, device=device)
     reference = None

@@ -1,40 +1,48 @@
-"""Recompute every secret's posterior bound from a saved plan and check it against its target.
+"""Check a published certificate: recompute every secret's bound, and every published number with it.
 
-`hush verify MODEL_DIR` reads MODEL_DIR/hush_plan.json (and the noise multiplier training used, from
-MODEL_DIR/privacy_report.json: the smaller of it and the plan's, since bounds shrink as noise grows)
-and recomputes each bound from the plan's sampling probabilities, the recorded memberships, sigma and
-T with the plan's accountant. `--plan PLAN --dataset DATA` takes the memberships from the dataset's
-`secret_ids` column instead (or tags its text column with `--secrets`). Prints targets against bounds;
-exit status 0 when every target holds, 1 when one does not, 2 for bad input.
+`hush verify MODEL_DIR` reads MODEL_DIR/hush_plan.json and recomputes each secret's bound from the
+plan's sampling probabilities and recorded memberships, at the noise multiplier and the number of DP
+steps of the plan's training record (what the weights went through; never the plan's intention),
+with the plan's accountant. It checks that the plan's numbers agree among themselves (rho_i = B w_i /
+sum(w), the per-secret columns, a calibrated sigma being the smallest for its T), that the weight
+files in MODEL_DIR are exactly those whose SHA-256 the record lists, and that the model card's
+`hush_hf` metadata and guarantee text and privacy_report.json/.md state what the recomputation gives
+(an absent card or report is reported, not counted as a pass or a failure).
+`--plan PLAN` checks a plan file (with MODEL_DIR, instead of MODEL_DIR/hush_plan.json); a plan no run
+published (no training record) certifies no model. `--secrets FILE` compares the number of secrets and
+each secret's prior and target with the plan. `--dataset DATA` recomputes the memberships (its text
+column tagged with --secrets, else its `secret_ids` column), compares them with the plan's exactly, and
+checks the LP constraints (Hush eq. 1) at the secrets file's priors and targets.
+Exit status 0 when every target holds and every check passes, 1 otherwise, 2 for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
+from typing import Any
 
-HELP = "recompute every secret's bound from a saved plan and check it against its target (exit 0/1)"
+HELP = "recompute every secret's bound from a published plan; check the weights, card and report (exit 0/1)"
 PLAN_FILE = "hush_plan.json"
 REPORT_FILE = "privacy_report.json"
+CARD_FILE = "README.md"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", nargs="?", default=None,
-                        help=f"a saved model folder with {PLAN_FILE} (and {REPORT_FILE}) beside the weights")
+                        help=f"a saved model folder: weights, {PLAN_FILE}, {CARD_FILE}, {REPORT_FILE}")
     parser.add_argument("--plan", default=None, help=f"a plan file (default: MODEL_DIR/{PLAN_FILE})")
     parser.add_argument("--dataset", default=None,
                         help="the training data, in plan order: recompute which examples hold which secret")
     parser.add_argument("--split", default="train")
-    parser.add_argument("--secrets", default=None, help="secrets file to tag --dataset with (if untagged)")
+    parser.add_argument("--secrets", default=None,
+                        help="secrets file: compare priors and targets (and tag --dataset's text with it)")
     parser.add_argument("--text-column", default="text")
-    parser.add_argument("--noise-multiplier", type=float, default=None,
-                        help="the sigma training used (default: see above)")
     parser.add_argument("--show", type=int, default=20, help="secrets listed (closest to their target first)")
 
 
-def check_arguments(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    """(plan path, report path or None); ValueError naming the argument, before any data is read."""
+def check_arguments(args: argparse.Namespace) -> Path:
+    """The plan path; ValueError naming the argument, before any data is read."""
     if args.model_dir is None and args.plan is None:
         raise ValueError("give MODEL_DIR or --plan")
     if args.model_dir is not None and not Path(args.model_dir).is_dir():
@@ -42,90 +50,155 @@ def check_arguments(args: argparse.Namespace) -> tuple[Path, Path | None]:
     plan = Path(args.plan) if args.plan is not None else Path(args.model_dir) / PLAN_FILE
     if not plan.is_file():
         raise ValueError(f"plan file {str(plan)!r} does not exist")
-    if args.secrets is not None and args.dataset is None:
-        raise ValueError("--secrets tags --dataset: give --dataset too")
     if args.secrets is not None and not Path(args.secrets).is_file():
         raise ValueError(f"--secrets file {args.secrets!r} does not exist")
-    sigma = args.noise_multiplier
-    if sigma is not None and not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"--noise-multiplier must be a finite number >= 0, got {sigma!r}")
     if args.show < 0:
         raise ValueError(f"--show must be >= 0, got {args.show}")
-    report = Path(args.model_dir) / REPORT_FILE if args.model_dir is not None else None
-    return plan, report if report is not None and report.is_file() else None
+    return plan
 
 
-def trained_noise_multiplier(plan: object, report_path: Path | None) -> tuple[float, str]:
-    """The sigma to verify at: the smaller of the plan's and the one the privacy report records."""
-    from hush_hf.jsonfile import read_json
-
-    sigma, source = float(plan.noise_multiplier), "the plan"
-    if report_path is not None:
-        report = read_json(report_path, what="privacy report")
-        training = report.get("training") if isinstance(report, dict) else None
-        recorded = (training or {}).get("noise_multiplier")
-        if recorded is not None:
-            if isinstance(recorded, bool) or not isinstance(recorded, (int, float)) or not recorded >= 0:
-                raise ValueError(
-                    f"privacy report {str(report_path)!r}: training.noise_multiplier={recorded!r} is not a "
-                    "number >= 0"
-                )
-            if recorded < sigma:
-                sigma, source = float(recorded), "the privacy report (training used less noise than planned)"
-    return sigma, source
-
-
-def dataset_secret_ids(args: argparse.Namespace, plan: object) -> object:
-    """The dataset's ``secret_ids`` (tagged with --secrets when it has none), checked against the plan."""
+def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) -> tuple[list, Any, dict, str]:
+    """(checks, the (secrets x examples) matrix recomputed from --dataset or None, its plan columns, where
+    the memberships came from)."""
     from hush_hf.data import load_text_dataset
-    from hush_hf.trainer.plan_setup import SECRET_IDS_COLUMN, check_secret_ids_match, column
+    from hush_hf.planning.consistency import Check
+    from hush_hf.planning.memberships import membership_matrix
+    from hush_hf.planning.plan import SAMPLING_PROB_COLUMN, WEIGHT_COLUMN
+    from hush_hf.secrets.tagging import dataset_fingerprint
+    from hush_hf.trainer.plan_setup import SECRET_IDS_COLUMN, column
 
     dataset = load_text_dataset(args.dataset, split=args.split)
+    names = dataset.column_names
     if len(dataset) != plan.num_examples:
-        raise ValueError(
-            f"--dataset has {len(dataset)} rows but the plan covers {plan.num_examples} examples"
-        )
-    if SECRET_IDS_COLUMN not in dataset.column_names:
-        if args.secrets is None:
-            raise ValueError(f"--dataset has no '{SECRET_IDS_COLUMN}' column: give --secrets to tag it")
-        from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+        rows = Check("dataset", False, f"{len(dataset)} rows, the plan covers {plan.num_examples} examples")
+        return [rows], None, {}, ""
+    checks = []
+    if secret_set is not None and len(secret_set) != plan.num_secrets:
+        return [Check("dataset", None, "not compared: --secrets and the plan have different numbers of "
+                                       "secrets")], None, {}, ""
+    if secret_set is not None and args.text_column in names:
+        from hush_hf.secrets import tag_dataset, tagger_for
 
-        secret_set = SecretSet.load(args.secrets)
-        if len(secret_set) != plan.num_secrets:
-            raise ValueError(
-                f"--secrets has {len(secret_set)} secrets but the plan covers {plan.num_secrets}"
-            )
-        if args.text_column not in dataset.column_names:
-            raise ValueError(
-                f"--dataset has no text column {args.text_column!r} (columns: {dataset.column_names})"
-            )
         dataset = tag_dataset(dataset, tagger_for(secret_set), text_column=args.text_column,
                               num_secrets=len(secret_set))
-    secret_ids = column(dataset, SECRET_IDS_COLUMN)
-    check_secret_ids_match(plan, secret_ids)
-    return secret_ids
+        source = f"its column {args.text_column!r} tagged with --secrets"
+    elif SECRET_IDS_COLUMN in names:
+        found = dataset_fingerprint(dataset)
+        if secret_set is not None and found is not None:
+            same = found == secret_set.fingerprint
+            checks.append(Check("dataset", same, f"its '{SECRET_IDS_COLUMN}' were tagged with "
+                                                 + ("this secret set" if same else "another secret set than "
+                                                    "--secrets (fingerprints differ)")))
+        source = f"its '{SECRET_IDS_COLUMN}' column"
+    elif secret_set is not None:
+        raise ValueError(f"--dataset has no text column {args.text_column!r} and no '{SECRET_IDS_COLUMN}' "
+                         f"column (columns: {names})")
+    else:
+        raise ValueError(f"--dataset has no '{SECRET_IDS_COLUMN}' column: give --secrets to tag its text")
+    membership = membership_matrix(column(dataset, SECRET_IDS_COLUMN), plan.num_secrets)
+    columns = {c: column(dataset, c) for c in (WEIGHT_COLUMN, SAMPLING_PROB_COLUMN) if c in names}
+    return checks, membership, columns, f"--dataset ({source})"
+
+
+def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification: Any) -> list:
+    """The weights against the record's digests; the card and privacy report against the recomputation."""
+    from hush_hf.audit.certificate import certificate_block, check_card, check_report, recomputed_report
+    from hush_hf.planning.consistency import Check
+    from hush_hf.planning.record import compare_weights
+
+    record = plan.training
+    if record is None:
+        detail = (f"the plan records no training run, so it certifies none of the weights in "
+                  f"{str(model_dir)!r} (a plan from `hush plan`, or the record was removed)")
+        return [Check("training record", False, detail)]
+    problems = compare_weights(record.weights, model_dir)
+    if not record.weights and not problems:
+        problems = ["the training record lists no weight files, and there are none here"]
+    checks = [Check("weights", not problems, "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
+                                                                       if len(problems) > 3 else "")
+                    if problems else f"{len(record.weights)} file(s) match the SHA-256 digests in the plan")]
+    block = certificate_block(plan, plan_digest, verification)
+    report = recomputed_report(plan, verification, block)
+    checks.append(check_card(model_dir / CARD_FILE, block, report))
+    checks.append(check_report(model_dir / REPORT_FILE, report))
+    return checks
 
 
 def run(args: argparse.Namespace) -> int:
+    from hush_hf.jsonfile import read_json
+    from hush_hf.planning import consistency
+    from hush_hf.planning.consistency import Check
     from hush_hf.planning.plan import ProtectionPlan
-    from hush_hf.planning.verification import recompute_bounds
+    from hush_hf.planning.verification import certified_bounds
 
-    plan_path, report_path = check_arguments(args)
-    plan = ProtectionPlan.load(plan_path)
-    if args.noise_multiplier is not None:
-        sigma, source = float(args.noise_multiplier), "--noise-multiplier"
-    else:
-        sigma, source = trained_noise_multiplier(plan, report_path)
-    secret_ids = dataset_secret_ids(args, plan) if args.dataset is not None else None
-    verification = recompute_bounds(plan, sigma, secret_ids=secret_ids)
-    print(f"plan: {plan_path} ({plan.num_secrets} secrets, {plan.num_examples} examples)")
-    print(f"noise multiplier {sigma:.6g} (from {source}), T={plan.steps}, accountant {plan.accountant}")
-    if args.show:
-        print(verification.table(limit=args.show))
-    held = plan.num_secrets - verification.over_target.size
-    if verification.meets_targets:
-        print(f"OK: all {plan.num_secrets} targets hold")
+    plan_path = check_arguments(args)
+    data = read_json(plan_path, what="plan file")
+    plan = ProtectionPlan.from_json(data, source=f"plan file {str(plan_path)!r}")
+    secret_set = None
+    if args.secrets is not None:
+        from hush_hf.secrets import SecretSet
+
+        secret_set = SecretSet.load(args.secrets)
+    checks: list[Check] = [consistency.check_sampling(plan)]
+    membership, source = None, "the plan"
+    if args.dataset is not None:
+        found, membership, columns, source = dataset_memberships(args, plan, secret_set)
+        checks += found
+        if membership is not None:
+            checks.append(consistency.check_memberships(plan, membership))
+            checks += consistency.check_plan_columns(plan, columns)
+    if membership is None and plan.memberships is None:
+        print(f"plan: {plan_path}")
+        print("FAILED: the plan records no memberships (which examples contain which secret), so no bound "
+              "can be recomputed; give the training data with --dataset")
+        return 1
+    used = membership if membership is not None else plan.memberships
+    verification = certified_bounds(plan, membership=membership)
+    checks.append(consistency.check_stated_numbers(plan, verification, used, data.get("summary")))
+    checks.append(consistency.check_calibration(plan, used))
+    priors, targets = plan.secrets.prior, plan.secrets.target
+    if secret_set is not None:
+        checks += consistency.check_secret_set(plan, secret_set.priors, secret_set.targets,
+                                               secret_set.fingerprint)
+        if len(secret_set) == plan.num_secrets:
+            priors, targets = secret_set.priors, secret_set.targets
+    checks.append(consistency.check_lp_constraints(plan, priors, targets, used))
+    if args.model_dir is not None:
+        checks += model_dir_checks(Path(args.model_dir), plan, data["digest"], verification)
+    elif plan.training is not None:
+        checks.append(Check("weights", None, "not compared with the record's digests: give MODEL_DIR"))
+
+    print_result(plan_path, plan, verification, source, checks, args.show)
+    failed = [c for c in checks if c.passed is False]
+    if verification.meets_targets and not failed:
+        unchecked = sum(c.passed is None for c in checks)
+        print(f"OK: all {plan.num_secrets} targets hold at what was trained, and every check passed"
+              + (f" ({unchecked} could not be made, see above)" if unchecked else ""))
         return 0
-    print(f"FAILED: {verification.over_target.size} of {plan.num_secrets} secrets exceed their targets "
-          f"({held} hold); {verification.worst()}")
+    reasons = []
+    if not verification.meets_targets:
+        reasons.append(f"{verification.over_target.size} of {plan.num_secrets} secrets exceed their targets "
+                       f"({verification.worst()})")
+    if failed:
+        reasons.append("failed: " + ", ".join(c.name for c in failed))
+    print("FAILED: " + "; ".join(reasons))
     return 1
+
+
+def print_result(plan_path: Path, plan: Any, verification: Any, source: str, checks: list, show: int) -> None:
+    record = plan.training
+    print(f"plan: {plan_path} ({plan.num_secrets} secrets, {plan.num_examples} examples; memberships from "
+          f"{source})")
+    if record is None:
+        print(f"no training record: this plan certifies no model; bounds at its own noise multiplier "
+              f"{plan.noise_multiplier:.6g} and T={plan.steps}, accountant {plan.accountant}")
+    else:
+        public = f" (+ {record.public_steps} CRT public steps)" if record.public_steps else ""
+        print(f"trained (the plan's training record): noise multiplier {record.noise_multiplier:.6g} "
+              f"(planned {plan.noise_multiplier:.6g}), {record.dp_steps} DP steps{public} of T={plan.steps}, "
+              f"C={record.clip_norm:g}, B={plan.expected_batch_size:g}, accountant {plan.accountant}")
+    if show:
+        print(verification.table(limit=show))
+    width = max(len(c.status) for c in checks)
+    for check in checks:
+        print(f"{check.status:<{width}}  {check.name}: {check.detail}")

@@ -24,10 +24,14 @@ from hush_hf.accounting import (
 from hush_hf.planning.lp import solve_example_weights
 from hush_hf.planning.memberships import membership_matrix
 from hush_hf.planning.probabilities import sampling_probabilities
+from hush_hf.planning.record import TrainingRecord
 
 logger = logging.getLogger(__name__)
 
-PLAN_FORMAT_VERSION = 1
+#: Version 2 adds the training record (``training``): a hush_hf that cannot read it must refuse the
+#: plan rather than certify a model at the plan's intended sigma and T.
+PLAN_FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 BUDGET_KINDS = ("kl", "tight", "rdp", "paper")
 WEIGHT_COLUMN = "hush_weight"
 SAMPLING_PROB_COLUMN = "hush_sampling_prob"
@@ -65,7 +69,10 @@ class ProtectionPlan:
 
     A saved plan carries a ``digest`` (SHA-256 of its content); :meth:`load` refuses a file whose
     content no longer matches it. The digest catches edits, not forgery: what certifies a model is
-    the bounds recomputed from the plan's rho, memberships, sigma and T (``hush_hf.planning.verification``).
+    the bounds recomputed from the plan's rho, memberships and its ``training`` record (the sigma and
+    DP steps the weights went through, and the weights' digests; ``hush_hf.planning.verification``).
+    ``noise_multiplier`` and ``steps`` are what the plan was made for; ``training`` is None in a plan
+    that no run has published (it certifies no model).
     """
 
     weights: np.ndarray
@@ -83,6 +90,8 @@ class ProtectionPlan:
     #: (num_secrets x num_examples) 0/1 CSR: which examples contain which secret (indices only). What
     #: a saved plan's bounds are recomputed from (``hush verify``); None in hand-built plans.
     memberships: sp.csr_matrix | None = None
+    #: What the published weights went through (set when a run writes its artifacts); None otherwise.
+    training: TrainingRecord | None = None
 
     @property
     def num_examples(self) -> int:
@@ -140,6 +149,12 @@ class ProtectionPlan:
             raise ValueError(f"bounds has shape {bounds.shape}, expected {self.secrets.target.shape}")
         return replace(self, secrets=replace(self.secrets, bound=bounds))
 
+    def with_training(self, record: TrainingRecord | None) -> ProtectionPlan:
+        """This plan carrying ``record`` (what a run trained with it), e.g. to publish beside the weights."""
+        if record is not None and not isinstance(record, TrainingRecord):
+            raise ValueError(f"record must be a TrainingRecord, got a {type(record).__name__}")
+        return replace(self, training=record)
+
     # -- persistence ---------------------------------------------------------------------------
     def to_json(self, *, include_fingerprint: bool = False) -> dict[str, Any]:
         """The plan as JSON-ready data, ``digest`` included (see :func:`content_digest`); the secret-set
@@ -172,6 +187,8 @@ class ProtectionPlan:
         if self.memberships is not None:
             csr = sp.csr_matrix(self.memberships)
             data["memberships"] = {"indptr": csr.indptr.tolist(), "indices": csr.indices.tolist()}
+        if self.training is not None:
+            data["training"] = self.training.to_json()
         return data
 
     def save(self, path: str | Path, *, include_fingerprint: bool = False) -> Path:
@@ -187,10 +204,13 @@ class ProtectionPlan:
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         version = data.get("format_version")
-        if version != PLAN_FORMAT_VERSION:
+        if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
             raise ValueError(
-                f"{source}: format_version={version!r} is not supported (expected {PLAN_FORMAT_VERSION})"
+                f"{source}: format_version={version!r} is not supported (expected one of "
+                f"{READABLE_FORMAT_VERSIONS}; a newer hush_hf wrote it?)"
             )
+        if version == 1 and "training" in data:
+            raise ValueError(f"{source}: format_version 1 has no 'training' record")
         check_digest(data, source)
         try:
             return cls._from_content(data)
@@ -217,6 +237,7 @@ class ProtectionPlan:
             secret_set_fingerprint=data.get("secret_set_fingerprint"),
             memberships=_memberships_from_json(data.get("memberships"), len(data["secrets"]["target"]),
                                                weights.size),
+            training=TrainingRecord.from_json(data["training"]) if "training" in data else None,
         )
 
     @classmethod

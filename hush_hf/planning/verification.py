@@ -8,7 +8,9 @@ evaluation the calibration uses for one secret at one sigma, never its search) f
   row by row against the dataset),
 - which examples contain which secret: the dataset's ``secret_ids`` when given, else the memberships
   the plan recorded (``ProtectionPlan.memberships``),
-- the noise multiplier training uses and the number of steps T,
+- the noise multiplier and the number of DP steps: at train start the sigma training uses and the
+  plan's T; for published weights the plan's training record (:func:`certified_bounds`), never the
+  plan's intention,
 
 and compares it with the target r_j (Hush Def. 3.1: posterior <= r_j for prior p_j). Beyond
 ``EXACT_UP_TO`` secrets, laws that agree to ``ENVELOPE_RESOLUTION`` share the law of their envelope
@@ -87,19 +89,40 @@ class Verification:
         return "\n".join(lines)
 
 
+def certified_bounds(plan: Any, *, secret_ids: Any = None, membership: Any = None) -> Verification:
+    """Every secret's bound for the weights the plan was published with: at the sigma and the DP steps
+    of its training record (``plan.training``); a plan without a record (no run published it), at its
+    own sigma and T."""
+    record = plan.training
+    if record is None:
+        return recompute_bounds(plan, secret_ids=secret_ids, membership=membership)
+    return recompute_bounds(plan, record.noise_multiplier, steps=record.dp_steps, secret_ids=secret_ids,
+                            membership=membership)
+
+
 def recompute_bounds(
-    plan: Any, noise_multiplier: float | None = None, *, secret_ids: Any = None
+    plan: Any,
+    noise_multiplier: float | None = None,
+    *,
+    steps: int | None = None,
+    secret_ids: Any = None,
+    membership: Any = None,
 ) -> Verification:
-    """Every secret's bound at ``noise_multiplier`` (default: the plan's) and the plan's T and accountant.
+    """Every secret's bound at ``noise_multiplier`` and ``steps`` (defaults: the plan's sigma and T) with
+    the plan's accountant. After 0 steps nothing released depends on the data: each bound is its prior.
 
     ``secret_ids``: one list of secret indices per example in plan order (e.g. the dataset's
-    column); without it the plan's recorded memberships are used, and a plan without them is refused.
+    column), or ``membership``, the (secrets x examples) matrix made from them; without either the
+    plan's recorded memberships are used, and a plan without them is refused.
     """
     sigma = float(plan.noise_multiplier if noise_multiplier is None else noise_multiplier)
+    steps = int(plan.steps if steps is None else steps)
     prior = np.asarray(plan.secrets.prior, dtype=np.float64)
     target = np.asarray(plan.secrets.target, dtype=np.float64)
     validate_targets(prior, target)
-    if secret_ids is not None:
+    if membership is not None:
+        source = "the dataset's secret_ids"
+    elif secret_ids is not None:
         membership, source = membership_matrix(secret_ids, plan.num_secrets), "the dataset's secret_ids"
     elif plan.memberships is not None:
         membership, source = plan.memberships, "the plan"
@@ -114,9 +137,13 @@ def recompute_bounds(
             f"memberships cover {membership.shape[1]} examples and {membership.shape[0]} secrets but "
             f"the plan has {plan.num_examples} examples and {plan.num_secrets} secrets"
         )
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if steps == 0:
+        return Verification(sigma, 0, plan.accountant, prior, target, prior.copy(), source)
     groups = SecretGroups.from_membership(membership, plan.sampling_probs)
-    bound = _bounds(groups, prior, target, sigma, plan.steps, plan.accountant)
-    return Verification(sigma, int(plan.steps), plan.accountant, prior, target, bound, source)
+    bound = _bounds(groups, prior, target, sigma, steps, plan.accountant)
+    return Verification(sigma, steps, plan.accountant, prior, target, bound, source)
 
 
 def _bounds(

@@ -228,24 +228,42 @@ class GhostClippingCallback(TrainerCallback):
     def expected_batch_size(self) -> float:
         return self.plan.expected_batch_size
 
-    @property
-    def verified_plan(self) -> ProtectionPlan:
-        """The plan with the bounds recomputed at the sigma training uses: what reports and cards state."""
-        if self.verification is None:
-            raise RuntimeError("the plan is verified when the callback is installed on a trainer")
-        return self.plan.with_bounds(self.verification.bound)
+    def steps_behind(self, global_step: int) -> tuple[int, int]:
+        """(DP steps, CRT public steps) among the first ``global_step`` optimizer steps: what weights
+        saved at that step went through (``global_step`` counts resumed steps too).
+
+        A trainer that took no step (``global_step`` 0: e.g. a model trained elsewhere, saved by a
+        fresh trainer) cannot know what the weights went through; the plan's T is counted, which is
+        never less than a run of this plan took, so the bounds stated are never more favourable.
+        """
+        if global_step <= 0:
+            logger.warning(
+                "no DP step was taken by this trainer: the protection artifacts certify the plan's T=%d "
+                "steps (true only if the weights went through at most T steps of this plan)", self.plan.steps
+            )
+            return self.plan.steps, 0
+        if self.crt is None:
+            return int(global_step), 0
+        private = int(np.count_nonzero(~self.crt.public[:global_step]))
+        return private, int(global_step) - private
 
     # ------------------------------------------------------------------------- what is published
     #: Each secret's rows and unique occurrences for the report's CRT section (CRT Prop. 7), e.g.
     #: ``callback.crt_occurrences = hush_hf.crt.occurrence_counts(text_dataset, secret_set)``.
     crt_occurrences: Any = None
 
-    def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
-        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit).
+    def write_protection_artifacts(
+        self, output_dir: str | Path, *, global_step: int, **kwargs: Any
+    ) -> dict[str, Path]:
+        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit),
+        beside the weights already saved in ``output_dir``.
 
-        Every bound they state was recomputed when training was set up, at the sigma training uses
-        (``self.verification``); none is read from the plan file. ``crt``: the report's CRT section
-        (default :meth:`crt_report_section`).
+        The plan written carries the training record: the sigma used, the DP steps the weights went
+        through (:meth:`steps_behind` of the trainer's ``global_step``, CRT public steps apart) and the
+        weights' digests. Every bound stated is recomputed at them (``self.verification``, made when
+        training was set up, is reused when the run took the plan's T steps); none is read from the plan
+        file. ``crt``: the report's CRT section (default :meth:`crt_report_section`); ``evaluation``: the
+        evaluations run on rows holding secrets (default ``self.evaluation``).
         """
         from hush_hf.audit import write_protection_artifacts
 
@@ -253,12 +271,15 @@ class GhostClippingCallback(TrainerCallback):
             kwargs["crt"] = self.crt_report_section(occurrences=self.crt_occurrences)
         if "evaluation" not in kwargs:
             kwargs["evaluation"] = self.evaluation.card_section()
+        dp_steps, public_steps = self.steps_behind(global_step)
         return write_protection_artifacts(
             output_dir,
-            self.verified_plan,
+            self.plan,
             clip_norm=self.clip_norm,
             noise_multiplier=self.noise_multiplier,
-            bounds_verified=True,
+            dp_steps=dp_steps,
+            public_steps=public_steps,
+            verification=self.verification,
             **kwargs,
         )
 
@@ -462,7 +483,11 @@ class GhostClippingCallback(TrainerCallback):
         ``SecretProtectionTrainer`` publishes (:mod:`hush_hf.trainer.publishing`), around the trainer's own
         methods (TRL's model card included)."""
         save_weights, write_card = trainer.save_model, trainer.create_model_card
-        write = self.write_protection_artifacts
+
+        def write(output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
+            step = trainer.state.global_step
+            return self.write_protection_artifacts(output_dir, global_step=step, **kwargs)
+
 
         def save_model(output_dir: str | None = None, _internal_call: bool = False) -> None:
             publishing.save_model(

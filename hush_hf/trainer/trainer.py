@@ -242,12 +242,17 @@ class SecretProtectionTrainer(Trainer):
         )
 
     def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
-        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit).
+        """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit),
+        beside the weights already saved in ``output_dir``.
 
-        Every bound they state was recomputed when training was set up, at the sigma training uses
-        (``self.dp.verification``); none is read from the plan file.
+        The plan written carries the training record: the sigma used, the DP steps the weights went
+        through (``trainer.state.global_step``, CRT public steps apart) and the weights' digests. Every
+        bound stated is recomputed at them (``self.dp.verification``, made when training was set up,
+        is reused when the run took the plan's T steps); none is read from the plan file.
         """
-        return self.dp.write_protection_artifacts(output_dir, **{"crt": self.crt_report_section(), **kwargs})
+        return self.dp.write_protection_artifacts(
+            output_dir, global_step=self.state.global_step, **{"crt": self.crt_report_section(), **kwargs}
+        )
 
     #: Each secret's rows and unique occurrences for the report's CRT section (CRT Prop. 7), e.g.
     #: ``trainer.crt_occurrences = hush_hf.crt.occurrence_counts(text_dataset, secret_set)``.

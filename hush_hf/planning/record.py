@@ -1,0 +1,142 @@
+"""The training record: what a run actually did, carried by the plan it publishes beside the weights.
+
+A plan states an intention (sigma and T it was calibrated for). A certificate is about released
+weights, so the plan published with them carries what those weights went through:
+
+- ``noise_multiplier``: the sigma every DP step used (in units of the clip norm C);
+- ``dp_steps``: the DP steps the weights went through, the ones the bounds are computed at. A run
+  stopped early or resumed counts the steps behind the saved weights; CRT public steps (no clipping,
+  no noise, no tagged secret) are not DP steps and are counted apart in ``public_steps``;
+- ``clip_norm``: C (the bounds are in units of C and do not depend on it; the noise std is sigma * C);
+- ``weights``: the SHA-256 of every weight file saved (full, sharded with their index, adapters), so
+  that the certificate names the files it certifies.
+
+B, the accountant and the planned T are the plan's own fields (the trainer refuses to train a plan at
+another B or T), so they are not repeated here. The plan's digest covers the record.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import math
+import numbers
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Top-level files holding a model's weights, as transformers and PEFT name them (full and sharded
+#: checkpoints with their index, adapters): the weight files ``push_to_hub`` publishes
+#: (``hush_hf.trainer.publishing.PUBLISHABLE``), and the ones ``from_pretrained`` loads.
+WEIGHT_FILE_PATTERNS = (
+    "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",
+    "pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json",
+    "adapter_model.safetensors", "adapter_model.bin",
+)
+DIGEST_PREFIX = "sha256:"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_CHUNK = 1 << 20
+
+
+def is_weight_file(name: str) -> bool:
+    """Whether a top-level file name is one of ``WEIGHT_FILE_PATTERNS``."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in WEIGHT_FILE_PATTERNS)
+
+
+def file_digest(path: str | Path) -> str:
+    """``sha256:<hex>`` of a file's bytes (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return DIGEST_PREFIX + digest.hexdigest()
+
+
+def weight_digests(folder: str | Path) -> dict[str, str]:
+    """File name -> digest of every weight file directly in ``folder`` (sorted by name)."""
+    folder = Path(folder)
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and is_weight_file(p.name))
+    return {name: file_digest(folder / name) for name in names}
+
+
+def compare_weights(recorded: Mapping[str, str], folder: str | Path) -> list[str]:
+    """What differs between the recorded weight digests and the weight files in ``folder``, one
+    sentence per file (empty: the same files with the same bytes)."""
+    found = weight_digests(folder)
+    problems = []
+    for name in sorted(set(recorded) | set(found)):
+        if name not in found:
+            problems.append(f"{name} is recorded in the plan but missing")
+        elif name not in recorded:
+            problems.append(f"{name} is not certified by the plan (a weight file the plan does not name)")
+        elif found[name] != recorded[name]:
+            problems.append(f"{name} differs from the digest recorded in the plan")
+    return problems
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """What the released weights went through (see the module docstring)."""
+
+    noise_multiplier: float
+    dp_steps: int
+    clip_norm: float
+    public_steps: int = 0
+    weights: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_record(self.noise_multiplier, self.dp_steps, self.clip_norm, self.public_steps, self.weights)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "noise_multiplier": float(self.noise_multiplier),
+            "dp_steps": int(self.dp_steps),
+            "public_steps": int(self.public_steps),
+            "clip_norm": float(self.clip_norm),
+            "weights": dict(sorted(self.weights.items())),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> TrainingRecord:
+        """A record from :meth:`to_json` data; ValueError naming the field if it is malformed."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"training: expected an object, got {type(data).__name__}")
+        missing = [k for k in ("noise_multiplier", "dp_steps", "public_steps", "clip_norm", "weights")
+                   if k not in data]
+        if missing:
+            raise ValueError(f"training: missing field {missing[0]!r}")
+        return cls(
+            noise_multiplier=data["noise_multiplier"],
+            dp_steps=data["dp_steps"],
+            clip_norm=data["clip_norm"],
+            public_steps=data["public_steps"],
+            weights=data["weights"],
+        )
+
+
+def _check_record(sigma: Any, dp_steps: Any, clip_norm: Any, public_steps: Any, weights: Any) -> None:
+    def number(value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+
+    def count(value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 0
+
+    if not (number(sigma) and sigma >= 0):
+        raise ValueError(f"training.noise_multiplier must be a finite number >= 0, got {sigma!r}")
+    if not count(dp_steps):
+        raise ValueError(f"training.dp_steps must be an integer >= 0, got {dp_steps!r}")
+    if not count(public_steps):
+        raise ValueError(f"training.public_steps must be an integer >= 0, got {public_steps!r}")
+    if not (number(clip_norm) and clip_norm > 0):
+        raise ValueError(f"training.clip_norm must be a positive finite number, got {clip_norm!r}")
+    if not isinstance(weights, Mapping):
+        raise ValueError(f"training.weights must map file names to digests, got {type(weights).__name__}")
+    for name, digest in weights.items():
+        if not isinstance(name, str) or "/" in name or "\\" in name or not is_weight_file(name):
+            raise ValueError(f"training.weights: {name!r} is not a top-level weight file name")
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            raise ValueError(
+                f"training.weights[{name!r}] must be 'sha256:' and 64 hex digits, got {digest!r}"
+            )
