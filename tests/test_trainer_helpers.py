@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from hush_hf.planning.binding import RowBinding
 from hush_hf.planning.plan import ProtectionPlan, SecretReport
 
 VOCAB = 64
@@ -31,10 +32,12 @@ def make_plan(
     noise_multiplier: float,
     expected_batch_size: float | None = None,
     secret_ids: list[list[int]] | None = None,
+    rows: Any = None,
 ) -> ProtectionPlan:
     """A ProtectionPlan with the given rho, memberships ``secret_ids`` (default: one secret in
     example 0) and sigma. Its bounds are the real ones at that sigma, and each target is set above
-    its bound (at least 1e-2), so the plan verifies as a calibrated plan would."""
+    its bound (at least 1e-2), so the plan verifies as a calibrated plan would. ``rows``: the dataset
+    it is bound to (as plan_protection(dataset) binds; without, it can be used with no dataset)."""
     from hush_hf.accounting import SecretGroups, posterior_bounds
     from hush_hf.planning.memberships import membership_matrix
 
@@ -65,6 +68,7 @@ def make_plan(
             bound=bound,
         ),
         memberships=membership,
+        rows=None if rows is None else RowBinding.of(rows),
     )
 
 

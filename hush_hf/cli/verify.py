@@ -4,7 +4,8 @@
 MODEL_DIR/privacy_report.json: the smaller of it and the plan's, since bounds shrink as noise grows)
 and recomputes each bound from the plan's sampling probabilities, the recorded memberships, sigma and
 T with the plan's accountant. `--plan PLAN --dataset DATA` takes the memberships from the dataset's
-`secret_ids` column instead (or tags its text column with `--secrets`). Prints targets against bounds;
+`secret_ids` column instead (or tags its text column with `--secrets`); a local plan file (with its
+row digests) also checks that DATA holds the rows it was made from. Prints targets against bounds;
 exit status 0 when every target holds, 1 when one does not, 2 for bad input.
 """
 
@@ -85,7 +86,15 @@ def dataset_secret_ids(args: argparse.Namespace, plan: object) -> object:
         raise ValueError(
             f"--dataset has {len(dataset)} rows but the plan covers {plan.num_examples} examples"
         )
-    if SECRET_IDS_COLUMN not in dataset.column_names:
+    if plan.rows is not None:  # a local plan file: the rows themselves (published copies omit the digests)
+        plan.check_rows(dataset, what="--dataset")
+    if SECRET_IDS_COLUMN in dataset.column_names:
+        from hush_hf.secrets.tagging import check_secret_ids_current
+
+        unchecked = check_secret_ids_current(dataset, text_column=args.text_column, what="--dataset")
+        if unchecked:
+            print(f"warning: {unchecked}")
+    else:
         if args.secrets is None:
             raise ValueError(f"--dataset has no '{SECRET_IDS_COLUMN}' column: give --secrets to tag it")
         from hush_hf.secrets import SecretSet, tag_dataset, tagger_for

@@ -59,11 +59,11 @@ from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_in
 from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
 from hush_hf.trainer.noise import ensure_grads_, privatize_gradients_
 from hush_hf.trainer.plan_setup import (
-    PLAN_COLUMNS,
     SECRET_IDS_COLUMN,
     check_plan_fits,
     column,
     column_names,
+    is_plan_column,
     load_plan,
     loud_warning,
     plan_digest,
@@ -444,8 +444,10 @@ class GhostClippingCallback(TrainerCallback):
         collate_fn = trainer.data_collator
         if isinstance(dataset, datasets.Dataset):
             dataset = trainer._remove_unused_columns(dataset, description="training")
-            dropped = (*PLAN_COLUMNS, self.crt_public_column) if self.crt is not None else PLAN_COLUMNS
-            dataset = dataset.remove_columns([c for c in dropped if c in dataset.column_names])
+            crt = self.crt_public_column if self.crt is not None else None
+            dataset = dataset.remove_columns(
+                [c for c in dataset.column_names if is_plan_column(c) or c == crt]
+            )
         else:
             collate_fn = trainer._get_collator_with_removed_columns(collate_fn, description="training")
         rank, world_size = rank_and_world_size()
@@ -506,7 +508,7 @@ class GhostClippingCallback(TrainerCallback):
         for p in self._params:  # only this step's clipped sum may reach the optimizer
             p.grad = None
         self._clipper.reset()
-        inputs = {k: v for k, v in inputs.items() if k not in PLAN_COLUMNS}
+        inputs = {k: v for k, v in inputs.items() if not is_plan_column(k)}
         if self.crt is not None:
             inputs.pop(self.crt_public_column, None)
             if self.crt.is_public(step):
@@ -548,8 +550,8 @@ class GhostClippingCallback(TrainerCallback):
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
         dataset, collate_fn = self._filler_source
         batch = collate_fn([dataset[0]])
-        dropped = (*PLAN_COLUMNS, self.crt_public_column)
-        return split_micro_batches({k: v for k, v in batch.items() if k not in dropped}, 1)[0]
+        kept = {k: v for k, v in batch.items() if not is_plan_column(k) and k != self.crt_public_column}
+        return split_micro_batches(kept, 1)[0]
 
     def _self_check_on_filler(self, trainer: Trainer) -> None:
         """FSDP: run the clipper's first-call self-check on every rank at once, on the same row.
