@@ -1,13 +1,14 @@
 """Per-row digests of Arrow columns: which rows of a dataset still hold the values they held before.
 
 A row's digest is a keyed SHA-256 (the key, then the row's encoding; truncated) over a canonical
-encoding of its values, so it depends on the values and not on how they are stored: integers and
-bools are encoded little-endian at the narrowest of 1, 2, 4 or 8 bytes that holds every integer of
-the row's slice (the width is hashed too: so 2 bytes for token ids below 32768), floats as float64, strings and binaries as their bytes, a list as its
-elements (with their lengths), a struct as its fields in name order, a null as a validity byte.
-``int32`` or ``int64`` token ids, ``string`` or ``large_string`` text, chunked or contiguous columns,
-a dataset behind an index mapping (shuffled, selected): the same values give the same digest. The
-column names and the kinds of their types (``list<int>``) are hashed into every digest.
+encoding of its values, so it depends on the row's values only, not on how they are stored or on
+the other rows: integers and bools are written little-endian at the narrowest of 1, 2, 4 or 8 bytes
+that holds every integer of the row (the width is hashed too), floats as float64, strings and
+binaries as their bytes, a list as its elements with their lengths, a struct as its fields in name
+order, nulls as validity bytes (only in rows that have one). ``int32`` or ``int64`` token ids,
+``string`` or ``large_string`` text, chunked or contiguous columns, a dataset behind an index
+mapping (shuffled, selected): the same values give the same digest. The column names and the kinds
+of their types (``list<int>``) are hashed into every digest.
 
 Written here rather than taken from a library: pyarrow has no per-row hash, and serialising rows in
 Python (``to_pylist``) costs several times more than this, which builds each column's canonical
@@ -61,7 +62,7 @@ def row_digests(
 
 def type_kind(type_: pa.DataType) -> str:
     """The storage-independent kind of an Arrow type: ``int``, ``float``, ``str``, ``bytes``, ``null``,
-    ``list<...>`` or ``struct<name:...>``; any other type is its Arrow name (its values are hashed by repr)."""
+    ``list<...>`` or ``struct<name:...>``; any other type is its Arrow name (values hashed by repr)."""
     if pa.types.is_integer(type_) or pa.types.is_boolean(type_):
         return "int"
     if pa.types.is_floating(type_):
@@ -85,7 +86,9 @@ def _is_text(type_: pa.DataType) -> bool:
 
 
 def _is_binary(type_: pa.DataType) -> bool:
-    return pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_fixed_size_binary(type_)
+    return (
+        pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_fixed_size_binary(type_)
+    )
 
 
 def _is_list(type_: pa.DataType) -> bool:
@@ -102,9 +105,7 @@ def _streams(array: pa.Array, bounds: np.ndarray, *, top: bool) -> list[Stream]:
     lengths, and at the top level its length is the row's slice length.
     """
     type_ = array.type
-    streams: list[Stream] = []
-    if array.null_count:
-        streams.append(_sliced(np.asarray(array.is_valid(), dtype=np.uint8), bounds))
+    streams: list[Stream] = [_validity(array, bounds)]
     if pa.types.is_null(type_):
         return streams + [_sliced(np.zeros(len(array), dtype=np.uint8), bounds)]
     if pa.types.is_integer(type_) or pa.types.is_boolean(type_):
@@ -129,9 +130,9 @@ def _streams(array: pa.Array, bounds: np.ndarray, *, top: bool) -> list[Stream]:
             offsets = np.arange(n + 1, dtype=np.int64) * size
             child = array.values.slice(array.offset * size, n * size)
         else:
-            offsets = np.asarray(array.offsets, dtype=np.int64)
+            offsets = np.asarray(array.offsets, dtype=np.int64)  # this slice's, into array.values
+            child = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
             offsets = offsets - offsets[0]
-            child = array.flatten()  # this slice's values (a null list's range is empty)
         if not top:
             streams.append(_integers(np.diff(offsets), bounds))
         return streams + _streams(child, offsets[bounds], top=False)
@@ -142,6 +143,21 @@ def _streams(array: pa.Array, bounds: np.ndarray, *, top: bool) -> list[Stream]:
         return streams
     text = pa.array([repr(v) for v in array.to_pylist()], type=pa.large_binary())  # rare types
     return streams + _streams(text, bounds, top=top)
+
+
+def _validity(array: pa.Array, bounds: np.ndarray) -> Stream:
+    """Row r's slice: one byte per element (1 valid, 0 null) if one of its elements is null, else empty.
+
+    So a row without nulls hashes the same whatever its neighbours hold (the stream exists for every
+    type, its slices are empty unless the row has a null)."""
+    rows = bounds.size - 1
+    if not array.null_count:
+        empty = np.zeros(rows, dtype=np.int64)
+        return np.zeros(0, dtype=np.uint8), empty, empty, 0
+    valid = np.asarray(array.is_valid(), dtype=np.uint8)
+    nulls = np.concatenate([[0], np.cumsum(1 - valid.astype(np.int64))])
+    has_null = nulls[bounds[1:]] > nulls[bounds[:-1]]
+    return valid, bounds[:-1], np.where(has_null, bounds[1:], bounds[:-1]), 0
 
 
 def _sliced(buffer: np.ndarray, offsets: np.ndarray) -> Stream:
@@ -204,7 +220,11 @@ def _hash_rows(streams: list[Stream], n: int, base: hashlib._Hash, size: int) ->
         prefix[:, k] = (stops - starts) * 4 + tags
     width = 8 * len(streams)
     prefix_view = memoryview(prefix.view(np.uint8).reshape(-1))
-    views = [(memoryview(buffer), starts.tolist(), stops.tolist()) for buffer, starts, stops, _ in streams]
+    views = [  # streams whose slices are all empty add nothing to any row (their lengths are in the prefix)
+        (memoryview(buffer), starts.tolist(), stops.tolist())
+        for buffer, starts, stops, _ in streams
+        if np.any(stops > starts)
+    ]
     out = []
     for i in range(n):
         h = base.copy()

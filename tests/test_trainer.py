@@ -180,12 +180,12 @@ def test_dataset_reordered_or_retagged_after_planning_is_refused(tmp_path):
     plan = make_plan(rho, steps=2, noise_multiplier=1.0, secret_ids=secret_ids, rows=tagged)
     build(tmp_path, n, plan=plan, dataset=tagged)  # in planning order: accepted
     shuffled = tagged.shuffle(seed=0)
-    moved = int(np.sum(np.asarray(shuffled["input_ids"], dtype=object) != np.asarray(tagged["input_ids"], dtype=object)))
-    with pytest.raises(ValueError, match=rf"differs from the rows the plan was made from at {moved} of 12 rows"):
+    moved = sum(a != b for a, b in zip(shuffled["input_ids"], tagged["input_ids"], strict=True))
+    with pytest.raises(ValueError, match=rf"differs from the rows the plan was made from at {moved} of 12"):
         build(tmp_path, n, plan=plan, dataset=shuffled)
     # Same rows, other secret ids (re-tagged after planning): each row's ids are compared with the plan's.
     retagged = token_dataset(n).add_column("secret_ids", [[(i + 1) % 3] for i in range(n)])
-    with pytest.raises(ValueError, match=r"'secret_ids' differ from the plan's memberships at 12 rows \(first: row 0\)"):
+    with pytest.raises(ValueError, match=r"'secret_ids' differ from the plan's memberships at 12 rows"):
         build(tmp_path, n, plan=plan, dataset=retagged)
     attached = plan.attach(token_dataset(n))
     build(tmp_path, n, plan=plan, dataset=attached)
@@ -231,7 +231,8 @@ def test_plan_columns_never_reach_the_collator_or_the_model(tmp_path):
     n = 8
     tagged = token_dataset(n).add_column("text", [f"row {i}" for i in range(n)])
     tagged = tagged.add_column("secret_ids", [[0]] * n)  # and the tagged-text digests tag_dataset writes:
-    tagged = tagged.add_column("secret_ids__hush_tagged_text__text", text_digests(tagged["text"], "text").tolist())
+    digests = text_digests(tagged["text"], "text").tolist()
+    tagged = tagged.add_column("secret_ids__hush_tagged_text__text", digests)
     plan = make_plan(np.full(n, 0.5), steps=2, noise_multiplier=1.0, secret_ids=[[0]] * n, rows=tagged)
     dataset = plan.attach(tagged)
     seen: set[str] = set()
@@ -257,7 +258,8 @@ def test_plan_columns_never_reach_the_collator_or_the_model(tmp_path):
     )
     trainer.train()
     assert "input_ids" in seen
-    assert not seen & {"secret_ids", "hush_weight", "hush_sampling_prob", "secret_ids__hush_tagged_text__text"}
+    hidden = {"secret_ids", "hush_weight", "hush_sampling_prob", "secret_ids__hush_tagged_text__text"}
+    assert not seen & hidden
 
 
 def test_plain_trainer_with_attach_trains_exactly_like_secret_protection_trainer(tmp_path):
@@ -434,7 +436,8 @@ def test_train_dataset_replaced_after_the_trainer_was_built_is_checked_again(tmp
     n = 12
     secret_ids = [[i % 3] for i in range(n)]
     tagged = token_dataset(n).add_column("secret_ids", secret_ids)
-    plan = make_plan(np.linspace(0.05, 0.6, n), steps=2, noise_multiplier=1.0, secret_ids=secret_ids, rows=tagged)
+    rho = np.linspace(0.05, 0.6, n)
+    plan = make_plan(rho, steps=2, noise_multiplier=1.0, secret_ids=secret_ids, rows=tagged)
     trainer = build(tmp_path, n, plan=plan, dataset=tagged)
     trainer.train_dataset = tagged.select(range(1, n)).add_item(tagged[0])  # same rows, rotated
     with pytest.raises(ValueError, match="differs from the rows the plan was made from at 12 of 12 rows"):

@@ -88,7 +88,8 @@ def test_sft_step_equals_reference(tmp_path, config):
 
 def test_padding_free_batches_are_refused(tmp_path):
     trainer = sft_trainer(tmp_path, packing=True, max_length=8)  # TRL's default: 'bfd', padding-free
-    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0, rows=trainer.train_dataset)
+    rows = trainer.train_dataset
+    plan = make_plan(np.ones(len(rows)), steps=1, noise_multiplier=1.0, rows=rows)
     trainer.train_dataset = plan.attach(trainer.train_dataset)
     with pytest.raises(ValueError, match="padding-free"):
         GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)

@@ -90,7 +90,7 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class RowBinding:
-    """Keyed digests of the rows a plan was made from: ``digests[i]`` is row i's (see the module docstring)."""
+    """Keyed digests of the rows a plan was made from: ``digests[i]`` is row i's (module docstring)."""
 
     columns: tuple[str, ...]
     key: bytes
@@ -128,7 +128,8 @@ class RowBinding:
             missing = [c for c in self.columns if c not in columns]
             added = [c for c in columns if c not in self.columns]
             change = "; ".join(
-                part for part in (f"lacks {missing}" if missing else "", f"has {added} besides" if added else "")
+                part
+                for part in (f"lacks {missing}" if missing else "", f"has {added} besides" if added else "")
                 if part
             )
             raise ValueError(
@@ -137,7 +138,8 @@ class RowBinding:
         differ = self.differing_rows(dataset)
         if differ.size:
             raise ValueError(
-                f"{what} differs from the rows the plan was made from at {differ.size} of {len(self.digests)} "
+                f"{what} differs from the rows the plan was made from at {differ.size} of "
+                f"{len(self.digests)} "
                 f"rows (first: row {int(differ[0])}): was it shuffled, filtered, edited or replaced after "
                 f"planning? {RULE}"
             )
@@ -164,9 +166,11 @@ class RowBinding:
 def unbound_plan_error(what: str) -> ValueError:
     """The error for a plan that records no rows being used with a dataset."""
     return ValueError(
-        f"the plan records no row digests, so {what}'s rows cannot be matched to the plan's (it was made from "
+        f"the plan records no row digests, so {what}'s rows cannot be matched to the plan's (it was made "
+        "from "
         "a bare secret_ids column, or it is a published or checkpoint copy, which omit them): make the plan "
-        "from the dataset, plan_protection(dataset, ...) / `hush plan` / SecretProtectionTrainer(secrets=...), "
-        "use the local plan file (saved with include_fingerprint=True), or bind it to the rows its secret_ids "
+        "from the dataset, plan_protection(dataset, ...) / `hush plan` / "
+        "SecretProtectionTrainer(secrets=...), use the local plan file (saved with "
+        "include_fingerprint=True), or bind it to the rows its secret_ids "
         "were read from with plan.bound_to(dataset)"
     )

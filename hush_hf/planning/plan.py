@@ -261,7 +261,9 @@ class ProtectionPlan:
         """ValueError unless ``dataset`` holds the rows the plan was made from, in order (one line naming
         how many rows differ and the first); a plan bound to no rows is refused."""
         if len(dataset) != self.num_examples:
-            raise ValueError(f"{what} has {len(dataset)} rows but the plan covers {self.num_examples} examples")
+            raise ValueError(
+                f"{what} has {len(dataset)} rows but the plan covers {self.num_examples} examples"
+            )
         if self.rows is None:
             raise unbound_plan_error(what)
         self.rows.check(dataset, what=what)
@@ -271,7 +273,9 @@ class ProtectionPlan:
         ``secret_ids`` were read from, in that order. If the rows carry ``secret_ids`` (or secret marks),
         each row's must be the plan's memberships of that row."""
         if len(dataset) != self.num_examples:
-            raise ValueError(f"dataset has {len(dataset)} rows but the plan covers {self.num_examples} examples")
+            raise ValueError(
+                f"dataset has {len(dataset)} rows but the plan covers {self.num_examples} examples"
+            )
         if self.memberships is not None:
             check_row_memberships(self.memberships, dataset)
         return replace(self, rows=RowBinding.of(dataset))
@@ -440,6 +444,9 @@ def _rows_and_secret_ids(secret_ids: Any) -> tuple[Any, Any]:
             f"the dataset has no 'secret_ids' column (columns: {secret_ids.column_names}); tag it first "
             "(hush_hf.secrets.tag_dataset) or derive it from secret marks (secret_ids_from_marks)"
         )
+    from hush_hf.secrets.tagging import check_secret_ids_current
+
+    check_secret_ids_current(secret_ids)  # ids tagged from other text than the rows hold: refused
     return secret_ids, secret_ids.with_format("arrow")["secret_ids"]
 
 
@@ -447,12 +454,11 @@ def check_row_memberships(memberships: sp.csr_matrix, dataset: Any, *, what: str
     """ValueError unless each row's ``secret_ids`` (or the secrets its marks name) are exactly the
     plan's memberships of that row; a dataset with neither is not checked here."""
     from hush_hf.planning.binding import arrow_columns, column_names
+    from hush_hf.secrets.marks import MARKS_PREFIX, secret_ids_from_marks
 
     names = column_names(dataset)
-    marks = [c for c in names if c.startswith("secret_marks_")]
+    marks = [c for c in names if c.startswith(MARKS_PREFIX)]
     if marks:
-        from hush_hf.secrets.marks import secret_ids_from_marks
-
         ids, source = secret_ids_from_marks(arrow_columns(dataset, marks[:1])[0][1]), "secret marks"
     elif "secret_ids" in names:
         ids, source = arrow_columns(dataset, ["secret_ids"])[0][1], "'secret_ids'"

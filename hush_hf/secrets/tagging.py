@@ -41,7 +41,9 @@ def text_digests(texts: Any, text_column: str) -> np.ndarray:
     Unkeyed: the column describes the text beside it, which it is stored with; drop both if the
     dataset is shared without its text.
     """
-    array = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, type=pa.large_string())
+    array = texts
+    if not isinstance(texts, (pa.Array, pa.ChunkedArray)):
+        array = pa.array(texts, type=pa.large_string())
     digests = row_digests([(text_column, array)], size=TEXT_DIGEST_BYTES)
     return np.ascontiguousarray(digests).view("<i8").reshape(-1)
 
@@ -249,7 +251,8 @@ def check_secret_ids_current(
         if source not in names:
             return (
                 f"{what}'s '{column}' cannot be checked against the text they were tagged from (column "
-                f"{source!r} is gone): they are trusted to list every secret each row holds now, so a change to "
+                f"{source!r} is gone): they are trusted to list every secret each row holds now, so a change "
+                "to "
                 "the rows after tagging would go unnoticed; mark secrets on the tokens instead "
                 "(hush_hf.mark_secrets), which keeps them in step with input_ids"
             )
@@ -260,7 +263,8 @@ def check_secret_ids_current(
         if changed.size:
             raise ValueError(
                 f"{what}'s '{column}' were tagged from other text than column {source!r} holds now, at "
-                f"{changed.size} of {n} rows (first: row {int(changed[0])}): the text changed after tag_dataset "
+                f"{changed.size} of {n} rows (first: row {int(changed[0])}): the text changed after "
+                "tag_dataset "
                 "(e.g. a map), so the ids are stale; tag again after the last change to the text"
             )
     if recorded:
@@ -269,13 +273,15 @@ def check_secret_ids_current(
         missing = _untagged_rows(dataset, column, secret_set, text_column)
         if missing.size:
             raise ValueError(
-                f"{what}'s '{column}' lack secrets that tagging column {text_column!r} finds, at {missing.size} "
-                f"of {n} rows (first: row {int(missing[0])}): they were made from other text or another tagger; "
+                f"{what}'s '{column}' lack secrets that tagging column {text_column!r} finds, at "
+                f"{missing.size} of {n} rows (first: row {int(missing[0])}): they were made from other "
+                "text or another tagger; "
                 "tag again with tag_dataset after the last change to the text"
             )
         return None
     return (
-        f"{what}'s '{column}' record no text they were tagged from (not made by hush_hf.secrets.tag_dataset): "
+        f"{what}'s '{column}' record no text they were tagged from (not made by "
+        "hush_hf.secrets.tag_dataset): "
         "they are trusted to list every secret each row holds, unchecked"
     )
 

@@ -387,8 +387,9 @@ class GhostClippingCallback(TrainerCallback):
             saved, saved_plan = load_run_state(checkpoint)
             if not same_sampling(saved_plan, self.plan):
                 raise ValueError(
-                    f"cannot resume: the checkpoint's plan samples differently from this run's plan; pass "
-                    f"plan='{Path(checkpoint) / 'hush_plan.json'}' to continue the checkpoint's run"
+                    "cannot resume: the checkpoint's plan samples differently from this run's plan; pass the "
+                    "plan the checkpoint's run trained with (its local plan file, or, for the same rows, "
+                    f"ProtectionPlan.load('{Path(checkpoint) / 'hush_plan.json'}').bound_to(train_dataset))"
                 )
             saved.check_continues(self._run_state(dp_seed=saved.dp_seed, step=saved.global_step))
             seed, start = saved.dp_seed, saved.global_step

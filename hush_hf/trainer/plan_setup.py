@@ -14,7 +14,6 @@ import hashlib
 import logging
 import math
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +143,8 @@ def prepare_secret_ids(
         unchecked = (
             check_secret_ids_current(dataset, secret_set=secret_set, text_column=text_column, what=name)
             if isinstance(dataset, datasets.Dataset)
-            else f"{name}'s '{SECRET_IDS_COLUMN}' cannot be checked against its rows (not a datasets.Dataset): "
+            else f"{name}'s '{SECRET_IDS_COLUMN}' cannot be checked against its rows (not a "
+            "datasets.Dataset): "
             "they are trusted to list every secret each row holds, unchecked"
         )
         if unchecked:
@@ -178,7 +178,8 @@ def check_marks_in_step(dataset: Any, marks: str, *, name: str = "train_dataset"
     if rows.size:
         raise ValueError(
             f"{name}'s secret marks are out of step with 'input_ids' at {rows.size} of {len(dataset)} rows "
-            f"(first: row {int(rows[0])}): the tokens were changed after the marking tokenizer made them, so the "
+            f"(first: row {int(rows[0])}): the tokens were changed after the marking tokenizer made them, so "
+            "the "
             "marks no longer say which tokens hold a secret; tokenize with the marking tokenizer in the last "
             "step that changes input_ids"
         )
@@ -294,8 +295,9 @@ def check_secret_ids_match(plan: ProtectionPlan, secret_ids: Any) -> None:
         rows = differing_memberships(plan.memberships, secret_ids)
         if rows.size:
             raise ValueError(
-                f"train_dataset's '{SECRET_IDS_COLUMN}' differ from the plan's memberships at {rows.size} rows "
-                f"(first: row {int(rows[0])}); was the dataset re-tagged, shuffled or filtered after planning?"
+                f"train_dataset's '{SECRET_IDS_COLUMN}' differ from the plan's memberships at {rows.size} "
+                f"rows (first: row {int(rows[0])}); was the dataset re-tagged, shuffled or filtered after "
+                "planning?"
             )
         return
     groups = SecretGroups.from_membership(
