@@ -118,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     dataset = load_text_dataset(args.dataset, split=args.split)
     secret_set, dataset = _secrets_and_tags(args, dataset)
-    secret_ids = dataset.with_format("arrow")["secret_ids"]  # in row order
+    from hush_hf.data import arrow_columns
+
+    secret_ids = arrow_columns(dataset, ["secret_ids"])[0][1]  # in row order
     plan_kwargs = dict(
         expected_batch_size=args.batch_size,
         steps=args.steps,

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import base64
 import secrets
-import sys
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
+from hush_hf.data import arrow_columns, column_names
 from hush_hf.digests import DIGEST_BYTES, row_digests
 
 KEY_BYTES = 32
@@ -50,42 +48,9 @@ def is_bookkeeping(name: str) -> bool:
     return name in BOOKKEEPING_COLUMNS or name.startswith(MARKS_PREFIX) or is_text_digest_column(name)
 
 
-def column_names(dataset: Any) -> list[str]:
-    """A ``datasets.Dataset``'s columns; for another map-style dataset of dict rows, its first row's keys."""
-    names = getattr(dataset, "column_names", None)
-    if names:
-        return list(names)
-    if names is None and hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and len(dataset):
-        first = dataset[0]
-        if isinstance(first, Mapping):
-            return list(first.keys())
-    return []
-
-
 def content_columns(dataset: Any) -> list[str]:
     """The columns a row's digest covers: all but hush_hf's bookkeeping, sorted by name."""
     return sorted(name for name in column_names(dataset) if not is_bookkeeping(name))
-
-
-def arrow_columns(dataset: Any, names: Sequence[str]) -> list[tuple[str, pa.Array | pa.ChunkedArray]]:
-    """The named columns as Arrow arrays in the dataset's current row order (shuffles and selections
-    applied); a map-style dataset of dict rows is read row by row."""
-    datasets = sys.modules.get("datasets")
-    if datasets is not None and isinstance(dataset, datasets.Dataset):
-        view = dataset.with_format("arrow")
-        return [(name, view[name]) for name in names]
-    rows = [dataset[i] for i in range(len(dataset))]
-    try:
-        return [(name, pa.array([_plain(row[name]) for row in rows])) for name in names]
-    except (KeyError, TypeError, pa.ArrowException) as error:
-        raise ValueError(
-            f"the dataset's rows cannot be read as columns {list(names)} ({error}); pass a datasets.Dataset"
-        ) from None
-
-
-def _plain(value: Any) -> Any:
-    """Tensors and arrays as Python lists (what Arrow can read)."""
-    return value.tolist() if hasattr(value, "tolist") else value
 
 
 @dataclass(frozen=True)

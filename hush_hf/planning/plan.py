@@ -447,13 +447,15 @@ def _rows_and_secret_ids(secret_ids: Any) -> tuple[Any, Any]:
     from hush_hf.secrets.tagging import check_secret_ids_current
 
     check_secret_ids_current(secret_ids)  # ids tagged from other text than the rows hold: refused
-    return secret_ids, secret_ids.with_format("arrow")["secret_ids"]
+    from hush_hf.data import arrow_columns
+
+    return secret_ids, arrow_columns(secret_ids, ["secret_ids"])[0][1]
 
 
 def check_row_memberships(memberships: sp.csr_matrix, dataset: Any, *, what: str = "dataset") -> None:
     """ValueError unless each row's ``secret_ids`` (or the secrets its marks name) are exactly the
     plan's memberships of that row; a dataset with neither is not checked here."""
-    from hush_hf.planning.binding import arrow_columns, column_names
+    from hush_hf.data import arrow_columns, column_names
     from hush_hf.secrets.marks import MARKS_PREFIX, secret_ids_from_marks
 
     names = column_names(dataset)

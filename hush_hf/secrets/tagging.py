@@ -18,6 +18,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
+from hush_hf.data import arrow_columns
 from hush_hf.digests import row_digests
 from hush_hf.secrets.taggers import Tagger, UnionTagger
 
@@ -256,9 +257,9 @@ def check_secret_ids_current(
                 "the rows after tagging would go unnoticed; mark secrets on the tokens instead "
                 "(hush_hf.mark_secrets), which keeps them in step with input_ids"
             )
-        view = dataset.with_format("arrow")
-        now = text_digests(view[source], source)
-        then = np.asarray(view[digest_column].to_numpy(), dtype=np.int64)
+        text, recorded_digests = (array for _, array in arrow_columns(dataset, [source, digest_column]))
+        now = text_digests(text, source)
+        then = np.asarray(recorded_digests.to_numpy(), dtype=np.int64)
         changed = np.flatnonzero(now != then)
         if changed.size:
             raise ValueError(
@@ -291,8 +292,7 @@ def _untagged_rows(dataset: datasets.Dataset, column: str, secret_set: Any, text
     from hush_hf.secrets.taggers import tagger_for
 
     tagger = tagger_for(secret_set)
-    texts = dataset.with_format("arrow")[text_column].to_pylist()
-    given = dataset.with_format("arrow")[column].to_pylist()
+    texts, given = (array.to_pylist() for _, array in arrow_columns(dataset, [text_column, column]))
     return np.asarray(
         [
             i

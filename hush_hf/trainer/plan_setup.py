@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from hush_hf.planning.binding import column_names, is_bookkeeping
+from hush_hf.data import arrow_columns, column_names
+from hush_hf.planning.binding import is_bookkeeping
 from hush_hf.planning.plan import (
     SAMPLING_PROB_COLUMN,
     WEIGHT_COLUMN,
@@ -73,7 +74,7 @@ def column(dataset: Any, name: str) -> Any:
     import datasets
 
     if isinstance(dataset, datasets.Dataset):
-        return dataset.with_format("arrow")[name]  # respects shuffles/selects, unlike dataset.data
+        return arrow_columns(dataset, [name])[0][1]  # respects shuffles/selects, unlike dataset.data
     return [dataset[i][name] for i in range(len(dataset))]
 
 
