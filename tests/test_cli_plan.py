@@ -104,7 +104,7 @@ def test_hush_plan_binds_the_rows_it_plans_and_verify_checks_them(corpus, tmp_pa
     np.testing.assert_array_equal(planned.secrets.num_examples, text_counts)
     planned.attach(tokens)  # the saved rows, marks and all
     # The text plan with the tokenized rows, text kept: the tokens cannot be checked against the text.
-    added = r"has \['attention_mask', 'input_ids'\] besides the columns the plan was made from \(\['text'\]\)"
+    added = r"made from \(\['text'\]\): \[\] missing, \['attention_mask', 'input_ids'\] added"
     with pytest.raises(ValueError, match=added):
         ProtectionPlan.load(text_plan).check_rows(tokens.add_column("text", texts["text"]))
 

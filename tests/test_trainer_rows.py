@@ -182,3 +182,21 @@ def test_secret_ids_whose_text_is_gone_train_with_a_loud_warning_saying_what_is_
         )  # fmt: skip
     assert not any(SECRET in str(w.message).lower() for w in caught)
     assert list(trainer.plan.secrets.num_examples) == [4] and trainer.plan.rows is not None
+
+
+def test_a_map_style_dataset_of_dict_rows_is_planned_and_bound_like_a_dataset(tmp_path, tokenizer):
+    rows = [
+        {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": ids, "secret_ids": [0] * (i in HOLDING)}
+        for i, ids in enumerate(tokenizer(texts())["input_ids"])
+    ]
+    trainer = SecretProtectionTrainer(
+        model=tiny_lm(len(tokenizer)), args=dp_config(tmp_path), train_dataset=rows,
+        data_collator=pad_collate, secrets=SECRETS,
+    )  # fmt: skip
+    assert list(trainer.plan.secrets.num_examples) == [4]
+    assert trainer.plan.rows.columns == ("attention_mask", "input_ids", "labels")
+    trainer.train()
+    assert trainer.state.global_step == 2
+    trainer.train_dataset = rows[1:] + rows[:1]
+    with pytest.raises(ValueError, match="differs from the rows the plan was made from at 24 of 24 rows"):
+        trainer.dp.train_dataloader(trainer)

@@ -92,13 +92,9 @@ class RowBinding:
         if columns != list(self.columns):
             missing = [c for c in self.columns if c not in columns]
             added = [c for c in columns if c not in self.columns]
-            change = "; ".join(
-                part
-                for part in (f"lacks {missing}" if missing else "", f"has {added} besides" if added else "")
-                if part
-            )
             raise ValueError(
-                f"{what} {change} the columns the plan was made from ({list(self.columns)}): {RULE}"
+                f"{what}'s columns are not those the plan was made from ({list(self.columns)}): "
+                f"{missing} missing, {added} added: {RULE}"
             )
         differ = self.differing_rows(dataset)
         if differ.size:

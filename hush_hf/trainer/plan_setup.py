@@ -211,8 +211,11 @@ def plan_for_dataset(
     allow_unmatched: bool = False,
 ) -> ProtectionPlan:
     """Solve the plan for a tagged dataset (Hush Alg. 2, lines 1-5), bound to its rows."""
-    return plan_protection(
-        dataset,
+    import datasets
+
+    rows = isinstance(dataset, datasets.Dataset)  # else a map-style dataset of dict rows: bound below
+    plan = plan_protection(
+        dataset if rows else column(dataset, SECRET_IDS_COLUMN),
         secret_set.priors,
         secret_set.targets,
         expected_batch_size=expected_batch_size,
@@ -222,6 +225,7 @@ def plan_for_dataset(
         allow_unmatched=allow_unmatched,
         secret_set_fingerprint=secret_set.fingerprint,
     )
+    return plan if rows else plan.bound_to(dataset)
 
 
 def plan_digest(plan: ProtectionPlan) -> str:
