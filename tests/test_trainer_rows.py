@@ -185,8 +185,9 @@ def test_secret_ids_whose_text_is_gone_train_with_a_loud_warning_saying_what_is_
 
 
 def test_a_map_style_dataset_of_dict_rows_is_planned_and_bound_like_a_dataset(tmp_path, tokenizer):
+    secret_ids = [[0] if i in HOLDING else [] for i in range(N)]
     rows = [
-        {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": ids, "secret_ids": [0] * (i in HOLDING)}
+        {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": ids, "secret_ids": secret_ids[i]}
         for i, ids in enumerate(tokenizer(texts())["input_ids"])
     ]
     trainer = SecretProtectionTrainer(
