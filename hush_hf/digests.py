@@ -62,7 +62,10 @@ def row_digests(
 
 def type_kind(type_: pa.DataType) -> str:
     """The storage-independent kind of an Arrow type: ``int``, ``float``, ``str``, ``bytes``, ``null``,
-    ``list<...>`` or ``struct<name:...>``; any other type is its Arrow name (values hashed by repr)."""
+    ``list<...>`` or ``struct<name:...>``; any other type is its Arrow name (values hashed by repr).
+    Dictionary-encoded columns are their values' kind."""
+    if pa.types.is_dictionary(type_):
+        return type_kind(type_.value_type)
     if pa.types.is_integer(type_) or pa.types.is_boolean(type_):
         return "int"
     if pa.types.is_floating(type_):
@@ -104,6 +107,8 @@ def _streams(array: pa.Array, bounds: np.ndarray, *, top: bool) -> list[Stream]:
     injective: a variable-length element (list, string) below the top level adds a stream of its
     lengths, and at the top level its length is the row's slice length.
     """
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
     type_ = array.type
     streams: list[Stream] = [_validity(array, bounds)]
     if pa.types.is_null(type_):

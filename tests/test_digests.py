@@ -98,6 +98,9 @@ def test_storage_does_not_change_a_digest():
     np.testing.assert_array_equal(digests_of([True, False]), digests_of([1, 0], pa.int8()))
     np.testing.assert_array_equal(digests_of([0.5, 1.0], pa.float32()), digests_of([0.5, 1.0], pa.float64()))
     assert not same_rows(digests_of([1.0]), digests_of([1])).any()  # a float is not an int
+    labels = ["b", "a", "b", None]
+    encoded = pa.array(labels).dictionary_encode()
+    np.testing.assert_array_equal(row_digests([("c", encoded)]), digests_of(labels))
 
 
 def test_a_row_digest_depends_on_its_row_only(monkeypatch):

@@ -190,3 +190,14 @@ def test_row_binding_json_is_validated():
         RowBinding.from_json(data, 23)
     with pytest.raises(ValueError, match="non-empty list of column names"):
         RowBinding.from_json({**data, "columns": []}, N)
+
+
+def test_every_column_the_dp_step_drops_is_bookkeeping_and_nothing_else_is():
+    from hush_hf.planning.binding import is_bookkeeping
+    from hush_hf.trainer.plan_setup import PLAN_COLUMNS
+
+    rows = tagged()
+    extra = [c for c in rows.column_names if c not in ("text", "source")]
+    assert extra == ["secret_ids", "secret_ids__hush_tagged_text__text"]
+    assert all(is_bookkeeping(c) for c in (*PLAN_COLUMNS, *extra, "secret_marks_0123456789abcdef"))
+    assert not any(is_bookkeeping(c) for c in ("text", "input_ids", "labels", "crt_public", "secret_idsx"))

@@ -127,11 +127,10 @@ class RowBinding:
 def unbound_plan_error(what: str) -> ValueError:
     """The error for a plan that records no rows being used with a dataset."""
     return ValueError(
-        f"the plan records no row digests, so {what}'s rows cannot be matched to the plan's (it was made "
-        "from "
-        "a bare secret_ids column, or it is a published or checkpoint copy, which omit them): make the plan "
-        "from the dataset, plan_protection(dataset, ...) / `hush plan` / "
-        "SecretProtectionTrainer(secrets=...), use the local plan file (saved with "
-        "include_fingerprint=True), or bind it to the rows its secret_ids "
-        "were read from with plan.bound_to(dataset)"
+        f"the plan records no row digests, so {what}'s rows cannot be matched to the plan's (it was "
+        "made from a bare secret_ids column, or it is a published or checkpoint copy, which omit them): "
+        "make the plan from the dataset (plan_protection(dataset, ...), `hush plan`, "
+        "SecretProtectionTrainer(secrets=...)), use the local plan file (saved with "
+        "include_fingerprint=True), or bind it to the rows its secret_ids were read from with "
+        "plan.bound_to(dataset)"
     )

@@ -444,11 +444,10 @@ def _rows_and_secret_ids(secret_ids: Any) -> tuple[Any, Any]:
             f"the dataset has no 'secret_ids' column (columns: {secret_ids.column_names}); tag it first "
             "(hush_hf.secrets.tag_dataset) or derive it from secret marks (secret_ids_from_marks)"
         )
+    from hush_hf.data import arrow_columns
     from hush_hf.secrets.tagging import check_secret_ids_current
 
     check_secret_ids_current(secret_ids)  # ids tagged from other text than the rows hold: refused
-    from hush_hf.data import arrow_columns
-
     return secret_ids, arrow_columns(secret_ids, ["secret_ids"])[0][1]
 
 

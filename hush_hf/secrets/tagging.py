@@ -252,9 +252,8 @@ def check_secret_ids_current(
         if source not in names:
             return (
                 f"{what}'s '{column}' cannot be checked against the text they were tagged from (column "
-                f"{source!r} is gone): they are trusted to list every secret each row holds now, so a change "
-                "to "
-                "the rows after tagging would go unnoticed; mark secrets on the tokens instead "
+                f"{source!r} is gone): they are trusted to list every secret each row holds now, so a "
+                "change to the rows after tagging would go unnoticed; mark secrets on the tokens instead "
                 "(hush_hf.mark_secrets), which keeps them in step with input_ids"
             )
         text, recorded_digests = (array for _, array in arrow_columns(dataset, [source, digest_column]))
@@ -265,8 +264,7 @@ def check_secret_ids_current(
             raise ValueError(
                 f"{what}'s '{column}' were tagged from other text than column {source!r} holds now, at "
                 f"{changed.size} of {n} rows (first: row {int(changed[0])}): the text changed after "
-                "tag_dataset "
-                "(e.g. a map), so the ids are stale; tag again after the last change to the text"
+                "tag_dataset (e.g. a map), so the ids are stale; tag again after the last change to the text"
             )
     if recorded:
         return None
@@ -276,14 +274,12 @@ def check_secret_ids_current(
             raise ValueError(
                 f"{what}'s '{column}' lack secrets that tagging column {text_column!r} finds, at "
                 f"{missing.size} of {n} rows (first: row {int(missing[0])}): they were made from other "
-                "text or another tagger; "
-                "tag again with tag_dataset after the last change to the text"
+                "text or another tagger; tag again with tag_dataset after the last change to the text"
             )
         return None
     return (
         f"{what}'s '{column}' record no text they were tagged from (not made by "
-        "hush_hf.secrets.tag_dataset): "
-        "they are trusted to list every secret each row holds, unchecked"
+        "hush_hf.secrets.tag_dataset): they are trusted to list every secret each row holds, unchecked"
     )
 
 

@@ -145,8 +145,7 @@ def prepare_secret_ids(
             check_secret_ids_current(dataset, secret_set=secret_set, text_column=text_column, what=name)
             if isinstance(dataset, datasets.Dataset)
             else f"{name}'s '{SECRET_IDS_COLUMN}' cannot be checked against its rows (not a "
-            "datasets.Dataset): "
-            "they are trusted to list every secret each row holds, unchecked"
+            "datasets.Dataset): they are trusted to list every secret each row holds, unchecked"
         )
         if unchecked:
             loud_warning(unchecked)
@@ -179,10 +178,9 @@ def check_marks_in_step(dataset: Any, marks: str, *, name: str = "train_dataset"
     if rows.size:
         raise ValueError(
             f"{name}'s secret marks are out of step with 'input_ids' at {rows.size} of {len(dataset)} rows "
-            f"(first: row {int(rows[0])}): the tokens were changed after the marking tokenizer made them, so "
-            "the "
-            "marks no longer say which tokens hold a secret; tokenize with the marking tokenizer in the last "
-            "step that changes input_ids"
+            f"(first: row {int(rows[0])}): the tokens were changed after the marking tokenizer made them, "
+            "so the marks no longer say which tokens hold a secret; tokenize with the marking tokenizer in "
+            "the last step that changes input_ids"
         )
 
 
