@@ -504,7 +504,7 @@ def train_and_test(
         args=run_config(config, run_dir, noise_multiplier=sigma),
         train_dataset=train,
         data_collator=collator,
-        plan=plan,
+        plan=plan.bound_to(train),  # planned from train's secret_ids (in worker processes)
     )
     start = time.perf_counter()
     result = trainer.train()

@@ -405,7 +405,7 @@ def train_model(
             args=run_config(config, run_dir),
             train_dataset=train,
             data_collator=collator,
-            plan=plan,
+            plan=plan.bound_to(train),  # planned from train's secret_ids (in worker processes)
         )
     start = time.perf_counter()
     result = trainer.train()

@@ -340,7 +340,7 @@ def run_one(
         train_dataset=train,
         eval_dataset=validation,
         data_collator=default_data_collator,
-        plan=plan,
+        plan=plan.bound_to(train),  # one secret per training sequence, in train's order
     )
     start = time.perf_counter()
     trainer.train()

@@ -463,7 +463,7 @@ def train_model(
             args=run_config(config, run_dir, **dp_overrides),
             train_dataset=train,
             data_collator=collator,
-            plan=plan,
+            plan=plan.bound_to(train),  # planned from train's secret_ids
         )
         sigma = trainer.dp.noise_multiplier
     start = time.perf_counter()

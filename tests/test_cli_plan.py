@@ -75,3 +75,48 @@ def test_hush_plan_bad_input_is_one_clear_line(corpus, tmp_path, capsys):
     code = main(f"plan --dataset {data} --secrets {secrets} --batch-size 4 --steps 0 --output {out}".split())
     assert code == 2
     assert "steps (T) must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_hush_plan_binds_the_rows_it_plans_and_verify_checks_them(corpus, tmp_path, capsys):
+    """Text rows planned by `hush plan` bind the text; the tokenized rows (marks from the marking
+    tokenizer, saved with save_to_disk) are planned as such, and `hush verify --dataset` with the local
+    plan refuses a shuffled copy."""
+    import datasets
+
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+    from hush_hf.secrets import SecretSet, mark_secrets
+
+    data, secrets = corpus
+    text_plan = tmp_path / "text_plan.json"
+    args = f"--secrets {secrets} --batch-size 4 --steps 5"
+    assert main(f"plan --dataset {data} {args} --output {text_plan}".split()) == 0
+    assert ProtectionPlan.load(text_plan).rows.columns == ("text",)
+
+    tokenizer = mark_secrets(gpt2_tokenizer(), SecretSet.load(secrets))
+    texts = datasets.load_dataset("json", data_files=str(data), split="train")
+    tokens = texts.map(lambda batch: tokenizer(batch["text"]), batched=True, remove_columns=["text"])
+    tokens.save_to_disk(str(tmp_path / "tokens"))
+    token_plan = tmp_path / "token_plan.json"
+    assert main(f"plan --dataset {tmp_path / 'tokens'} {args} --output {token_plan}".split()) == 0
+    planned = ProtectionPlan.load(token_plan)
+    assert planned.rows.columns == ("attention_mask", "input_ids")
+    text_counts = ProtectionPlan.load(text_plan).secrets.num_examples
+    np.testing.assert_array_equal(planned.secrets.num_examples, text_counts)
+    planned.attach(tokens)  # the saved rows, marks and all
+    # The text plan with the tokenized rows, text kept: the tokens cannot be checked against the text.
+    added = r"made from \(\['text'\]\): \[\] missing, \['attention_mask', 'input_ids'\] added"
+    with pytest.raises(ValueError, match=added):
+        ProtectionPlan.load(text_plan).check_rows(tokens.add_column("text", texts["text"]))
+
+    tagged = tmp_path / "tagged"
+    from hush_hf.secrets import tag_dataset, tagger_for
+
+    tag_dataset(texts, tagger_for(SecretSet.load(secrets)), num_secrets=3).save_to_disk(str(tagged))
+    capsys.readouterr()
+    assert main(["verify", "--plan", str(text_plan), "--dataset", str(tagged)]) == 0
+    shuffled = tmp_path / "shuffled"
+    datasets.load_from_disk(str(tagged)).shuffle(seed=0).flatten_indices().save_to_disk(str(shuffled))
+    assert main(["verify", "--plan", str(text_plan), "--dataset", str(shuffled)]) == 2
+    error = capsys.readouterr().err
+    assert "--dataset differs from the rows the plan was made from at" in error
+    assert not any(word in error.lower() for word in SECRET_WORDS)

@@ -33,7 +33,8 @@ def train_once(
     )
 
     model = tiny_gpt2(seed=0)
-    plan = make_plan(np.linspace(0.2, 0.9, N), steps=STEPS, noise_multiplier=0.6)
+    rows = token_dataset(N, seed=4)
+    plan = make_plan(np.linspace(0.2, 0.9, N), steps=STEPS, noise_multiplier=0.6, rows=rows)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(

@@ -125,7 +125,7 @@ def test_one_step_update_equals_torch_func_reference(tmp_path, family: Family, t
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
     collator = seq2seq_collator(model) if family.kind == "seq2seq" else pad_collator(pad_id)
-    plan = make_plan(np.ones(N), steps=1, noise_multiplier=1.0)
+    plan = make_plan(np.ones(N), steps=1, noise_multiplier=1.0, rows=dataset)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(

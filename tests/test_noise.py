@@ -133,7 +133,9 @@ def test_noise_only_steps_in_training_have_std_sigma_c_over_b(tmp_path):
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
             seen.update({k: p.grad.clone() for k, p in model.named_parameters()})
 
-    plan = make_plan(np.full(n, 1e-12), steps=1, noise_multiplier=sigma, expected_batch_size=batch)
+    plan = make_plan(
+        np.full(n, 1e-12), steps=1, noise_multiplier=sigma, expected_batch_size=batch, rows=token_dataset(n)
+    )
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, max_steps=1, per_example_clip_norm=clip),

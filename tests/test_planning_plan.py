@@ -87,7 +87,7 @@ def test_plan_columns_attach_to_a_dataset():
     ds = datasets.Dataset.from_dict(
         {"text": [f"doc {i}" for i in range(len(secret_ids))], "secret_ids": secret_ids}
     )
-    plan = plan_protection(ds.data.column("secret_ids"), priors, targets, expected_batch_size=3, steps=20)
+    plan = plan_protection(ds, priors, targets, expected_batch_size=3, steps=20)  # bound to ds's rows
     attached = plan.attach(ds)
     np.testing.assert_allclose(attached[WEIGHT_COLUMN], plan.weights)
     np.testing.assert_allclose(attached[SAMPLING_PROB_COLUMN], plan.sampling_probs)

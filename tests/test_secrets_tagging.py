@@ -47,7 +47,7 @@ def test_existing_column_needs_overwrite():
         tag_dataset(tagged, TermTagger({0: ["nothing"]}))
     retagged = tag_dataset(tagged, TermTagger({0: ["nothing"]}), overwrite=True)
     assert retagged["secret_ids"] == [[], [], [0], [], []]
-    assert retagged.column_names == ["text", "label", "secret_ids"]
+    assert retagged.column_names == ["text", "label", "secret_ids", "secret_ids__hush_tagged_text__text"]
 
 
 def test_custom_column_and_text_column():

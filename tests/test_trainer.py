@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from hush_hf.clipping import UnsupportedLayerError
+from hush_hf.planning.binding import RowBinding
 from hush_hf.planning.plan import ProtectionPlan
 from hush_hf.trainer import GhostClippingCallback, SecretProtectionTrainer
 from tests.test_trainer_helpers import (
@@ -33,13 +35,15 @@ PLAN_CHECK_COLUMNS = {"secret_ids", "hush_sampling_prob"}
 
 
 def build(tmp_path, n=8, *, plan=None, model=None, dataset=None, eval_dataset=None, attach=True, **overrides):
-    """A trainer on ``dataset`` (default: n token rows); ``attach``: a dataset with neither ``secret_ids``
-    nor ``hush_sampling_prob`` gets the plan attached (rows verifiable), as a user must do."""
+    """A trainer on ``dataset`` (default: n token rows); ``attach``: a plan bound to no rows is bound to
+    ``dataset`` (as plan_protection(dataset) binds it), and attached to it unless it has ``secret_ids``."""
     model = model or tiny_gpt2(seed=0)
     plan = plan or make_plan(np.full(n, 0.5), steps=overrides.get("max_steps", 2), noise_multiplier=1.0)
     dataset = token_dataset(n) if dataset is None else dataset
-    if attach and isinstance(plan, ProtectionPlan) and not PLAN_CHECK_COLUMNS & set(dataset.column_names):
-        dataset = plan.attach(dataset)
+    if attach and isinstance(plan, ProtectionPlan):
+        plan = plan if plan.rows is not None else replace(plan, rows=RowBinding.of(dataset))
+        if not PLAN_CHECK_COLUMNS & set(dataset.column_names):
+            dataset = plan.attach(dataset)
     return SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, **overrides),
@@ -303,19 +307,26 @@ def test_plan_must_fit_the_run_and_the_rows(tmp_path):
         build(tmp_path, plan=plan, dataset=token_dataset(9), attach=False)
 
 
-def test_dataset_reordered_after_planning_is_refused(tmp_path):
+def test_dataset_reordered_or_retagged_after_planning_is_refused(tmp_path):
     n = 12
     rho = np.linspace(0.05, 0.6, n)
     secret_ids = [[i % 3] for i in range(n)]
-    plan = make_plan(rho, steps=2, noise_multiplier=1.0, secret_ids=secret_ids)
     tagged = token_dataset(n).add_column("secret_ids", secret_ids)
+    plan = make_plan(rho, steps=2, noise_multiplier=1.0, secret_ids=secret_ids, rows=tagged)
     build(tmp_path, n, plan=plan, dataset=tagged)  # in planning order: accepted
-    with pytest.raises(ValueError, match="'secret_ids' do not match the plan for .* secrets"):
-        build(tmp_path, n, plan=plan, dataset=tagged.shuffle(seed=0))
+    shuffled = tagged.shuffle(seed=0)
+    moved = sum(a != b for a, b in zip(shuffled["input_ids"], tagged["input_ids"], strict=True))
+    with pytest.raises(ValueError, match=rf"differs from the rows the plan was made from at {moved} of 12"):
+        build(tmp_path, n, plan=plan, dataset=shuffled)
+    # Same rows, other secret ids (re-tagged after planning): each row's ids are compared with the plan's.
+    retagged = token_dataset(n).add_column("secret_ids", [[(i + 1) % 3] for i in range(n)])
+    with pytest.raises(ValueError, match=r"'secret_ids' differ from the plan's memberships at 12 rows"):
+        build(tmp_path, n, plan=plan, dataset=retagged)
     attached = plan.attach(token_dataset(n))
     build(tmp_path, n, plan=plan, dataset=attached)
-    with pytest.raises(ValueError, match="'hush_sampling_prob' differs from the plan"):
-        build(tmp_path, n, plan=plan, dataset=attached.shuffle(seed=0))
+    other = make_plan(rho[::-1].copy(), steps=2, noise_multiplier=1.0, secret_ids=secret_ids, rows=tagged)
+    with pytest.raises(ValueError, match="'hush_sampling_prob' differs from the plan at 12 rows"):
+        build(tmp_path, n, plan=plan, dataset=other.attach(token_dataset(n)))
 
 
 def test_noise_below_the_calibrated_sigma_warns_loudly(tmp_path):
@@ -350,9 +361,15 @@ def test_undercutting_the_calibrated_noise_states_the_bounds_it_gives(tmp_path):
 
 
 def test_plan_columns_never_reach_the_collator_or_the_model(tmp_path):
+    from hush_hf.secrets.tagging import text_digests
+
     n = 8
-    plan = make_plan(np.full(n, 0.5), steps=2, noise_multiplier=1.0, secret_ids=[[0]] * n)
-    dataset = plan.attach(token_dataset(n).add_column("secret_ids", [[0]] * n))
+    tagged = token_dataset(n).add_column("text", [f"row {i}" for i in range(n)])
+    tagged = tagged.add_column("secret_ids", [[0]] * n)  # and the tagged-text digests tag_dataset writes:
+    digests = text_digests(tagged["text"], "text").tolist()
+    tagged = tagged.add_column("secret_ids__hush_tagged_text__text", digests)
+    plan = make_plan(np.full(n, 0.5), steps=2, noise_multiplier=1.0, secret_ids=[[0]] * n, rows=tagged)
+    dataset = plan.attach(tagged)
     seen: set[str] = set()
 
     def collate(features):
@@ -376,12 +393,13 @@ def test_plan_columns_never_reach_the_collator_or_the_model(tmp_path):
     )
     trainer.train()
     assert "input_ids" in seen
-    assert not seen & {"secret_ids", "hush_weight", "hush_sampling_prob"}
+    hidden = {"secret_ids", "hush_weight", "hush_sampling_prob", "secret_ids__hush_tagged_text__text"}
+    assert not seen & hidden
 
 
 def test_plain_trainer_with_attach_trains_exactly_like_secret_protection_trainer(tmp_path):
     n = 8
-    plan = make_plan(np.full(n, 0.5), steps=3, noise_multiplier=0.8)
+    plan = make_plan(np.full(n, 0.5), steps=3, noise_multiplier=0.8, rows=token_dataset(n))
     reference = build(tmp_path / "a", n, plan=plan, max_steps=3, dp_seed=SEED)
     reference.train()
 
@@ -473,8 +491,8 @@ def test_plan_comes_from_exactly_one_of_secrets_file_plan_file_secrets_or_plan(t
     )
     assert list(trainer.plan.secrets.num_examples) == [2] and trainer.plan.meets_targets
     assert trainer.train_dataset["secret_ids"] == [[0], [], [0], [], [], [], [], []]
-    trainer.plan.save(tmp_path / "plan.json")
-    again = SecretProtectionTrainer(  # a saved plan needs the rows it was made for: keep secret_ids
+    trainer.plan.save(tmp_path / "plan.json", include_fingerprint=True)  # local: keeps the row digests
+    again = SecretProtectionTrainer(  # a saved plan trains the rows it was made from
         model=tiny_gpt2(),
         args=dp_config(tmp_path / "b", plan_file=str(tmp_path / "plan.json"), **args),
         train_dataset=trainer.train_dataset,
@@ -504,7 +522,7 @@ def test_trainable_optimizer_parameter_outside_the_model_is_refused_before_any_s
 
     model, temperature = tiny_gpt2(), torch.nn.Parameter(torch.tensor(1.0))
     optimizer = torch.optim.SGD([{"params": list(model.parameters())}, {"params": [temperature]}], lr=1.0)
-    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8))
     trainer = TemperatureTrainer(
         model=model,
         args=dp_config(tmp_path),
@@ -524,42 +542,43 @@ def test_trainable_optimizer_parameter_outside_the_model_is_refused_before_any_s
     assert trainer.state.global_step == 2
 
 
-def test_dataset_whose_rows_cannot_be_matched_to_the_plan_is_refused(tmp_path):
+def test_plan_bound_to_no_rows_is_refused_with_any_dataset(tmp_path):
     from hush_hf.trainer.plan_setup import check_plan_fits
 
     n = 12
     secret_ids = [[i % 3] for i in range(n)]
     plan = make_plan(np.linspace(0.05, 0.6, n), steps=2, noise_multiplier=1.0, secret_ids=secret_ids)
-    match = "neither a 'secret_ids' nor a 'hush_sampling_prob' column .* plan.attach"
-    for dataset in (token_dataset(n), token_dataset(n).shuffle(seed=0)):  # same length: undetectable
+    match = "the plan records no row digests, so train_dataset's rows cannot be matched"
+    tagged = token_dataset(n).add_column("secret_ids", secret_ids)
+    for dataset in (token_dataset(n), tagged):  # its secret_ids match the plan's, but not its content
         with pytest.raises(ValueError, match=match):
             build(tmp_path, n, plan=plan, dataset=dataset, attach=False)
     args = TrainingArguments(
         output_dir=str(tmp_path), max_steps=2, max_grad_norm=0.0, report_to=[], use_cpu=True
     )
-    plain = Trainer(model=tiny_gpt2(), args=args, train_dataset=token_dataset(n), data_collator=pad_collate)
+    plain = Trainer(model=tiny_gpt2(), args=args, train_dataset=tagged, data_collator=pad_collate)
     with pytest.raises(ValueError, match=match):
         GhostClippingCallback.attach(plain, plan)
-    # Any map-style dataset of dict rows (not only datasets.Dataset) is checked by its secret_ids.
-    rows = [{"input_ids": [3, 4], "secret_ids": ids} for ids in secret_ids]
-    check_plan_fits(plan, steps=2, dataset=rows)
-    with pytest.raises(ValueError, match="'secret_ids' do not match the plan"):
-        check_plan_fits(plan, steps=2, dataset=rows[1:] + rows[:1])
-    with pytest.raises(ValueError, match=match):
-        check_plan_fits(plan, steps=2, dataset=[{"input_ids": [3, 4]}] * n)
+    # Any map-style dataset of dict rows (not only datasets.Dataset) is matched by its content.
+    rows = [{"input_ids": [3, 4 + i], "secret_ids": ids} for i, ids in enumerate(secret_ids)]
+    bound = plan.bound_to(rows)
+    check_plan_fits(bound, steps=2, dataset=rows)
+    with pytest.raises(ValueError, match="differs from the rows the plan was made from at 12 of 12 rows"):
+        check_plan_fits(bound, steps=2, dataset=rows[1:] + rows[:1])
 
 
 def test_train_dataset_replaced_after_the_trainer_was_built_is_checked_again(tmp_path):
     n = 12
     secret_ids = [[i % 3] for i in range(n)]
-    plan = make_plan(np.linspace(0.05, 0.6, n), steps=2, noise_multiplier=1.0, secret_ids=secret_ids)
     tagged = token_dataset(n).add_column("secret_ids", secret_ids)
+    rho = np.linspace(0.05, 0.6, n)
+    plan = make_plan(rho, steps=2, noise_multiplier=1.0, secret_ids=secret_ids, rows=tagged)
     trainer = build(tmp_path, n, plan=plan, dataset=tagged)
-    trainer.train_dataset = tagged.shuffle(seed=0)
-    with pytest.raises(ValueError, match="'secret_ids' do not match the plan for .* secrets"):
+    trainer.train_dataset = tagged.select(range(1, n)).add_item(tagged[0])  # same rows, rotated
+    with pytest.raises(ValueError, match="differs from the rows the plan was made from at 12 of 12 rows"):
         trainer.train()
-    trainer.train_dataset = token_dataset(n)
-    with pytest.raises(ValueError, match="neither a 'secret_ids' nor a 'hush_sampling_prob' column"):
+    trainer.train_dataset = token_dataset(n, seed=1)
+    with pytest.raises(ValueError, match="differs from the rows the plan was made from at 12 of 12 rows"):
         trainer.train()
     assert trainer.state.global_step == 0
 

@@ -46,6 +46,12 @@ def crt_dataset(public=PUBLIC):
     return data.add_column("secret_ids", SECRET_IDS).add_column("crt_public", public)
 
 
+def crt_plan(*, steps, sigma, rows=None):
+    """rho = 1/2 for the 6 rows of ``crt_dataset()`` (or ``rows``), bound to them."""
+    rows = crt_dataset() if rows is None else rows
+    return make_plan(np.full(6, 0.5), steps=steps, noise_multiplier=sigma, secret_ids=SECRET_IDS, rows=rows)
+
+
 def trainer_for(tmp_path, model, dataset, plan, steps, **overrides):
     recorder = GradRecorder()
     trainer = SecretProtectionTrainer(
@@ -143,7 +149,7 @@ def test_batch_sampler_private_batches_are_the_plans_and_public_epochs_cover_pub
 def test_public_step_is_unclipped_noise_free_mean_and_dp_step_is_unchanged(tmp_path):
     dataset = crt_dataset()
     probs = np.full(len(SECRET_IDS), 0.5)
-    plan = make_plan(probs, steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS)
+    plan = make_plan(probs, steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS, rows=dataset)
     model = tiny_gpt2(seed=3).double()
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     trainer, rec = trainer_for(
@@ -172,16 +178,17 @@ def test_public_step_is_unclipped_noise_free_mean_and_dp_step_is_unchanged(tmp_p
 
 def test_public_row_holding_a_tagged_secret_is_refused(tmp_path):
     public = [True, False, False, True, True, False]
-    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=1.0, secret_ids=SECRET_IDS)
+    plan = crt_plan(steps=1, sigma=1.0, rows=crt_dataset(public))
     with pytest.raises(ValueError, match=r"row 0 is marked public \(crt_public=True\) but holds 1 tagged"):
         trainer_for(tmp_path, tiny_gpt2(), crt_dataset(public), plan, 1, crt_schedule="interleave")
 
 
 def test_crt_mode_needs_the_public_column_and_refuses_resume(tmp_path):
-    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=1.0, secret_ids=SECRET_IDS)
     dataset = crt_dataset().remove_columns("crt_public")
+    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=1.0, secret_ids=SECRET_IDS, rows=dataset)
     with pytest.raises(ValueError, match="needs a bool column 'crt_public'"):
         trainer_for(tmp_path, tiny_gpt2(), dataset, plan, 1, crt_schedule="alternate_epochs")
+    plan = crt_plan(steps=1, sigma=1.0)
     trainer, _ = trainer_for(tmp_path, tiny_gpt2(), crt_dataset(), plan, 1, crt_schedule="alternate_epochs")
     with pytest.raises(ValueError, match="resuming a CRT-mode run"):
         trainer.train(resume_from_checkpoint=str(tmp_path))
@@ -195,7 +202,7 @@ def test_config_rejects_unknown_schedule(tmp_path):
 
 
 def test_saved_card_states_the_crt_run_and_confidentiality(tmp_path):
-    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS)
+    plan = crt_plan(steps=1, sigma=2.0)
     trainer, _ = trainer_for(
         tmp_path, tiny_gpt2(), crt_dataset(), plan, 1, crt_schedule="interleave", crt_recall=0.9
     )
@@ -205,10 +212,10 @@ def test_saved_card_states_the_crt_run_and_confidentiality(tmp_path):
 
 
 def test_public_rows_are_checked_again_when_train_dataset_is_replaced(tmp_path):
-    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=1.0, secret_ids=SECRET_IDS)
+    plan = crt_plan(steps=1, sigma=1.0)
     trainer, _ = trainer_for(tmp_path, tiny_gpt2(), crt_dataset(), plan, 1, crt_schedule="interleave")
-    trainer.train_dataset = crt_dataset([False, True, False, True, True, False])
-    with pytest.raises(ValueError, match=r"row 1 is marked public"):
+    trainer.train_dataset = crt_dataset([False, True, False, True, True, False])  # row 1 made public
+    with pytest.raises(ValueError, match=r"the plan was made from at 1 of 6 rows \(first: row 1"):
         trainer.train()
 
 
@@ -217,7 +224,7 @@ def test_plain_trainer_with_attach_runs_the_crt_schedule(tmp_path):
 
     from hush_hf.trainer import GhostClippingCallback
 
-    plan = make_plan(np.full(6, 0.5), steps=2, noise_multiplier=1.0, secret_ids=SECRET_IDS)
+    plan = crt_plan(steps=2, sigma=1.0)
     model = tiny_gpt2()
     trainer = Trainer(
         model=model,
@@ -236,7 +243,7 @@ def test_plain_trainer_with_attach_runs_the_crt_schedule(tmp_path):
 
 
 def test_trainer_report_carries_the_occurrences_it_is_given(tmp_path):
-    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS)
+    plan = crt_plan(steps=1, sigma=2.0)
     trainer, _ = trainer_for(tmp_path, tiny_gpt2(), crt_dataset(), plan, 1)  # no CRT mode, no recall
     assert trainer.crt_report_section() is None
     trainer.crt_occurrences = {"rows": [2, 1], "unique": [1, 1]}

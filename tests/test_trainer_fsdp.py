@@ -67,7 +67,7 @@ def train_once(
     )
 
     model = {"gpt2": tiny_gpt2, "gemma2": tiny_gemma2}[model_name](seed=0)
-    plan = make_plan(PROBS, steps=STEPS, noise_multiplier=0.6)
+    plan = make_plan(PROBS, steps=STEPS, noise_multiplier=0.6, rows=token_dataset(N, seed=4))
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(
@@ -103,7 +103,8 @@ def crt_under_fsdp(output_dir: Path, use_cpu: bool) -> str:
     from tests.test_trainer_crt import SECRET_IDS, crt_dataset
     from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, tiny_gpt2
 
-    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS)
+    plan = make_plan(np.full(6, 0.5), steps=1, noise_multiplier=2.0, secret_ids=SECRET_IDS,
+                     rows=crt_dataset())
     args = dp_config(
         output_dir, max_steps=1, crt_schedule="interleave", crt_public_batch_size=2, use_cpu=use_cpu
     )

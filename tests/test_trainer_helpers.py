@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from hush_hf.planning.binding import RowBinding
 from hush_hf.planning.plan import ProtectionPlan, SecretReport
 
 VOCAB = 64
@@ -31,11 +32,14 @@ def make_plan(
     noise_multiplier: float,
     expected_batch_size: float | None = None,
     secret_ids: list[list[int]] | None = None,
+    rows: Any = None,
 ) -> ProtectionPlan:
     """A ProtectionPlan with the given rho, memberships ``secret_ids`` (default: one secret in
     example 0) and sigma. Its bounds are the real ones at that sigma, and each target is set above
     its bound (at least 1e-2), so every target holds; sigma is given, not the smallest meeting the
-    targets, so the plan says ``calibrated=False`` (``hush verify`` checks a calibrated plan's claim)."""
+    targets, so the plan says ``calibrated=False`` (``hush verify`` checks a calibrated plan's claim).
+    ``rows``: the dataset it is bound to (as plan_protection(dataset) binds; without, it can be used
+    with no dataset)."""
     from hush_hf.accounting import SecretGroups, posterior_bounds
     from hush_hf.planning.memberships import membership_matrix
 
@@ -67,6 +71,7 @@ def make_plan(
         ),
         memberships=membership,
         calibrated=False,
+        rows=None if rows is None else RowBinding.of(rows),
     )
 
 

@@ -56,7 +56,7 @@ class MaskingCollator:
 )
 def test_tiny_models_learn_under_dp(tmp_path, make_model, collator):
     n, steps = 24, 14
-    plan = make_plan(np.full(n, 0.5), steps=steps, noise_multiplier=0.5)
+    plan = make_plan(np.full(n, 0.5), steps=steps, noise_multiplier=0.5, rows=periodic_dataset(n))
     trainer = SecretProtectionTrainer(
         model=make_model(seed=0),
         args=dp_config(
@@ -179,7 +179,7 @@ def test_push_to_hub_uploads_the_card_with_the_protection_section(tmp_path, monk
 
     secret_ids = [[0] if i % 3 == 0 else [] for i in range(12)]
     data = token_dataset(12, seed=3).add_column("secret_ids", secret_ids)
-    plan = plan_protection(secret_ids, np.array([1e-3]), np.array([0.2]), expected_batch_size=4, steps=2)
+    plan = plan_protection(data, np.array([1e-3]), np.array([0.2]), expected_batch_size=4, steps=2)
     trainer = SecretProtectionTrainer(
         model=tiny_gpt2(),
         args=dp_config(tmp_path, hub_model_id="org/model"),

@@ -58,7 +58,7 @@ def test_update_equals_clipped_mean_gpt2(tmp_path, micro_batch):
     expected, norms = reference_clipped_mean(model, dataset, clip, n, causal=True)
     assert norms.min() > 10 * clip  # every example is clipped
     before = parameters(model)
-    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0)
+    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0, rows=dataset)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(
@@ -94,7 +94,7 @@ def test_update_equals_clipped_mean_bert_mlm(tmp_path):
     expected, norms = reference_clipped_mean(model, dataset, clip, n, causal=False)
     assert norms.min() > 10 * clip
     before = parameters(model)
-    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0)
+    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0, rows=dataset)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, max_steps=1, per_example_clip_norm=clip, noise_multiplier=0.0),
@@ -114,7 +114,7 @@ def test_divides_by_expected_not_drawn_batch_size(tmp_path):
     n, clip = 8, 1e-3
     dataset = token_dataset(n, seed=3)
     model = tiny_gpt2(seed=3).double()
-    plan = make_plan(np.full(n, 0.5), steps=1, noise_multiplier=1.0)
+    plan = make_plan(np.full(n, 0.5), steps=1, noise_multiplier=1.0, rows=dataset)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, max_steps=1, per_example_clip_norm=clip, noise_multiplier=0.0),

@@ -64,7 +64,7 @@ def test_positions_are_the_models_own() -> None:
 def test_lora_trains_only_adapters_and_saves_the_adapter_with_the_card(tmp_path) -> None:
     model = BY_NAME["Llama + LoRA (peft)"].build(True)
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
-    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8, vocab=90))
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(tmp_path, max_steps=2, per_device_train_batch_size=4),

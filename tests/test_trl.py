@@ -78,7 +78,7 @@ def test_sft_step_equals_reference(tmp_path, config):
     if "packing" not in config:  # completion-only: the prompt tokens are not scored
         assert all(-100 in row["labels"] and row["labels"] != row["input_ids"] for row in rows)
     n = len(rows)
-    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0)
+    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0, rows=rows)
     trainer.train_dataset = plan.attach(rows)
     model = trainer.model
     expected = reference_update(model, rows, n)
@@ -103,7 +103,8 @@ def test_trls_default_gradient_checkpointing_is_refused(tmp_path):
 
 def test_padding_free_batches_are_refused(tmp_path):
     trainer = sft_trainer(tmp_path, packing=True, max_length=8)  # TRL's default: 'bfd', padding-free
-    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
+    rows = trainer.train_dataset
+    plan = make_plan(np.ones(len(rows)), steps=1, noise_multiplier=1.0, rows=rows)
     trainer.train_dataset = plan.attach(trainer.train_dataset)
     with pytest.raises(ValueError, match="padding-free"):
         GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)

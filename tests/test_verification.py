@@ -31,7 +31,7 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def plan() -> ProtectionPlan:
-    return plan_protection(SECRET_IDS, PRIORS, TARGETS, expected_batch_size=2.0, steps=STEPS)
+    return plan_protection(tagged_dataset(), PRIORS, TARGETS, expected_batch_size=2.0, steps=STEPS)
 
 
 def reference_bounds(plan: ProtectionPlan, sigma: float) -> np.ndarray:
@@ -42,9 +42,9 @@ def reference_bounds(plan: ProtectionPlan, sigma: float) -> np.ndarray:
 
 
 def edited(plan: ProtectionPlan, path, *, resign: bool):
-    """The plan's JSON with noise_multiplier divided by 10, as a user might edit it; ``resign``
+    """The local plan file's JSON with noise_multiplier divided by 10, as a user might edit it; ``resign``
     also recomputes the digest (a deliberate forgery, which only the recomputed bounds can catch)."""
-    data = plan.to_json()
+    data = plan.to_json(include_fingerprint=True)
     data["noise_multiplier"] /= 10
     if resign:
         data["digest"] = content_digest(data)
@@ -131,12 +131,10 @@ def test_a_calibrated_plan_trains_and_its_card_certifies_the_recomputed_bounds(p
 
 def test_a_plan_made_with_too_little_noise_is_refused_unless_the_noise_is_explicit(plan, tmp_path):
     weak = plan_protection(
-        SECRET_IDS, PRIORS, TARGETS, expected_batch_size=2.0, steps=STEPS,
+        tagged_dataset(), PRIORS, TARGETS, expected_batch_size=2.0, steps=STEPS,
         noise_multiplier=plan.noise_multiplier / 4,
     )
     with pytest.raises(ValueError, match="does NOT meet its targets"):
         trainer_for(tmp_path, weak)
     with pytest.warns(UserWarning, match="do NOT hold"):
         trainer_for(tmp_path, weak, noise_multiplier=weak.noise_multiplier)
-
-

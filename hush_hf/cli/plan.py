@@ -2,7 +2,10 @@
 
 Secrets come from a file (JSON/CSV with id, prior, target and optional terms/pattern; examples are
 tagged by those terms, or by the id as a word) or from the paper's document-frequency selection.
-A dataset that already has a ``secret_ids`` column is used as tagged. Secret strings are never printed.
+A dataset that already has a ``secret_ids`` column (checked against the text it was tagged from) or
+secret marks (a tokenized dataset saved with ``save_to_disk``, made with ``hush_hf.mark_secrets``) is
+used as tagged. The plan is bound to the dataset's rows as given: train exactly those rows, in that
+order (plan the tokenized dataset to train tokens). Secret strings are never printed.
 """
 
 from __future__ import annotations
@@ -117,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
     secret_set = SecretSet.load(args.secrets) if args.secrets else None  # a bad file fails before the data
     dataset = load_text_dataset(args.dataset, split=args.split)
     secret_set, dataset = _secrets_and_tags(args, dataset, secret_set)
-    secret_ids = dataset.data.column("secret_ids")
+    from hush_hf.data import arrow_columns
+
+    secret_ids = arrow_columns(dataset, ["secret_ids"])[0][1]  # in row order
     plan_kwargs = dict(
         expected_batch_size=args.batch_size,
         steps=args.steps,
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         time_limit=args.time_limit,
     )
     plan = plan_protection(
-        secret_ids,
+        dataset,  # bound to its rows
         secret_set.priors,
         secret_set.targets,
         lp_c=args.lp_c,
@@ -179,14 +184,14 @@ def _secrets_and_tags(args: argparse.Namespace, dataset, secret_set):
             num_proc=args.num_proc,
         )
     logger.info("%d secrets", len(secret_set))
-    if "secret_ids" in dataset.column_names:
-        from hush_hf.secrets.tagging import check_fingerprint, dataset_fingerprint
+    from hush_hf.secrets.marks import find_marks_column
 
-        check_fingerprint(
-            dataset_fingerprint(dataset),
-            secret_set.fingerprint,
-            what="the dataset's 'secret_ids' column",
-            against="the secrets given",
+    if "secret_ids" in dataset.column_names or find_marks_column(dataset.column_names) is not None:
+        from hush_hf.trainer.plan_setup import prepare_secret_ids
+
+        # Marks -> ids (in step with input_ids); existing ids: fingerprint and tagged text checked.
+        dataset = prepare_secret_ids(
+            dataset, secret_set=secret_set, text_column=args.text_column, name="--dataset"
         )
     else:
         dataset = tag_dataset(

@@ -12,7 +12,8 @@ files in MODEL_DIR are exactly those whose SHA-256 the record lists, and that th
 published (no training record) certifies no model. `--secrets FILE` compares the number of secrets and
 each secret's prior and target with the plan. `--dataset DATA` recomputes the memberships (its text
 column tagged with --secrets, else its `secret_ids` column), compares them with the plan's exactly, and
-checks the LP constraints (Hush eq. 1) at the secrets file's priors and targets.
+checks the LP constraints (Hush eq. 1) at the secrets file's priors and targets; a local plan file (with
+its keyed row digests) also checks that DATA holds exactly the rows it was made from.
 Exit status 0 when every target holds and every check passes, 1 otherwise, 2 for bad input.
 """
 
@@ -73,6 +74,12 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
         rows = Check("dataset", False, f"{len(dataset)} rows, the plan covers {plan.num_examples} examples")
         return [rows], None, {}, ""
     checks = []
+    if plan.rows is not None:  # a local plan file: its keyed row digests (published copies omit them)
+        try:
+            plan.check_rows(dataset, what="--dataset")
+            checks.append(Check("rows", True, "every row is the one the plan was made from (row digests)"))
+        except ValueError as error:
+            checks.append(Check("rows", False, str(error)))
     if secret_set is not None and len(secret_set) != plan.num_secrets:
         return [Check("dataset", None, "not compared: --secrets and the plan have different numbers of "
                                        "secrets")], None, {}, ""
@@ -83,6 +90,14 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
                               num_secrets=len(secret_set))
         source = f"its column {args.text_column!r} tagged with --secrets"
     elif SECRET_IDS_COLUMN in names:
+        from hush_hf.secrets.tagging import check_secret_ids_current
+
+        try:
+            unchecked = check_secret_ids_current(dataset, text_column=args.text_column, what="--dataset")
+            if unchecked:
+                print(f"warning: {unchecked}")
+        except ValueError as error:
+            checks.append(Check("dataset", False, str(error)))
         found = dataset_fingerprint(dataset)
         if secret_set is not None and found is not None:
             same = found == secret_set.fingerprint

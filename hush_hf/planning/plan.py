@@ -21,6 +21,7 @@ from hush_hf.accounting import (
     lp_budget,
     posterior_bounds,
 )
+from hush_hf.planning.binding import RowBinding, unbound_plan_error
 from hush_hf.planning.lp import solve_example_weights
 from hush_hf.planning.memberships import membership_matrix
 from hush_hf.planning.probabilities import sampling_probabilities
@@ -73,6 +74,10 @@ class ProtectionPlan:
     DP steps the weights went through, and the weights' digests; ``hush_hf.planning.verification``).
     ``noise_multiplier`` and ``steps`` are what the plan was made for; ``training`` is None in a plan
     that no run has published (it certifies no model).
+
+    ``rows`` binds the plan to the rows it was made from (keyed per-row content digests,
+    :mod:`hush_hf.planning.binding`): a plan is used with a dataset only if the dataset's rows are
+    those rows, in that order. Local plan files keep it; published copies omit it.
     """
 
     weights: np.ndarray
@@ -92,6 +97,8 @@ class ProtectionPlan:
     memberships: sp.csr_matrix | None = None
     #: What the published weights went through (set when a run writes its artifacts); None otherwise.
     training: TrainingRecord | None = None
+    #: The rows the plan was made from (None: bound to no rows, so it cannot be used with a dataset).
+    rows: RowBinding | None = None
 
     @property
     def num_examples(self) -> int:
@@ -158,16 +165,15 @@ class ProtectionPlan:
     # -- persistence ---------------------------------------------------------------------------
     def to_json(self, *, include_fingerprint: bool = False) -> dict[str, Any]:
         """The plan as JSON-ready data, ``digest`` included (see :func:`content_digest`); the secret-set
-        fingerprint only with ``include_fingerprint`` (a local plan file: the fingerprint hashes the
-        secrets, so it stays out of published copies)."""
+        fingerprint and the row binding only with ``include_fingerprint`` (a local plan file: the
+        fingerprint hashes the secrets and the row digests hash the training rows, so both stay out of
+        published copies)."""
         data = self._content(include_fingerprint)
         data["digest"] = content_digest(json.loads(json.dumps(data)))
         return data
 
     def _content(self, include_fingerprint: bool) -> dict[str, Any]:
-        extra = {}
-        if include_fingerprint and self.secret_set_fingerprint is not None:
-            extra["secret_set_fingerprint"] = self.secret_set_fingerprint
+        extra = self._local_fields() if include_fingerprint else {}
         data = {
             **extra,
             "format_version": PLAN_FORMAT_VERSION,
@@ -190,6 +196,15 @@ class ProtectionPlan:
         if self.training is not None:
             data["training"] = self.training.to_json()
         return data
+
+    def _local_fields(self) -> dict[str, Any]:
+        """What only a local plan file holds: the secret-set fingerprint and the row binding."""
+        extra: dict[str, Any] = {}
+        if self.secret_set_fingerprint is not None:
+            extra["secret_set_fingerprint"] = self.secret_set_fingerprint
+        if self.rows is not None:
+            extra["rows"] = self.rows.to_json()
+        return extra
 
     def save(self, path: str | Path, *, include_fingerprint: bool = False) -> Path:
         path = Path(path)
@@ -238,6 +253,7 @@ class ProtectionPlan:
             memberships=_memberships_from_json(data.get("memberships"), len(data["secrets"]["target"]),
                                                weights.size),
             training=TrainingRecord.from_json(data["training"]) if "training" in data else None,
+            rows=RowBinding.from_json(data["rows"], weights.size) if "rows" in data else None,
         )
 
     @classmethod
@@ -249,17 +265,41 @@ class ProtectionPlan:
 
     # -- datasets ------------------------------------------------------------------------------
     def attach(self, dataset: Any, *, num_proc: int | None = None) -> Any:
-        """Add ``hush_weight`` and ``hush_sampling_prob`` columns (row i gets example i's values)."""
-        if len(dataset) != self.num_examples:
-            raise ValueError(
-                f"dataset has {len(dataset)} rows but the plan covers {self.num_examples} examples"
-            )
+        """Add ``hush_weight`` and ``hush_sampling_prob`` columns (row i gets example i's values).
+
+        Only to the rows the plan was made from: ValueError unless ``dataset``'s rows match the plan's
+        row binding (:meth:`check_rows`).
+        """
+        self.check_rows(dataset, what="dataset")
         weights, probs = self.weights, self.sampling_probs
 
         def add(_: dict, indices: list[int]) -> dict[str, list[float]]:
             return {WEIGHT_COLUMN: weights[indices].tolist(), SAMPLING_PROB_COLUMN: probs[indices].tolist()}
 
         return dataset.map(add, with_indices=True, batched=True, num_proc=num_proc, desc="Attaching plan")
+
+    def check_rows(self, dataset: Any, *, what: str = "dataset") -> None:
+        """ValueError unless ``dataset`` holds the rows the plan was made from, in order (one line naming
+        how many rows differ and the first); a plan bound to no rows is refused."""
+        if len(dataset) != self.num_examples:
+            raise ValueError(
+                f"{what} has {len(dataset)} rows but the plan covers {self.num_examples} examples"
+            )
+        if self.rows is None:
+            raise unbound_plan_error(what)
+        self.rows.check(dataset, what=what)
+
+    def bound_to(self, dataset: Any) -> ProtectionPlan:
+        """This plan bound to ``dataset``'s rows (:mod:`hush_hf.planning.binding`): the rows its
+        ``secret_ids`` were read from, in that order. If the rows carry ``secret_ids`` (or secret marks),
+        each row's must be the plan's memberships of that row."""
+        if len(dataset) != self.num_examples:
+            raise ValueError(
+                f"dataset has {len(dataset)} rows but the plan covers {self.num_examples} examples"
+            )
+        if self.memberships is not None:
+            check_row_memberships(self.memberships, dataset)
+        return replace(self, rows=RowBinding.of(dataset))
 
 
 def content_digest(data: dict[str, Any]) -> str:
@@ -322,7 +362,10 @@ def plan_protection(
 ) -> ProtectionPlan:
     """Solve the LP (Hush eq. 1), set rho_i = B w_i / sum(w), and calibrate sigma (Alg. 2, lines 1-5).
 
-    ``secret_ids``: one list of secret indices per example (a ``datasets`` column works).
+    ``secret_ids``: the tagged ``datasets.Dataset`` itself (its ``secret_ids`` column, in its current
+    row order; the plan is then bound to its rows, see :meth:`ProtectionPlan.bound_to`, and can be used
+    with them), or one list of secret indices per example (a ``datasets`` column works; the plan is
+    then bound to no rows, e.g. for a sweep).
     ``priors``/``targets``: p_j and r_j per secret (e.g. ``SecretSet.priors``/``.targets``).
     ``budget``: the LP's per-secret budget, ``c * budget_j``; default follows the accountant
     (``sqrt(mu_j)`` for kl, ``g_j = Phi^-1(1-p_j) - Phi^-1(1-r_j)`` for tight and rdp, since sigma_j is
@@ -336,6 +379,7 @@ def plan_protection(
     """
     priors, targets = np.asarray(priors, dtype=np.float64), np.asarray(targets, dtype=np.float64)
     _validate_plan_args(expected_batch_size, steps, lp_c, accountant, noise_multiplier)
+    rows, secret_ids = _rows_and_secret_ids(secret_ids)
     budget = budget or ("kl" if accountant == "kl" else "tight")
     if budget not in BUDGET_KINDS:
         raise ValueError(f"budget must be one of {BUDGET_KINDS}, got {budget!r}")
@@ -405,7 +449,59 @@ def plan_protection(
         calibrated=noise_multiplier is None,
         secret_set_fingerprint=secret_set_fingerprint,
         memberships=membership,
+        rows=None if rows is None else RowBinding.of(rows),
     )
+
+
+def _rows_and_secret_ids(secret_ids: Any) -> tuple[Any, Any]:
+    """(the dataset, its secret_ids column in row order) for a ``datasets.Dataset``; (None, as given) else."""
+    import sys
+
+    datasets = sys.modules.get("datasets")
+    if datasets is None or not isinstance(secret_ids, datasets.Dataset):
+        return None, secret_ids
+    if "secret_ids" not in secret_ids.column_names:
+        raise ValueError(
+            f"the dataset has no 'secret_ids' column (columns: {secret_ids.column_names}); tag it first "
+            "(hush_hf.secrets.tag_dataset) or derive it from secret marks (secret_ids_from_marks)"
+        )
+    from hush_hf.data import arrow_columns
+    from hush_hf.secrets.tagging import check_secret_ids_current
+
+    check_secret_ids_current(secret_ids)  # ids tagged from other text than the rows hold: refused
+    return secret_ids, arrow_columns(secret_ids, ["secret_ids"])[0][1]
+
+
+def check_row_memberships(memberships: sp.csr_matrix, dataset: Any, *, what: str = "dataset") -> None:
+    """ValueError unless each row's ``secret_ids`` (or the secrets its marks name) are exactly the
+    plan's memberships of that row; a dataset with neither is not checked here."""
+    from hush_hf.data import arrow_columns, column_names
+    from hush_hf.secrets.marks import MARKS_PREFIX, secret_ids_from_marks
+
+    names = column_names(dataset)
+    marks = [c for c in names if c.startswith(MARKS_PREFIX)]
+    if marks:
+        ids, source = secret_ids_from_marks(arrow_columns(dataset, marks[:1])[0][1]), "secret marks"
+    elif "secret_ids" in names:
+        ids, source = arrow_columns(dataset, ["secret_ids"])[0][1], "'secret_ids'"
+    else:
+        return
+    rows = differing_memberships(memberships, ids)
+    if rows.size:
+        raise ValueError(
+            f"{what}'s {source} differ from the plan's memberships at {rows.size} rows (first: row "
+            f"{int(rows[0])}): these are not the rows the plan was made from, in that order"
+        )
+
+
+def differing_memberships(memberships: sp.csr_matrix, secret_ids: Any) -> np.ndarray:
+    """Rows whose secret ids (one list per row, as many rows as the plan has examples) differ from the
+    plan's memberships of that row; an id the plan does not know is an error naming its row."""
+    ours = membership_matrix(secret_ids, memberships.shape[0])
+    if ours.shape != memberships.shape:
+        raise ValueError(f"secret_ids cover {ours.shape[1]} rows but the plan covers {memberships.shape[1]}")
+    difference = abs(ours - sp.csr_matrix(memberships)).tocoo()
+    return np.unique(difference.col[difference.data != 0]).astype(np.int64)
 
 
 def check_matches(membership: Any, *, allow_unmatched: bool) -> None:

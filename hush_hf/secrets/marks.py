@@ -251,3 +251,21 @@ def secret_ids_from_marks(marks: Any) -> Any:
     pair_rows, pair_values = pairs // width, pairs % width
     offsets = np.searchsorted(pair_rows, np.arange(rows + 1), side="left").astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(pair_values, pa.int64()))
+
+
+def misaligned_marks(marks: Any, input_ids: Any) -> np.ndarray:
+    """Rows whose marks column holds a different number of tokens than ``input_ids``.
+
+    Marks are made together with the tokens, one list per token; a later step that changes
+    ``input_ids`` but not the marks (a ``map`` that edits or truncates the tokens) leaves them out of
+    step. Equal lengths are necessary, not sufficient: a token replaced in place is not seen.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lengths = []
+    for column in (marks, input_ids):
+        if not isinstance(column, (pa.Array, pa.ChunkedArray)):
+            column = pa.array(list(column))
+        lengths.append(np.asarray(pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False)))
+    return np.flatnonzero(lengths[0] != lengths[1])

@@ -1,4 +1,12 @@
-"""Adding the per-example secret ids to a Hugging Face dataset (the membership of each D_j)."""
+"""Adding the per-example secret ids to a Hugging Face dataset (the membership of each D_j).
+
+Secret ids are only valid for the text they were found in: a ``map`` that changes the text after
+tagging (appending a secret to every row, say) leaves them stale, and a plan made from them would
+count the secret in 4 rows while 24 hold it. So ``tag_dataset`` also writes, per row, a digest of
+the text it tagged (column ``secret_ids__hush_tagged_text__<text column>``), which follows the rows
+through ``shuffle``/``filter``/``select``, and :func:`check_secret_ids_current` compares it with the
+text the row holds now.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +15,38 @@ from collections.abc import Sequence
 from typing import Any
 
 import datasets
+import numpy as np
+import pyarrow as pa
 
+from hush_hf.data import arrow_columns
+from hush_hf.digests import row_digests
 from hush_hf.secrets.taggers import Tagger, UnionTagger
 
 FINGERPRINT_NOTE = "hush_hf secret set fingerprint: "
+TEXT_DIGEST_MARK = "__hush_tagged_text__"  # "<ids column>__hush_tagged_text__<text column>"
+TEXT_DIGEST_BYTES = 8
+
+
+def text_digest_column(column: str, text_column: str) -> str:
+    """The name of the column holding the digests of the text ``column`` was tagged from."""
+    return f"{column}{TEXT_DIGEST_MARK}{text_column}"
+
+
+def is_text_digest_column(name: str) -> bool:
+    return TEXT_DIGEST_MARK in name
+
+
+def text_digests(texts: Any, text_column: str) -> np.ndarray:
+    """int64 per row: the first 8 bytes of the row digest (:mod:`hush_hf.digests`) of its text.
+
+    Unkeyed: the column describes the text beside it, which it is stored with; drop both if the
+    dataset is shared without its text.
+    """
+    array = texts
+    if not isinstance(texts, (pa.Array, pa.ChunkedArray)):
+        array = pa.array(texts, type=pa.large_string())
+    digests = row_digests([(text_column, array)], size=TEXT_DIGEST_BYTES)
+    return np.ascontiguousarray(digests).view("<i8").reshape(-1)
 
 
 def dataset_fingerprint(dataset: Any) -> str | None:
@@ -53,7 +89,7 @@ class _BatchTagger:
         self.column = column
         self.num_secrets = num_secrets
 
-    def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[list[int]]]:
+    def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list]:
         out = []
         for example, text in zip(indices, batch[self.text_column], strict=True):
             if not isinstance(text, str):
@@ -70,7 +106,11 @@ class _BatchTagger:
                     f"example {example}: secret id {ids[-1]} is out of range [0, {self.num_secrets})"
                 )
             out.append(ids)
-        return {self.column: out}
+        texts = batch[self.text_column]
+        return {
+            self.column: out,
+            text_digest_column(self.column, self.text_column): text_digests(texts, self.text_column).tolist(),
+        }
 
 
 def _check_positive_int(field: str, value: object, allow_none: bool) -> None:
@@ -96,6 +136,8 @@ def tag_dataset(
 
     A tagger made by :func:`hush_hf.secrets.tagger_for` also records its secret set's fingerprint in
     the dataset (:func:`dataset_fingerprint`): planning or training it with another set is refused.
+    A second column, ``<column>__hush_tagged_text__<text_column>``, holds a digest of each row's text,
+    so ids left stale by a later change to the text are refused (:func:`check_secret_ids_current`).
 
     Runs ``Dataset.map(batched=True, num_proc=num_proc)``; several taggers are unioned. With
     ``num_secrets`` every id must lie in [0, num_secrets): ids known in advance are checked before
@@ -167,10 +209,13 @@ def _tag(
     num_proc: int | None,
     batch_size: int,
 ) -> datasets.Dataset:
-    if column in dataset.column_names:
-        dataset = dataset.remove_columns(column)
+    digest_column = text_digest_column(column, text_column)
+    stale = [c for c in dataset.column_names if c == column or c.startswith(column + TEXT_DIGEST_MARK)]
+    if stale:
+        dataset = dataset.remove_columns(stale)
     features = dataset.features.copy()
     features[column] = datasets.Sequence(datasets.Value("int64"))  # List(int64); also on datasets 3
+    features[digest_column] = datasets.Value("int64")
     tagged = dataset.map(
         _BatchTagger(tagger, text_column, column, num_secrets),
         batched=True,
@@ -181,3 +226,74 @@ def _tag(
         desc="Tagging secrets",
     )
     return _record_fingerprint(tagged, getattr(tagger, "secret_set_fingerprint", None))
+
+
+def check_secret_ids_current(
+    dataset: datasets.Dataset,
+    *,
+    column: str = "secret_ids",
+    secret_set: Any = None,
+    text_column: str = "text",
+    what: str = "the dataset",
+) -> str | None:
+    """ValueError if ``column`` no longer describes the text its rows hold; what cannot be checked, in words.
+
+    With the tagged-text digests of :func:`tag_dataset` and the text column still there, every row's
+    text must be the text it was tagged from (else: an error naming how many rows changed and the
+    first). Without digests (ids made elsewhere), ``secret_set`` given and ``text_column`` present, the
+    text is tagged again and each row's ids must include every secret found (the cost of tagging).
+    Returns None when the ids were checked, else one sentence saying what is trusted unchecked.
+    """
+    names = dataset.column_names
+    recorded = [c for c in names if c.startswith(column + TEXT_DIGEST_MARK)]
+    n = len(dataset)
+    for digest_column in recorded:
+        source = digest_column[len(column + TEXT_DIGEST_MARK) :]
+        if source not in names:
+            return (
+                f"{what}'s '{column}' cannot be checked against the text they were tagged from (column "
+                f"{source!r} is gone): they are trusted to list every secret each row holds now, so a "
+                "change to the rows after tagging would go unnoticed; mark secrets on the tokens instead "
+                "(hush_hf.mark_secrets), which keeps them in step with input_ids"
+            )
+        text, recorded_digests = (array for _, array in arrow_columns(dataset, [source, digest_column]))
+        now = text_digests(text, source)
+        then = np.asarray(recorded_digests.to_numpy(), dtype=np.int64)
+        changed = np.flatnonzero(now != then)
+        if changed.size:
+            raise ValueError(
+                f"{what}'s '{column}' were tagged from other text than column {source!r} holds now, at "
+                f"{changed.size} of {n} rows (first: row {int(changed[0])}): the text changed after "
+                "tag_dataset (e.g. a map), so the ids are stale; tag again after the last change to the text"
+            )
+    if recorded:
+        return None
+    if secret_set is not None and text_column in names:
+        missing = _untagged_rows(dataset, column, secret_set, text_column)
+        if missing.size:
+            raise ValueError(
+                f"{what}'s '{column}' lack secrets that tagging column {text_column!r} finds, at "
+                f"{missing.size} of {n} rows (first: row {int(missing[0])}): they were made from other "
+                "text or another tagger; tag again with tag_dataset after the last change to the text"
+            )
+        return None
+    return (
+        f"{what}'s '{column}' record no text they were tagged from (not made by "
+        "hush_hf.secrets.tag_dataset): they are trusted to list every secret each row holds, unchecked"
+    )
+
+
+def _untagged_rows(dataset: datasets.Dataset, column: str, secret_set: Any, text_column: str) -> np.ndarray:
+    """Rows whose ``column`` lacks a secret that tagging their text with ``secret_set`` finds."""
+    from hush_hf.secrets.taggers import tagger_for
+
+    tagger = tagger_for(secret_set)
+    texts, given = (array.to_pylist() for _, array in arrow_columns(dataset, [text_column, column]))
+    return np.asarray(
+        [
+            i
+            for i, (text, ids) in enumerate(zip(texts, given, strict=True))
+            if isinstance(text, str) and not tagger(text) <= set(ids or ())
+        ],
+        dtype=np.int64,
+    )

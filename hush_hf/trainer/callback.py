@@ -71,11 +71,11 @@ from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
 from hush_hf.trainer.noise import ensure_grads_, privatize_gradients_
 from hush_hf.trainer.padding import right_align
 from hush_hf.trainer.plan_setup import (
-    PLAN_COLUMNS,
     SECRET_IDS_COLUMN,
     check_plan_fits,
     column,
     column_names,
+    is_plan_column,
     load_plan,
     loud_warning,
     plan_digest,
@@ -553,8 +553,9 @@ class GhostClippingCallback(TrainerCallback):
             saved, saved_plan = load_run_state(checkpoint)
             if not same_sampling(saved_plan, self.plan):
                 raise ValueError(
-                    f"cannot resume: the checkpoint's plan samples differently from this run's plan; pass "
-                    f"plan='{Path(checkpoint) / 'hush_plan.json'}' to continue the checkpoint's run"
+                    "cannot resume: the checkpoint's plan samples differently from this run's plan; pass the "
+                    "plan the checkpoint's run trained with (its local plan file, or, for the same rows, "
+                    f"ProtectionPlan.load('{Path(checkpoint) / 'hush_plan.json'}').bound_to(train_dataset))"
                 )
             saved.check_continues(self._run_state(run_id=saved.run_id, step=saved.global_step))
             state_dir = self._state_dir
@@ -617,8 +618,10 @@ class GhostClippingCallback(TrainerCallback):
         collate_fn = trainer.data_collator
         if isinstance(dataset, datasets.Dataset):
             dataset = trainer._remove_unused_columns(dataset, description="training")
-            dropped = (*PLAN_COLUMNS, self.crt_public_column) if self.crt is not None else PLAN_COLUMNS
-            dataset = dataset.remove_columns([c for c in dropped if c in dataset.column_names])
+            crt = self.crt_public_column if self.crt is not None else None
+            dataset = dataset.remove_columns(
+                [c for c in dataset.column_names if is_plan_column(c) or c == crt]
+            )
         else:
             collate_fn = trainer._get_collator_with_removed_columns(collate_fn, description="training")
         rank, world_size = rank_and_world_size()
@@ -685,7 +688,7 @@ class GhostClippingCallback(TrainerCallback):
         if not self._independence_checked:
             self._check_independence(trainer)
             self._independence_checked = True
-        inputs = self._right_aligned({k: v for k, v in inputs.items() if k not in PLAN_COLUMNS})
+        inputs = self._right_aligned({k: v for k, v in inputs.items() if not is_plan_column(k)})
         if self.crt is not None:
             inputs.pop(self.crt_public_column, None)
             if self.crt.is_public(step):
@@ -748,8 +751,10 @@ class GhostClippingCallback(TrainerCallback):
         if self._filler_source is None:
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
         _, collate_fn = self._filler_source
-        dropped = (*PLAN_COLUMNS, self.crt_public_column)
-        return self._right_aligned({k: v for k, v in collate_fn(rows).items() if k not in dropped})
+        batch = collate_fn(rows).items()
+        return self._right_aligned(
+            {k: v for k, v in batch if not is_plan_column(k) and k != self.crt_public_column}
+        )
 
     def _filler_batch(self) -> dict[str, Any]:
         """Row 0 of the training set, collated like every batch: the input of a filler micro-batch."""

@@ -1,8 +1,11 @@
 """Getting the protection plan a DP run trains with, and checking it fits the run and the data.
 
 The plan's per-example sampling probabilities are indexed by dataset row: a dataset shuffled,
-filtered or re-tagged after planning would sample the wrong examples with the wrong probabilities
-and void the per-secret bounds, so every check here runs before training starts.
+filtered, edited or replaced after planning would sample the wrong examples with the wrong
+probabilities and void the per-secret bounds. So the rows must be the ones the plan was made from
+(its row binding, :mod:`hush_hf.planning.binding`), the secret ids must still describe the rows'
+content (tagged-text digests, marks in step with the tokens), and every check here runs before
+training starts.
 """
 
 from __future__ import annotations
@@ -11,13 +14,20 @@ import hashlib
 import logging
 import math
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hush_hf.planning.plan import SAMPLING_PROB_COLUMN, WEIGHT_COLUMN, ProtectionPlan, plan_protection
+from hush_hf.data import arrow_columns, column_names
+from hush_hf.planning.binding import is_bookkeeping
+from hush_hf.planning.plan import (
+    SAMPLING_PROB_COLUMN,
+    WEIGHT_COLUMN,
+    ProtectionPlan,
+    differing_memberships,
+    plan_protection,
+)
 from hush_hf.planning.verification import Verification, recompute_bounds
 from hush_hf.trainer.validation import check_noise_multiplier
 
@@ -25,6 +35,11 @@ logger = logging.getLogger(__name__)
 
 SECRET_IDS_COLUMN = "secret_ids"
 PLAN_COLUMNS = (SECRET_IDS_COLUMN, WEIGHT_COLUMN, SAMPLING_PROB_COLUMN)
+
+
+def is_plan_column(name: str) -> bool:
+    """A column the DP step drops before the model: ``PLAN_COLUMNS``, secret marks, tagged-text digests."""
+    return is_bookkeeping(name)
 
 
 def loud_warning(message: str) -> None:
@@ -59,27 +74,20 @@ def column(dataset: Any, name: str) -> Any:
     import datasets
 
     if isinstance(dataset, datasets.Dataset):
-        return dataset.with_format("arrow")[name]  # respects shuffles/selects, unlike dataset.data
+        return arrow_columns(dataset, [name])[0][1]  # respects shuffles/selects, unlike dataset.data
     return [dataset[i][name] for i in range(len(dataset))]
-
-
-def column_names(dataset: Any) -> list[str]:
-    """A ``datasets.Dataset``'s columns; for another map-style dataset of dict rows, its first row's keys."""
-    names = getattr(dataset, "column_names", None)
-    if names:
-        return list(names)
-    if names is None and hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and len(dataset):
-        first = dataset[0]
-        if isinstance(first, Mapping):
-            return list(first.keys())
-    return []
 
 
 MARK_LINE = "tokenizer = hush_hf.mark_secrets(tokenizer, secrets)"
 
 
 def prepare_secret_ids(
-    dataset: Any, *, secret_set: Any = None, plan: ProtectionPlan | None = None, text_column: str = "text"
+    dataset: Any,
+    *,
+    secret_set: Any = None,
+    plan: ProtectionPlan | None = None,
+    text_column: str = "text",
+    name: str = "train_dataset",
 ) -> Any:
     """The dataset with a ``secret_ids`` column, from (in order of preference):
 
@@ -89,12 +97,14 @@ def prepare_secret_ids(
     3. tagging ``text_column`` with ``secret_set``.
 
     Marks or tags made with another secret set than ``secret_set`` or ``plan`` are refused
-    (fingerprints). With none of the three (a tokenized dataset without marks): an error that says
-    which line to add. With a plan and no secret set, the dataset may also carry no ids at all
-    (``plan.attach`` columns are checked by ``check_plan_fits``).
+    (fingerprints), and so are marks out of step with ``input_ids`` and ids tagged from other text
+    than the rows hold now; ids that cannot be checked (their text column is gone) are trusted with a
+    loud warning. With none of the three (a tokenized dataset without marks): an error that says
+    which line to add. With a plan and no secret set, the dataset may also carry no ids at all (its
+    rows are matched to the plan by ``check_plan_fits``). ``name``: how errors call the dataset.
     """
     from hush_hf.secrets.marks import find_marks_column, marks_fingerprint, secret_ids_from_marks
-    from hush_hf.secrets.tagging import check_fingerprint, dataset_fingerprint
+    from hush_hf.secrets.tagging import check_fingerprint, check_secret_ids_current, dataset_fingerprint
 
     expected = secret_set.fingerprint if secret_set is not None else None
     plan_fingerprint = plan.secret_set_fingerprint if plan is not None else None
@@ -103,15 +113,16 @@ def prepare_secret_ids(
     marks = find_marks_column(names)
     if marks is not None:
         found = marks_fingerprint(marks)
-        what = "train_dataset's secret marks column"
+        what = f"{name}'s secret marks column"
         check_fingerprint(found, expected, what=what, against=against)
         check_fingerprint(found, plan_fingerprint, what=what, against="the plan")
         import datasets
 
         if not isinstance(dataset, datasets.Dataset):
             raise ValueError(
-                f"train_dataset is a {type(dataset).__name__} with secret marks; pass a datasets.Dataset"
+                f"{name} is a {type(dataset).__name__} with secret marks; pass a datasets.Dataset"
             )
+        check_marks_in_step(dataset, marks, name=name)
         ids = secret_ids_from_marks(column(dataset, marks))
         drop = [marks] + ([SECRET_IDS_COLUMN] if SECRET_IDS_COLUMN in names else [])
         dataset = dataset.remove_columns(drop)
@@ -120,14 +131,24 @@ def prepare_secret_ids(
         return dataset.add_column(SECRET_IDS_COLUMN, ids.to_pylist(), feature=feature)
     if SECRET_IDS_COLUMN in names:
         found = dataset_fingerprint(dataset)
-        what = f"train_dataset's '{SECRET_IDS_COLUMN}' column"
+        what = f"{name}'s '{SECRET_IDS_COLUMN}' column"
         check_fingerprint(found, expected, what=what, against=against)
         check_fingerprint(found, plan_fingerprint, what=what, against="the plan")
         if found is None and secret_set is not None:
             loud_warning(
-                f"train_dataset's '{SECRET_IDS_COLUMN}' column records no secret set (not made by "
+                f"{name}'s '{SECRET_IDS_COLUMN}' column records no secret set (not made by "
                 "hush_hf.secrets.tag_dataset with tagger_for): it is trusted to match the secrets given"
             )
+        import datasets
+
+        unchecked = (
+            check_secret_ids_current(dataset, secret_set=secret_set, text_column=text_column, what=name)
+            if isinstance(dataset, datasets.Dataset)
+            else f"{name}'s '{SECRET_IDS_COLUMN}' cannot be checked against its rows (not a "
+            "datasets.Dataset): they are trusted to list every secret each row holds, unchecked"
+        )
+        if unchecked:
+            loud_warning(unchecked)
         return dataset
     if secret_set is None:
         return dataset
@@ -140,11 +161,27 @@ def prepare_secret_ids(
             dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set)
         )
     raise ValueError(
-        f"train_dataset has no secret marks, no '{SECRET_IDS_COLUMN}' column and no text column "
+        f"{name} has no secret marks, no '{SECRET_IDS_COLUMN}' column and no text column "
         f"{text_column!r} (columns: {names}), so its secrets cannot be found. Add this line where the "
         f"tokenizer is built: `{MARK_LINE}` (secrets: your SecretSet or secrets file); its output then "
         "carries per-token marks through tokenizing, grouping and packing"
     )
+
+
+def check_marks_in_step(dataset: Any, marks: str, *, name: str = "train_dataset") -> None:
+    """ValueError if the marks column and ``input_ids`` hold different numbers of tokens in some row."""
+    from hush_hf.secrets.marks import misaligned_marks
+
+    if "input_ids" not in column_names(dataset):
+        return
+    rows = misaligned_marks(column(dataset, marks), column(dataset, "input_ids"))
+    if rows.size:
+        raise ValueError(
+            f"{name}'s secret marks are out of step with 'input_ids' at {rows.size} of {len(dataset)} rows "
+            f"(first: row {int(rows[0])}): the tokens were changed after the marking tokenizer made them, "
+            "so the marks no longer say which tokens hold a secret; tokenize with the marking tokenizer in "
+            "the last step that changes input_ids"
+        )
 
 
 def drop_marks(dataset: Any) -> Any:
@@ -171,9 +208,12 @@ def plan_for_dataset(
     accountant: str,
     allow_unmatched: bool = False,
 ) -> ProtectionPlan:
-    """Solve the plan for a tagged dataset (Hush Alg. 2, lines 1-5)."""
-    return plan_protection(
-        column(dataset, SECRET_IDS_COLUMN),
+    """Solve the plan for a tagged dataset (Hush Alg. 2, lines 1-5), bound to its rows."""
+    import datasets
+
+    rows = isinstance(dataset, datasets.Dataset)  # else a map-style dataset of dict rows: bound below
+    plan = plan_protection(
+        dataset if rows else column(dataset, SECRET_IDS_COLUMN),
         secret_set.priors,
         secret_set.targets,
         expected_batch_size=expected_batch_size,
@@ -183,6 +223,7 @@ def plan_for_dataset(
         allow_unmatched=allow_unmatched,
         secret_set_fingerprint=secret_set.fingerprint,
     )
+    return plan if rows else plan.bound_to(dataset)
 
 
 def plan_digest(plan: ProtectionPlan) -> str:
@@ -206,10 +247,10 @@ def check_expected_batch_size(plan: ProtectionPlan, expected_batch_size: float |
 def check_plan_fits(plan: ProtectionPlan, *, steps: int, dataset: Any) -> None:
     """ValueError unless the plan was made for this T and exactly these dataset rows.
 
-    The rows are verified against the plan through a ``hush_sampling_prob`` column (exact, per row;
-    added by ``plan.attach``) and/or the ``secret_ids`` column the plan was computed from (per-secret
-    counts and sums of rho). A dataset with neither is refused: only its length could be checked, and
-    a shuffled or filtered copy of the same length would silently train with other rows' rho.
+    The rows must be the ones the plan is bound to (same content, same order:
+    :meth:`ProtectionPlan.check_rows`); a ``hush_sampling_prob`` column (``plan.attach``) must hold the
+    plan's rho row by row; a ``secret_ids`` column must still describe the text it was tagged from and
+    equal the plan's memberships row by row.
     """
     if plan.steps != steps:
         raise ValueError(f"max_steps={steps} but the plan is calibrated for steps={plan.steps}")
@@ -222,38 +263,46 @@ def check_plan_fits(plan: ProtectionPlan, *, steps: int, dataset: Any) -> None:
         raise ValueError(
             f"train_dataset has {len(dataset)} rows but the plan covers {plan.num_examples} examples"
         )
+    plan.check_rows(dataset, what="train_dataset")
     names = column_names(dataset)
-    if SAMPLING_PROB_COLUMN not in names and SECRET_IDS_COLUMN not in names:
-        raise ValueError(
-            f"train_dataset has neither a '{SECRET_IDS_COLUMN}' nor a '{SAMPLING_PROB_COLUMN}' column "
-            f"(columns: {names}), so its rows cannot be matched to the plan: a shuffled or filtered dataset "
-            "would silently get other examples' sampling probabilities. Keep the 'secret_ids' column the "
-            "plan was computed from (hush_hf.secrets.tag_dataset adds it; it never reaches the model), "
-            "or attach the plan in planning order with train_dataset = plan.attach(train_dataset), which "
-            f"adds '{SAMPLING_PROB_COLUMN}'"
-        )
     if SAMPLING_PROB_COLUMN in names:
         probs = np.asarray(column(dataset, SAMPLING_PROB_COLUMN), dtype=np.float64)
         differs = np.flatnonzero(probs != plan.sampling_probs)
         if differs.size:
             raise ValueError(
                 f"train_dataset column '{SAMPLING_PROB_COLUMN}' differs from the plan at {differs.size} rows "
-                f"(first: row {int(differs[0])}); was the dataset shuffled or filtered after plan.attach()?"
+                f"(first: row {int(differs[0])}); was it attached from another plan?"
             )
     if SECRET_IDS_COLUMN in names:
+        import datasets
+
+        if isinstance(dataset, datasets.Dataset):
+            from hush_hf.secrets.tagging import check_secret_ids_current
+
+            check_secret_ids_current(dataset, what="train_dataset")  # what it cannot check: warned before
         check_secret_ids_match(plan, column(dataset, SECRET_IDS_COLUMN))
 
 
 def check_secret_ids_match(plan: ProtectionPlan, secret_ids: Any) -> None:
-    """Each secret's example count and sum of rho, recomputed from the rows, must equal the plan's.
+    """Each row's secret ids must be the plan's memberships of that row (and so each secret's example
+    count and sum of rho the plan's).
 
-    Catches a dataset reordered, filtered or re-tagged after planning (the plan's rho would then
-    belong to other examples). Equal sums do not prove equal rho multisets: adding
-    ``hush_sampling_prob`` with ``plan.attach`` gives an exact per-row check.
+    Catches a dataset re-tagged after planning, or rows reordered or filtered (the plan's rho would
+    then belong to other examples). A plan without recorded memberships is checked per secret
+    (counts and sums of rho), which equal multisets do not distinguish.
     """
     from hush_hf.accounting import SecretGroups
     from hush_hf.planning.memberships import membership_matrix
 
+    if plan.memberships is not None:
+        rows = differing_memberships(plan.memberships, secret_ids)
+        if rows.size:
+            raise ValueError(
+                f"train_dataset's '{SECRET_IDS_COLUMN}' differ from the plan's memberships at {rows.size} "
+                f"rows (first: row {int(rows[0])}); was the dataset re-tagged, shuffled or filtered after "
+                "planning?"
+            )
+        return
     groups = SecretGroups.from_membership(
         membership_matrix(secret_ids, plan.num_secrets), plan.sampling_probs
     )

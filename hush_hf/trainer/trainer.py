@@ -43,9 +43,9 @@ class SecretProtectionTrainer(Trainer):
     each row's secrets (from the per-token marks of :func:`hush_hf.mark_secrets`, an existing
     ``secret_ids`` column, or by tagging the text column), solves the plan (LP weights, sampling
     probabilities, calibrated noise) for ``args.max_steps`` and B, and trains with it; or give
-    ``plan=`` (or ``args.plan_file``) computed beforehand for exactly this dataset, which must then keep
-    its ``secret_ids`` column or carry the plan's ``hush_sampling_prob`` (``plan.attach(dataset)``) so
-    that every row can be matched to its sampling probability. ``args`` may be a
+    ``plan=`` (or ``args.plan_file``: a local plan file) made beforehand from exactly this dataset's
+    rows: the plan's row digests must match every row, in order (:mod:`hush_hf.planning.binding`), so
+    a shuffled, filtered, edited or replaced dataset is refused. ``args`` may be a
     plain ``TrainingArguments``: it becomes a :class:`SecretProtectionConfig` (batch clipping off).
 
     The plan columns (``secret_ids``, ``hush_weight``, ``hush_sampling_prob``) and the marks never reach
