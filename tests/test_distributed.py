@@ -67,11 +67,12 @@ def coupled_refusal(output_dir: str, use_cpu: bool = True) -> str:
             losses = super().compute_per_example_loss(model, inputs)
             return losses / losses.mean()
 
-    plan = make_plan(np.full(N, 0.5), steps=1, noise_multiplier=0.6)
+    rows = token_dataset(N, seed=4)
+    plan = make_plan(np.full(N, 0.5), steps=1, noise_multiplier=0.6, rows=rows)
     trainer = BatchNormalised(
         model=tiny_gpt2(seed=0),
         args=dp_config(output_dir, max_steps=1, per_device_train_batch_size=2, dp_seed=SEED, use_cpu=use_cpu),
-        train_dataset=plan.attach(token_dataset(N, seed=4)),
+        train_dataset=plan.attach(rows),
         data_collator=pad_collate,
         plan=plan,
     )

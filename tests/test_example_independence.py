@@ -189,7 +189,7 @@ def dataset(kind: str, n: int = 8, seed: int = 3) -> datasets.Dataset:
 def train(model: nn.Module, data, data_collator, tmp_path, *, plain=False, steps=2, bf16=False, **kwargs):
     """Two DP steps (noise on, fixed seed) through SecretProtectionTrainer, or a plain Trainer with
     ``GhostClippingCallback.attach``; returns the trainer."""
-    plan = make_plan(np.full(len(data), 0.6), steps=steps, noise_multiplier=1.0)
+    plan = make_plan(np.full(len(data), 0.6), steps=steps, noise_multiplier=1.0, rows=data)
     args = dp_config(
         tmp_path, max_steps=steps, per_device_train_batch_size=3, per_example_clip_norm=0.5, bf16=bf16
     )
@@ -345,7 +345,7 @@ def test_check_runs_at_step_zero_even_when_the_first_poisson_draw_is_empty(tmp_p
     probs = np.full(len(data), 0.05)
     assert WeightedPoissonSampler(probs, num_steps=2, seed=1234).batch(0).size == 0  # step 0 draws no row
     model = tiny_gpt2(seed=0, vocab=VOCAB)
-    plan = make_plan(probs, steps=2, noise_multiplier=1.0)
+    plan = make_plan(probs, steps=2, noise_multiplier=1.0, rows=data)
     trainer = BatchNormalisedTrainer(
         model=model, args=dp_config(tmp_path, max_steps=2, per_device_train_batch_size=3),
         train_dataset=plan.attach(data), data_collator=collator("causal", "right"), plan=plan,
