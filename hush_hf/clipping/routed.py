@@ -17,10 +17,11 @@ per-example copy of all experts, (b, E, rows, cols). The clipped sum ``sum_i c_i
 one (rows x |P_e|) @ (|P_e| x cols) product with c_i folded into the pairs (book-keeping, Bu et al.
 2023): the work of that expert's ordinary weight gradient.
 
-Measured (tests/test_clipping_moe.py): a Mixtral layer with E = 4 experts of 64 x 16 / 16 x 32, 4
-examples of 12 tokens, top-2: each example sends 0 to 12 pairs to an expert, well under the 12.8 pairs
-per example at which forming a block pays, so only Gram matrices (at most (4, 12, 12)) appear; no
-tensor with b * E * rows * cols entries is ever created.
+Measured (tests/test_clipping_moe.py, a dispatch mode recording every tensor of a clipped backward): a
+Mixtral layer of 5 experts (72 x 20 up, 20 x 36 down), top-2, 3 examples of 11 tokens: a block pays
+from 15.7 (down: 12.9) pairs of one example on one expert and an example sends at most 11, so only Gram
+matrices appear, no (3, 72, 20) block; with 70 tokens and 20 x 8 / 8 x 10 experts blocks are formed,
+(3, 20, 8), one expert at a time. In neither case does any tensor of 3 x 5 x rows x cols entries appear.
 """
 
 from __future__ import annotations

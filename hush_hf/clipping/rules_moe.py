@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -111,9 +111,11 @@ def float32_router_grads(router: nn.Module, x: Tensor, g: Tensor) -> dict[str, P
     return router_grads(router, x.float(), g)
 
 
-@register_norm_rule(f"{_MODELS}.llama4.modeling_llama4.Llama4Router", casts_input_under_autocast=True, output_index=1)
+@register_norm_rule(
+    f"{_MODELS}.llama4.modeling_llama4.Llama4Router", casts_input_under_autocast=True, output_index=1
+)
 def llama4_router_grads(router: nn.Linear, x: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
-    """Llama-4's router is an nn.Linear whose forward returns (scores, logits), logits = the Linear's output."""
+    """Llama-4's router is an nn.Linear whose forward returns (scores, logits), logits its Linear output."""
     return linear_grads(router, x, g)
 
 
@@ -148,7 +150,9 @@ def _nonzero(rows: Tensor) -> Tensor:
     return (high > 0) | (rows.amin(dim=-1) < 0) | high.isnan()
 
 
-def _grouped(x: Tensor, weight: Tensor, counts: Sequence[int], transposed: bool, *, adjoint: bool = False) -> Tensor:
+def _grouped(
+    x: Tensor, weight: Tensor, counts: Sequence[int], transposed: bool, *, adjoint: bool = False
+) -> Tensor:
     """Rows of ``x`` (pairs grouped by expert, ``counts[e]`` rows for expert e) times their expert's
     matrix, expert by expert as transformers' eager loop runs them: ``x W[e]^T`` for W[e] (out, in),
     ``x W[e]`` for a transposed W[e] (in, out); with ``adjoint``, the product back to the input side
@@ -172,7 +176,9 @@ def _call_arguments(experts: nn.Module, call: RecordedCall) -> tuple[Tensor, Ten
     bound = inspect.signature(type(experts).forward).bind(experts, *call.args, **call.kwargs)
     values = list(bound.arguments.values())[1:4]
     if len(values) != 3 or not all(isinstance(v, Tensor) for v in values):
-        raise ValueError(f"{type(experts).__name__} must be called with (hidden_states, top_k_index, top_k_weights)")
+        raise ValueError(
+            f"{type(experts).__name__} must be called with (hidden_states, top_k_index, top_k_weights)"
+        )
     hidden, index, weights = values
     if hidden.dim() != 2 or index.shape != weights.shape or index.shape[0] != hidden.shape[0]:
         raise ValueError(
@@ -259,7 +265,9 @@ def llama4_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> d
     g = g.reshape(-1, g.shape[-1])
     rows = hidden.shape[0]
     if g.shape[0] != rows or rows % (n_experts * batch):
-        raise ValueError(f"{type(experts).__name__} got {rows} rows for {n_experts} experts and {batch} examples")
+        raise ValueError(
+            f"{type(experts).__name__} got {rows} rows for {n_experts} experts and {batch} examples"
+        )
     tokens = rows // n_experts
     live = torch.nonzero(_nonzero(hidden) & _nonzero(g)).flatten()  # expert-major: grouped by expert
     expert, token = live // tokens, live % tokens
@@ -302,7 +310,10 @@ class _Output(nn.Module):
 
 
 @register_norm_rule(
-    f"{_MODELS}.gpt_oss.modeling_gpt_oss.GptOssAttention", check=generic_problem, records_call=True, output_index=0
+    f"{_MODELS}.gpt_oss.modeling_gpt_oss.GptOssAttention",
+    check=generic_problem,
+    records_call=True,
+    output_index=0,
 )
 def attention_sinks_grads(attention: nn.Module, call: RecordedCall, g: Tensor) -> dict[str, PerExampleGrad]:
     """GPT-OSS attention returns (output, weights); ``sinks`` (per head) by the generic replay of the output.
@@ -327,9 +338,10 @@ def attention_sinks_grads(attention: nn.Module, call: RecordedCall, g: Tensor) -
 
 
 def gated_delta_net_problem(layer: nn.Module) -> str | None:
-    """Qwen3-Next's Gated DeltaNet: ``conv1d.weight`` is read by the layer's own forward (``causal_conv1d_fn``),
-    not through ``conv1d``; its gated norm runs on (batch * seq * heads) rows with a second input; ``A_log``
-    and ``dt_bias`` act inside the chunked delta rule, which torch.func cannot replay per example here."""
+    """Qwen3-Next's Gated DeltaNet: ``conv1d.weight`` is read by the layer's own forward
+    (``causal_conv1d_fn``), not through ``conv1d``; its gated norm runs on (batch * seq * heads) rows with
+    a second input; ``A_log`` and ``dt_bias`` act inside the chunked delta rule, which the generic
+    torch.func replay does not get through (measured: a shape error inside the rule under vmap)."""
     names = ("conv1d.weight", "norm.weight", "A_log", "dt_bias")
     trainable = [n for n in names if layer.get_parameter(n).requires_grad]
     if not trainable:

@@ -65,10 +65,18 @@ def loss_kind(model: nn.Module) -> str:
 
     Read from the unwrapped model: its config's ``is_encoder_decoder``, else the loss its forward
     calls (transformers resolves ``loss_type``; an unrecognised or missing one means its causal-LM
-    loss). A model with a custom ``loss_function`` or a non-LM loss is refused.
+    loss). A model with a custom ``loss_function`` or a non-LM loss is refused, and so is a
+    mixture-of-experts model whose loss adds the batch-wide router load-balancing loss.
     """
     base = unwrap_model(model)
     config = getattr(base, "config", None)
+    if getattr(config, "output_router_logits", False) is True:
+        raise ValueError(
+            f"{type(base).__name__} has output_router_logits=True: its loss adds the routers' load-balancing "
+            "loss, a function of every token's routing in the batch, so it is not a loss per example; set "
+            "model.config.output_router_logits = False (the DP step trains on the per-example LM loss) or "
+            "pass per_example_loss= with an auxiliary term computed per example"
+        )
     if getattr(config, "is_encoder_decoder", False):
         return SEQ2SEQ
     if "_loss_function" in vars(base):
