@@ -647,10 +647,13 @@ class GhostClipper:
     def _accumulate(p: nn.Parameter, grad: Tensor | None) -> None:
         """``p.grad += grad``. A sharded (FSDP2, DTensor) parameter gets the sum over ranks of each
         rank's full-size ``grad``, reduce-scattered to its own shard: a collective, so every rank makes
-        the same calls (a parameter with no recorded use contributes zeros)."""
+        the same calls (a parameter with no recorded use contributes zeros). The reduce-scatter runs in
+        float32 at least (the dtype ``grad`` is built in), whatever FSDP's ``reduce_dtype``: a bf16 shard
+        is rounded once, after the sum over ranks."""
         if isinstance(p, DTensor):
             zeros = grad is None
-            local = torch.zeros(p.shape, dtype=p.dtype, device=p.device) if zeros else grad.to(p.dtype)
+            dtype = torch.promote_types(p.dtype, torch.float32)
+            local = torch.zeros(p.shape, dtype=dtype, device=p.device) if zeros else grad.to(dtype)
             mesh = p.device_mesh
             grad = DTensor.from_local(local, mesh, [Partial()] * mesh.ndim, run_check=False).redistribute(
                 mesh, p.placements

@@ -49,6 +49,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from hush_hf.clipping.factors import DenseFactor, OuterSum, PerExampleGrad
 from hush_hf.clipping.registry import RecordedCall, register_batch_fold, register_norm_rule, register_refusal
@@ -128,6 +129,13 @@ def experts_problem(experts: nn.Module) -> str | None:
         return "a norm after each expert is not supported by the mixture-of-experts rule"
     if getattr(experts, "_is_expert_parallel", False):
         return "expert parallelism (experts sharded across ranks) is not supported with DP training"
+    return sharded_experts_problem(experts)
+
+
+def sharded_experts_problem(experts: nn.Module) -> str | None:
+    """The replay reads the whole expert weights after the backward, when FSDP2 has resharded them."""
+    if any(isinstance(p, DTensor) for p in experts.parameters(recurse=False)):
+        return "expert weights sharded by FSDP2 (fully_shard) are not supported; use DDP for MoE models"
     return None
 
 
@@ -255,7 +263,9 @@ def topk_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
     return grads
 
 
-@register_norm_rule(f"{_MODELS}.llama4.modeling_llama4.Llama4TextExperts", records_call=True)
+@register_norm_rule(
+    f"{_MODELS}.llama4.modeling_llama4.Llama4TextExperts", check=sharded_experts_problem, records_call=True
+)
 def llama4_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dict[str, RoutedOuterSum]:
     """Llama-4: ``h = x_r W_up[e]``, ``a = up * act(gate)``, ``y = a W_down[e]`` on every row r = e * n + t
     of the (E * n, d) input (expert-major; x_r = score(t, e) * token t, zero where t is not routed to e).
