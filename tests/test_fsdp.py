@@ -81,6 +81,25 @@ def applied_norms(model, batch: int) -> list[float]:
     return ratios
 
 
+def sharded_experts_refusal() -> str:
+    """The error a GhostClipper gets on a Mixtral whose layers FSDP2 shards (its expert weights are replayed
+    after the backward, when they are resharded): refused at construction."""
+    from torch.distributed.fsdp import fully_shard
+
+    from hush_hf.clipping import GhostClipper, UnsupportedLayerError
+    from tests.model_families import FAMILIES
+
+    model = next(f for f in FAMILIES if f.name == "Mixtral").build(False)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    try:
+        GhostClipper(model, 1.0)
+    except UnsupportedLayerError as error:
+        return str(error)
+    return "not refused"
+
+
 def worker(rank: int, world: int, port: int, out: str, precision: str = "float32") -> None:
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -104,8 +123,9 @@ def worker(rank: int, world: int, port: int, out: str, precision: str = "float32
         train(model, slice(per_rank * rank, per_rank * (rank + 1)), batch=4)
         named = model.named_parameters()
         full = {n: p.full_tensor() if isinstance(p, DTensor) else p.detach() for n, p in named}
+        refusal = sharded_experts_refusal() if precision == "float32" else ""
         if rank == 0:
-            torch.save({"params": full, "ratios": ratios}, out)
+            torch.save({"params": full, "ratios": ratios, "moe_refusal": refusal}, out)
     finally:
         dist.destroy_process_group()
 
@@ -119,7 +139,10 @@ def run(tmp_path, world: int, precision: str) -> dict:
 @pytest.mark.slow  # two spawned processes importing transformers: ~50 CPU-seconds
 @pytest.mark.filterwarnings("ignore")
 def test_fsdp2_on_two_processes_trains_the_unsharded_model(tmp_path) -> None:
-    sharded = run(tmp_path, 2, "float32")["params"]
+    result = run(tmp_path, 2, "float32")
+    sharded = result["params"]
+    refusal = result["moe_refusal"]
+    assert "mlp.experts' (MixtralExperts) is not supported: expert weights sharded by FSDP2" in refusal
     model = tiny_gpt2(seed=0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train(model, slice(0, 4), batch=4)  # one process, the same 2 + 2 micro-batches
