@@ -17,7 +17,9 @@ from torch import Tensor, nn
 
 from hush_hf.clipping import GhostClipper, UnsupportedLayerError, per_example_lm_loss
 from hush_hf.clipping.factors import squared_norm_of_sum, weighted_sum
+from hush_hf.clipping.registry import register_batch_fold, register_norm_rule
 from hush_hf.clipping.routed import RoutedOuterSum
+from hush_hf.clipping.rules_moe import router_grads
 from tests.model_families import FAMILIES, VOCAB, Family
 from tests.test_trainer_helpers import single_thread  # noqa: F401  (autouse fixture)
 
@@ -70,6 +72,56 @@ def test_routed_uses_refuse_other_forms_and_inconsistent_pairs():
         g.inner(random_routed(5, rows=7))
     with pytest.raises(ValueError, match="routed pairs disagree"):
         RoutedOuterSum(g.example, g.expert[:4], g.row, g.col, 3, 5)
+
+
+# ----------------------------------------------------------------------------- tuple outputs, folds
+class TupleRouter(nn.Module):
+    """Returns (logits, softmax(logits)) like transformers' routers; ``leak`` adds a second use of the
+    weight outside the logits (in the second element), which the rule does not see."""
+
+    def __init__(self, leak: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+        self.leak = leak
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        logits = torch.nn.functional.linear(x, self.weight)
+        probs = logits.softmax(-1)
+        return logits, probs + x @ self.weight.T if self.leak else probs
+
+
+class FoldingBlock(nn.Module):
+    """(b, T, 4) -> rows (b * T, 4) -> the router -> (b, T, 3), like an MoE block."""
+
+    def __init__(self, leak: bool = False) -> None:
+        super().__init__()
+        self.router = TupleRouter(leak)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _, probs = self.router(x.reshape(-1, 4))
+        return probs.reshape(x.shape[0], -1, 3)
+
+
+register_norm_rule(TupleRouter, output_index=0)(router_grads)
+register_batch_fold(FoldingBlock)
+
+
+def test_a_rule_with_output_index_records_that_element_of_a_tuple_under_a_batch_fold():
+    """The router's rule sees its logits' gradient, unfolded per example: norms equal torch.func's. A
+    second use of the weight in another element of the tuple is refused by the self-check."""
+    from tests.test_clipping_reference import norms_of, per_example_grads
+
+    x = torch.randn(5, 3, 4, generator=torch.Generator().manual_seed(1))
+    model = nn.Sequential(FoldingBlock()).double()
+    expected = norms_of(per_example_grads(model, {"input": x.double()}, lambda out: out.pow(3).sum((1, 2))))
+    with GhostClipper(model, 1.0) as clipper:
+        norms = clipper.per_example_norms(model(x.double()).pow(3).sum((1, 2)))
+    torch.testing.assert_close(norms, expected, rtol=1e-12, atol=0)
+    leaky = nn.Sequential(FoldingBlock(leak=True)).double()
+    clipper = GhostClipper(leaky, 1.0)
+    with pytest.raises(UnsupportedLayerError, match=r"self-check failed.*'0\.router\.weight'"):
+        clipper.clipped_backward(leaky(x.double()).pow(3).sum((1, 2)))
+    clipper.remove()
 
 
 # ----------------------------------------------------------------------------- models, float32

@@ -49,8 +49,9 @@ class LayerRule:
     with a copy and the recorded output stays intact.
     ``output_index``: the layer returns a tuple, and element ``output_index`` is the output its
     parameters act through (a router's logits; the other elements are computed from it inside the
-    call): that element is the output whose gradient the rule gets. The first call's self-check
-    refuses the layer if its parameters reach the loss another way.
+    call): that element is the output whose gradient the rule gets (and a copy the engine makes of it,
+    ``protects_output``, goes back in its place). The first call's self-check refuses the layer if its
+    parameters reach the loss another way.
     """
 
     grads: GradRule
