@@ -123,8 +123,8 @@ def parse_recipe_arguments(
 def refuse_unsupported_launch(environ: Mapping[str, str] | None = None) -> None:
     """ValueError, before any work, when ``accelerate launch`` set up DeepSpeed or an FSDP setting the DP
     step cannot run exactly (the trainer refuses them too, but only once built, after the planning, which
-    can take minutes). FSDP2 in float32 without offloading runs (``configs/accelerate/fsdp.yaml``); the
-    full list of refused FSDP options is :func:`hush_hf.trainer.fsdp.check_fsdp_plugin`.
+    can take minutes). FSDP2 in float32 or bf16 without offloading runs (``configs/accelerate/fsdp.yaml``);
+    the full list of refused FSDP options is :func:`hush_hf.trainer.fsdp.check_fsdp_plugin`.
     """
     import os
 
@@ -157,11 +157,10 @@ def refuse_unsupported_launch(environ: Mapping[str, str] | None = None) -> None:
                 f"{variable}={environ[variable]!r} is not supported with DP training under FSDP: {why}"
             )
     precision = str(environ.get("ACCELERATE_MIXED_PRECISION", "no")).lower()
-    if precision not in ("no", "fp32"):
+    if precision not in ("no", "fp32", "bf16"):
         raise ValueError(
-            f"ACCELERATE_MIXED_PRECISION={precision!r} is not supported with DP training under FSDP: the "
-            "clipped sums would be reduced in low precision (not verified); use mixed_precision: 'no' with "
-            "FSDP, or bf16 with configs/accelerate/multi_gpu.yaml (DDP)"
+            f"ACCELERATE_MIXED_PRECISION={precision!r} is not supported with DP training under FSDP: use "
+            "mixed_precision: bf16 or 'no' (fp16's loss scaler does not see the DP step's backward passes)"
         )
 
 

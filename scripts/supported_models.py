@@ -45,6 +45,16 @@ def render() -> str:
         "checkpointing, and any parameter the first step's self-check finds used outside its layer.",
         "",
     ]
+    lines += [
+        "Mixture-of-experts rows: routers and the 3-D expert weights (and biases) have their own rules",
+        "(`hush_hf/clipping/rules_moe.py`); an expert weight's norm is taken expert by expert from Gram",
+        "matrices or formed blocks, never from a per-example copy of all experts. The rows use",
+        "transformers' eager expert loop (float64); its default `grouped_mm` gives the same gradients",
+        "(`tests/test_clipping_moe.py`, float32). Refused: `output_router_logits=True` (the routers'",
+        "load-balancing loss is a function of the whole batch's routing), expert parallelism, and",
+        "Qwen3-Next's linear-attention `conv1d`, gated norm, `A_log` and `dt_bias` (freeze them).",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -53,6 +53,29 @@ _BERT_LIKE = dict(
 )  # fmt: skip
 
 
+def _moe(
+    config_class: str, model_class: str, frozen: tuple[str, ...] = (), **config
+) -> Callable[[bool], nn.Module]:
+    """A mixture-of-experts model: 4 experts, top-2 (Llama-4: top-1), with transformers' eager expert loop
+    (its default grouped_mm has no float64 kernel; the rule does not depend on which one runs).
+    ``frozen``: parameter name parts set to requires_grad=False."""
+    hf = _hf(config_class, model_class, **config)
+
+    def build(tied: bool) -> nn.Module:
+        model = hf(tied)
+        model.config._experts_implementation = "eager"
+        for name, p in model.named_parameters():
+            if any(part in name for part in frozen):
+                p.requires_grad_(False)
+        return model
+
+    return build
+
+
+_MOE = dict(_LLAMA_LIKE, num_experts_per_tok=2)
+_LINEAR_ATTENTION = ("linear_attn.conv1d", "linear_attn.norm", "linear_attn.A_log", "linear_attn.dt_bias")
+
+
 def _t5(tied: bool) -> nn.Module:
     from transformers import T5Config, T5ForConditionalGeneration
 
@@ -128,6 +151,37 @@ FAMILIES: list[Family] = [
         decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
         activation_dropout=0.0, scale_embedding=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         decoder_start_token_id=2)),
+    Family("Mixtral", "MixtralConfig", "MixtralForCausalLM", "causal", _moe(
+        "MixtralConfig", "MixtralForCausalLM", num_local_experts=4, **_MOE), ties=(False,),
+        notes="MoE: router, 3-D expert weights"),
+    Family("Qwen2-MoE", "Qwen2MoeConfig", "Qwen2MoeForCausalLM", "causal", _moe(
+        "Qwen2MoeConfig", "Qwen2MoeForCausalLM", num_experts=4, moe_intermediate_size=24,
+        shared_expert_intermediate_size=20, **_MOE), ties=(False,),
+        notes="MoE with a gated shared expert"),
+    Family("Qwen3-MoE", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", "causal", _moe(
+        "Qwen3MoeConfig", "Qwen3MoeForCausalLM", head_dim=8, num_experts=4, moe_intermediate_size=24,
+        norm_topk_prob=True, **_MOE), ties=(False,), notes="MoE"),
+    Family("OLMoE", "OlmoeConfig", "OlmoeForCausalLM", "causal", _moe(
+        "OlmoeConfig", "OlmoeForCausalLM", num_experts=4, **_MOE), ties=(False,), notes="MoE"),
+    Family("DeepSeek-V3", "DeepseekV3Config", "DeepseekV3ForCausalLM", "causal", _moe(
+        "DeepseekV3Config", "DeepseekV3ForCausalLM", **dict(_MOE, num_key_value_heads=2), n_routed_experts=4,
+        moe_intermediate_size=24, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+        q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8),
+        ties=(False,), notes="MoE: group-limited routing, float32 router, shared experts, MLA"),
+    Family("GPT-OSS", "GptOssConfig", "GptOssForCausalLM", "causal", _moe(
+        "GptOssConfig", "GptOssForCausalLM", head_dim=8, num_local_experts=4, sliding_window=8,
+        **dict(_MOE, intermediate_size=24)), ties=(False,),
+        notes="MoE: transposed experts with biases, router bias, attention sinks"),
+    Family("Llama-4 (text)", "Llama4TextConfig", "Llama4ForCausalLM", "causal", _moe(
+        "Llama4TextConfig", "Llama4ForCausalLM", head_dim=8, num_local_experts=4, intermediate_size_mlp=32,
+        interleave_moe_layer_step=1, **dict(_MOE, num_experts_per_tok=1, intermediate_size=24)),
+        ties=(False,), notes="MoE: dense expert-major experts, shared expert"),
+    Family("Qwen3-Next", "Qwen3NextConfig", "Qwen3NextForCausalLM", "causal", _moe(
+        "Qwen3NextConfig", "Qwen3NextForCausalLM", _LINEAR_ATTENTION, head_dim=8, num_experts=4,
+        moe_intermediate_size=24, shared_expert_intermediate_size=20, linear_num_value_heads=2,
+        linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"], **_MOE), ties=(False,),
+        notes="MoE; linear attention's conv1d, gated norm, A_log, dt_bias frozen (refused otherwise)"),
     Family("Llama + LoRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
         _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE), ["q_proj", "v_proj"]), ties=(True,),
         notes="only the adapters train"),

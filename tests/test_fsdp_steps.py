@@ -107,16 +107,32 @@ def test_fsdp_plugins_that_cannot_run_exactly_are_refused_naming_the_option():
     check_fsdp_plugin(FullyShardedDataParallelPlugin(fsdp_version=2))  # accelerate's defaults pass
     check_fsdp_plugin(accepted_plugin())
     check_fsdp_plugin(accepted_plugin(mixed_precision_policy=MixedPrecisionPolicy(param_dtype=torch.float32)))
+    bf16 = FullyShardedDataParallelPlugin(fsdp_version=2)
+    bf16.set_mixed_precision("bf16")  # what accelerate's mixed_precision: bf16 sets: bf16 compute and reduce
+    assert (bf16.mixed_precision_policy.param_dtype, bf16.mixed_precision_policy.reduce_dtype) == (
+        torch.bfloat16,
+        torch.bfloat16,
+    )
+    check_fsdp_plugin(bf16)
+    for reduce_dtype in (torch.float32, None):
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+        check_fsdp_plugin(accepted_plugin(mixed_precision_policy=policy))
+    fp16 = FullyShardedDataParallelPlugin(fsdp_version=2)
+    fp16.set_mixed_precision("fp16")
     refused = [
         (dict(fsdp_version=1), "fsdp_version=1 is not supported"),
         (dict(cpu_offload=CPUOffloadPolicy()), "fsdp_offload_params=True"),
         (
-            dict(mixed_precision_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)),
-            "param_dtype=torch.bfloat16 is not supported",
+            dict(mixed_precision_policy=MixedPrecisionPolicy(param_dtype=torch.float16)),
+            "param_dtype=torch.float16 is not supported",
         ),
         (
             dict(mixed_precision_policy=MixedPrecisionPolicy(reduce_dtype=torch.float16)),
             "reduce_dtype=torch.float16 is not supported",
+        ),
+        (
+            dict(mixed_precision_policy=fp16.mixed_precision_policy),
+            "param_dtype=torch.float16 is not supported",
         ),
         (dict(activation_checkpointing=True), "fsdp_activation_checkpointing=True"),
         (dict(ignored_modules=[torch.nn.Linear(2, 2)]), "ignored_modules is not supported"),

@@ -3,7 +3,8 @@ torch.func reference, sum_i min(1, C/||g_i||) g_i / B with g_i the gradient of e
 model's own default forward computes it (each example alone, unpadded, no position_ids passed).
 
 Cases: tests/model_families.py (tiny 2-layer configs, eager attention, tied and untied where the
-config allows, LoRA adapters on Llama and GPT-2), each padded and micro-batched (rows of different
+config allows, LoRA adapters on Llama and GPT-2, mixture-of-experts families with 4 experts and
+transformers' eager expert loop), each padded and micro-batched (rows of different
 lengths, micro-batches of 2) and unpadded (equal lengths, one micro-batch). float64, so the
 comparison (relative error <= 1e-5 per parameter) is not limited by rounding.
 """
@@ -95,7 +96,7 @@ def reference_update(model, dataset) -> dict[str, torch.Tensor]:
     return {n: v / N for n, v in total.items()}
 
 
-# The default run (~50 s on one core) covers every family padded + micro-batched in its first tying
+# The default run (~60 s on one core) covers every family padded + micro-batched in its first tying
 # setting, the other setting where it changes the layer plan (untied heads and embeddings), and the
 # unpadded single micro-batch once per loss kind and for LoRA; `pytest -m slow` runs the full grid.
 FAST_UNTIED = {"GPT-2", "Llama", "BERT (MLM)", "RoBERTa (MLM)", "T5"}

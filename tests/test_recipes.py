@@ -333,8 +333,8 @@ def test_markdown_and_json_helpers():
             "FSDP_ACTIVATION_CHECKPOINTING='true' is not supported",
         ),
         (
-            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "ACCELERATE_MIXED_PRECISION": "bf16"},
-            "ACCELERATE_MIXED_PRECISION='bf16' is not supported .* under FSDP",
+            {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "ACCELERATE_MIXED_PRECISION": "fp16"},
+            "ACCELERATE_MIXED_PRECISION='fp16' is not supported .* under FSDP",
         ),
     ],
 )
@@ -347,6 +347,9 @@ def test_unsupported_launches_are_refused_before_any_work(tmp_path, monkeypatch,
     assert not out.exists()
     off = {"ACCELERATE_USE_DEEPSPEED": "false", "ACCELERATE_USE_FSDP": "0"}
     common.refuse_unsupported_launch({**environ, **off})  # an explicit "false" is not a request for it
+    supported = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+    for precision in ("no", "bf16"):  # FSDP2 in float32 and in bf16 run
+        common.refuse_unsupported_launch({**supported, "ACCELERATE_MIXED_PRECISION": precision})
 
 
 def test_accelerate_configs_describe_the_launches_they_are_named_after():

@@ -83,7 +83,6 @@ def test_hf_argument_parser_reads_the_dp_fields():
         ({"fsdp": True, "fsdp_config": {"version": 1}}, "fsdp_version=1 is not supported .*FSDP2"),
         ({"fsdp": True, "fsdp_config": {"cpu_offload": True}}, "fsdp cpu_offload is not supported"),
         ({"fsdp": "full_shard offload"}, "fsdp cpu_offload is not supported"),
-        ({"fsdp": True, "bf16": True}, "bf16=True with fsdp=.* is not supported"),
         (
             {"fsdp": True, "fsdp_config": {"activation_checkpointing": True}},
             "fsdp_activation_checkpointing=True is not supported",
@@ -103,6 +102,12 @@ def test_hf_argument_parser_reads_the_dp_fields():
 def test_bad_settings_are_refused_with_field_and_value(overrides, match):
     with pytest.raises(ValueError, match=match):
         SecretProtectionConfig(**{**BASE, **overrides})
+
+
+def test_fsdp2_in_bf16_is_a_supported_setting():
+    """bf16=True under FSDP becomes accelerate's bf16 FSDP2 policy (tests/test_trainer_fsdp.py trains it)."""
+    config = SecretProtectionConfig(**BASE, fsdp=True, bf16=True)
+    assert config.bf16 and config.fsdp_plugin_args["fsdp_version"] == 2
 
 
 def test_dp_seed_never_leaves_through_the_config():

@@ -5,11 +5,12 @@ short (or empty), clipped sums reduce-scattered to the shards, noise sliced per 
 Launched with ``accelerate launch`` and ``configs/accelerate/fsdp.yaml`` (its ``fsdp_config``, with
 ``use_cpu: true``). accelerate 1.15 never turns FSDP on for CPU processes (``AcceleratorState`` sets
 ``DistributedType.FSDP`` only in its GPU-family branch; on CPU the run silently becomes MULTI_CPU/DDP),
-so the worker opens exactly that gate (:func:`fsdp_on_cpu`); everything after it -- the plugin built
-from the launcher's environment, ``fsdp2_prepare_model``, the Trainer's FSDP paths and checkpointing --
-is the real code. Also a resume from the sharded checkpoint of step 2. The same test on two GPUs (the
-config unchanged) runs where two are present. Run as a script, this file is the worker each launched
-process executes.
+so the worker opens exactly that gate (:func:`fsdp_on_cpu`, which also gives the plugin accelerate's
+mixed precision policy, as that branch does); everything after it -- the plugin built from the
+launcher's environment, ``fsdp2_prepare_model``, the Trainer's FSDP paths and checkpointing -- is the
+real code. Also a resume from the sharded checkpoint of step 2, and the config with ``mixed_precision:
+bf16`` (bf16 compute over float32 master weights). The same test on two GPUs (the config unchanged)
+runs where two are present. Run as a script, this file is the worker each launched process executes.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def fsdp_on_cpu() -> None:
         if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
             self.distributed_type = DistributedType.FSDP
             PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # as accelerate syncs it
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)  # bf16: its MixedPrecisionPolicy
             self.fsdp_plugin = fsdp_plugin
 
     AcceleratorState.__init__ = init
@@ -123,12 +126,40 @@ def saved_parameters(folder: Path) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in GPT2LMHeadModel.from_pretrained(folder).named_parameters()}
 
 
-def worker(out_path: str, device: str) -> None:
+def bf16_worker(out_path: str, device: str) -> None:
+    """Launched with mixed_precision: bf16: the tiny GPT-2 and Gemma-2 runs, the FSDP policy accelerate
+    built and the dtype of the (sharded) master weights."""
+    import torch.distributed as dist
+
+    from hush_hf.trainer.distributed import rank_and_world_size
+
+    if device == "cpu":
+        fsdp_on_cpu()
+    results = {}
+    for name in ("gpt2", "gemma2"):
+        folder = str(Path(out_path).parent / name)
+        params, logs, trainer = train_once(folder, model_name=name, use_cpu=device == "cpu")
+        policy = trainer.accelerator.state.fsdp_plugin.mixed_precision_policy
+        results[name] = params
+        results[f"{name}_logs"] = logs
+        results["policy"] = (policy.param_dtype, policy.reduce_dtype)
+        results["mixed_precision"] = trainer.accelerator.mixed_precision
+        results["master_dtypes"] = {p.dtype for p in trainer.model.parameters()}
+    if rank_and_world_size()[0] == 0:
+        torch.save(results, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def worker(out_path: str, device: str, precision: str = "no") -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     from hush_hf.trainer.distributed import rank_and_world_size
 
+    if precision == "bf16":
+        bf16_worker(out_path, device)
+        return
     if device == "cpu":
         fsdp_on_cpu()
     run = str(Path(out_path).parent / "run")
@@ -177,16 +208,17 @@ def worker(out_path: str, device: str) -> None:
     dist.destroy_process_group()
 
 
-def launch_two_processes(tmp_path: Path, device: str) -> dict:
+def launch_two_processes(tmp_path: Path, device: str, precision: str = "no") -> dict:
     """Run :func:`worker` under ``accelerate launch`` with configs/accelerate/fsdp.yaml (``use_cpu`` on
-    for ``device="cpu"``); rank 0's results."""
+    for ``device="cpu"``, its ``mixed_precision`` set to ``precision``); rank 0's results."""
     config = yaml.safe_load(CONFIG.read_text())
     assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2
     config["use_cpu"] = device == "cpu"
+    config["mixed_precision"] = precision
     launch_config = tmp_path / "fsdp.yaml"
     launch_config.write_text(yaml.safe_dump(config))
     out = tmp_path / "two.pt"
-    accelerate_launch(launch_config, __file__, str(out), device)
+    accelerate_launch(launch_config, __file__, str(out), device, precision)
     return torch.load(out, weights_only=False)
 
 
@@ -239,5 +271,36 @@ def test_fsdp2_trainer_on_two_gpus_trains_the_one_gpu_model(tmp_path):
     check_equals_one_process(two, tmp_path, use_cpu=False, atol=1e-5)
 
 
+def check_bf16_equals_one_process(two: dict, tmp_path: Path, *, use_cpu: bool) -> None:
+    """FSDP2 under accelerate's mixed_precision: bf16 (bf16 compute and reduce_dtype, float32 master
+    weights) against one process with bf16=True (bf16 autocast over float32 weights): the same batches
+    and the same model up to bf16 rounding, which the two compute differently (FSDP rounds every weight
+    to bf16, autocast only the matmul inputs). Measured: per tensor, ||two - one|| is at most 0.16% of the
+    one-process run's ||update|| (GPT-2) and 0.32% (Gemma-2); a lost or doubled share would be ~100%."""
+    from tests.test_trainer_helpers import tiny_gemma2, tiny_gpt2
+
+    assert two["mixed_precision"] == "bf16" and two["policy"] == (torch.bfloat16, torch.bfloat16)
+    assert two["master_dtypes"] == {torch.float32}  # accelerate keeps float32 master weights
+    sizes = [log["dp_batch_size"] for log in two["gpt2_logs"] if "loss" in log]
+    assert sizes == [1, 6, 5, 5]
+    for name, make in (("gpt2", tiny_gpt2), ("gemma2", tiny_gemma2)):
+        one, logs, _ = train_once(str(tmp_path / f"one_{name}"), model_name=name, use_cpu=use_cpu, bf16=True)
+        assert [log["dp_batch_size"] for log in logs if "loss" in log] == sizes
+        initial = dict(make(seed=0).named_parameters())
+        worst = 0.0
+        for key, value in one.items():
+            update = value - initial[key].detach()
+            assert update.abs().max() > 1e-3  # every parameter moved
+            worst = max(worst, float((two[name][key] - value).norm() / update.norm()))
+        assert worst <= 0.01, (name, worst)
+
+
+@pytest.mark.slow  # two launched processes importing transformers, plus the 1-process runs: ~40 s
+def test_fsdp2_trainer_in_bf16_on_two_cpu_processes_trains_the_one_process_bf16_model(tmp_path):
+    """configs/accelerate/fsdp.yaml with mixed_precision: bf16 (gloo all-gathers and reduce-scatters bf16)."""
+    two = launch_two_processes(tmp_path, "cpu", precision="bf16")
+    check_bf16_equals_one_process(two, tmp_path, use_cpu=True)
+
+
 if __name__ == "__main__":
-    worker(sys.argv[1], sys.argv[2])
+    worker(*sys.argv[1:])

@@ -60,7 +60,21 @@ class Materialized:
     values: Tensor
 
 
-PerExampleGrad = OuterSum | Materialized
+class ExtensionGrad:
+    """A per-example gradient form defined outside this module, which supplies its own per-example inner
+    product and weighted sum (e.g. ``routed.RoutedOuterSum``: an expert-indexed parameter of a
+    mixture-of-experts layer). It is never materialised here, nor combined with the forms above."""
+
+    def inner(self, other: PerExampleGrad) -> Tensor:
+        """``<G_i, H_i>`` for every example, shape (b,)."""
+        raise NotImplementedError
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        """``sum_i w_i G_i``, parameter-sized, in at least float32."""
+        raise NotImplementedError
+
+
+PerExampleGrad = OuterSum | Materialized | ExtensionGrad
 
 
 def compute_dtype(*tensors: Tensor) -> torch.dtype:
@@ -117,6 +131,10 @@ def _inner_materialized_outer(m: Materialized, g: OuterSum) -> Tensor:
 
 def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
     """Per-example Frobenius inner product ``<G_i, H_i>``, shape (b,)."""
+    if isinstance(g, ExtensionGrad):
+        return g.inner(h)
+    if isinstance(h, ExtensionGrad):
+        return h.inner(g)
     if isinstance(g, OuterSum) and isinstance(h, OuterSum):
         k_row = gram(g.row, h.row)
         k_col = gram(g.col, h.col)
@@ -282,6 +300,8 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
     With ``w_i = c_i`` it is the clipped sum that ``GhostClipper.clipped_backward`` adds to ``p.grad``
     (book-keeping: c_i folded into the factor, one matmul; no second backward pass).
     """
+    if isinstance(g, ExtensionGrad):
+        return g.weighted_sum(weights)
     if isinstance(g, Materialized):
         dtype = compute_dtype(g.values)
         values = g.values.to(dtype)

@@ -38,7 +38,7 @@ import math
 import numbers
 import weakref
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -209,12 +209,13 @@ def _plan_layers(model: nn.Module) -> list[_HookedLayer]:
 
 
 def _fold_factor(call: _Call, batch: int) -> int | None:
-    """n when a call of a batch-folding layer saw (batch * n, ...) rows in and out, else None."""
+    """n when a call of a batch-folding layer saw (batch * n, ...) rows out and a multiple of batch
+    rows in (its primary input, for a rule that records the whole call), else None."""
     x, out = call.x_source, call.out_shape
-    if not isinstance(call.x, Tensor) or batch == 0 or x.dim() < 2 or len(out) < 2:
+    if batch == 0 or x.dim() < 2 or len(out) < 2:
         return None
-    n = x.shape[0] // batch
-    if n < 1 or x.shape[0] != batch * n or out[0] != batch * n:
+    n = out[0] // batch
+    if n < 1 or out[0] != batch * n or x.shape[0] < batch or x.shape[0] % batch:
         return None
     return n
 
@@ -349,6 +350,12 @@ class GhostClipper:
     ) -> Any:
         if not torch.is_grad_enabled() or self._paused:
             return
+        index = layer.rule.output_index
+        if index is not None and isinstance(output, tuple):
+            # Record the element the parameters act through (a router's logits) as the layer's output.
+            plain = replace(layer, rule=replace(layer.rule, output_index=None))
+            element = self._record(plain, module, args, kwargs, output[index])
+            return None if element is None else (*output[:index], element, *output[index + 1 :])
         if layer.rule.records_call:
             return self._record_call(layer, args, kwargs, output)
         inputs = [*args, *kwargs.values()]
@@ -519,8 +526,11 @@ class GhostClipper:
             g, out_grads[k] = out_grads[k], None
             if g is None:
                 continue  # output not used by the loss: zero gradient
-            if isinstance(x, Tensor) and x.shape[0] != b:  # a folded call, checked in _check_calls
-                x, g = x.reshape(b, -1, *x.shape[1:]), g.reshape(b, -1, *g.shape[1:])
+            if layer.folded:  # (b * n) rows, batch-major, checked in _check_calls
+                if isinstance(x, Tensor) and x.shape[0] != b:
+                    x = x.reshape(b, -1, *x.shape[1:])
+                if g.shape[0] != b:
+                    g = g.reshape(b, -1, *g.shape[1:])
             self._paused = True
             try:
                 grads = layer.rule.grads(module, x, g)
@@ -637,10 +647,13 @@ class GhostClipper:
     def _accumulate(p: nn.Parameter, grad: Tensor | None) -> None:
         """``p.grad += grad``. A sharded (FSDP2, DTensor) parameter gets the sum over ranks of each
         rank's full-size ``grad``, reduce-scattered to its own shard: a collective, so every rank makes
-        the same calls (a parameter with no recorded use contributes zeros)."""
+        the same calls (a parameter with no recorded use contributes zeros). The reduce-scatter runs in
+        float32 at least (the dtype ``grad`` is built in), whatever FSDP's ``reduce_dtype``: a bf16 shard
+        is rounded once, after the sum over ranks."""
         if isinstance(p, DTensor):
             zeros = grad is None
-            local = torch.zeros(p.shape, dtype=p.dtype, device=p.device) if zeros else grad.to(p.dtype)
+            dtype = torch.promote_types(p.dtype, torch.float32)
+            local = torch.zeros(p.shape, dtype=dtype, device=p.device) if zeros else grad.to(dtype)
             mesh = p.device_mesh
             grad = DTensor.from_local(local, mesh, [Partial()] * mesh.ndim, run_check=False).redistribute(
                 mesh, p.placements

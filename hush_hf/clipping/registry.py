@@ -47,6 +47,11 @@ class LayerRule:
     the single input ``x`` (layers called with several inputs, the generic path).
     ``protects_output``: the model modifies this layer's output in place, so the model continues
     with a copy and the recorded output stays intact.
+    ``output_index``: the layer returns a tuple, and element ``output_index`` is the output its
+    parameters act through (a router's logits; the other elements are computed from it inside the
+    call): that element is the output whose gradient the rule gets (and a copy the engine makes of it,
+    ``protects_output``, goes back in its place). The first call's self-check refuses the layer if its
+    parameters reach the loss another way.
     """
 
     grads: GradRule
@@ -54,6 +59,7 @@ class LayerRule:
     casts_input_under_autocast: bool = False
     records_call: bool = False
     protects_output: bool = False
+    output_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -109,13 +115,22 @@ def register_norm_rule(
     check: ConfigCheck | None = None,
     casts_input_under_autocast: bool = False,
     protects_output: bool = False,
+    records_call: bool = False,
+    output_index: int | None = None,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
 
     keys = _keys(targets)
 
     def decorator(grads: GradRule) -> GradRule:
-        rule = LayerRule(grads, check, casts_input_under_autocast, protects_output=protects_output)
+        rule = LayerRule(
+            grads,
+            check,
+            casts_input_under_autocast,
+            records_call=records_call,
+            protects_output=protects_output,
+            output_index=output_index,
+        )
         for key in keys:
             _RULES[key] = rule
         return grads
@@ -208,9 +223,12 @@ def register_batch_fold(target: type | str) -> None:
 
     Some models reshape a (batch, seq, d) tensor to (batch * seq, d) before their feed-forward
     layers (OPT's decoder layer: ``hidden_states.reshape(-1, d)``). Row r then belongs to example
-    r // seq, and the engine unfolds such calls to (batch, seq, d) before applying a rule. Declared
-    per container type after reading its forward, never guessed: a (seq * batch) layout would mix
-    examples.
+    r // seq, and the engine unfolds such calls to (batch, seq, d) before applying a rule. Input and
+    output are unfolded separately (a mixture-of-experts router may take (batch, seq, d) and return
+    (batch * seq, E)). A rule that records the whole call (``records_call``) gets the output gradient
+    unfolded the same way, as a (batch, rows / batch, ...) view of the rows, and reads the layout of
+    its arguments itself. Declared per container type after reading its forward, never guessed: a
+    (seq * batch) layout would mix examples.
     """
     for key in _keys((target,)):
         _FOLDS.add(key)

@@ -99,7 +99,7 @@ class SecretProtectionConfig(TrainingArguments):
     calibrated for (`num_train_epochs` is not used); `per_device_train_batch_size` caps the physical
     micro-batch, not the logical batch B; `gradient_accumulation_steps` must stay 1 (micro-batches are
     accumulated inside the DP step). Checked when the config is built: `fp16`, activation
-    checkpointing, `torch_compile`, DeepSpeed, FSDP1 and FSDP2 with offloading or bf16/fp16,
+    checkpointing, `torch_compile`, DeepSpeed, FSDP1 and FSDP2 with offloading or fp16,
     `auto_find_batch_size`, `ignore_data_skip`,
     `label_smoothing_factor`, a `train_sampling_strategy` other than `"random"`, pushing checkpoints
     to the Hub, `include_num_input_tokens_seen` and `WANDB_WATCH=gradients|all` with wandb reporting

@@ -37,9 +37,9 @@ def check_fsdp_plugin(plugin: Any) -> None:
       per-layer hooks of ghost clipping see no per-layer weights.
     - ``cpu_offload`` (``CPUOffloadPolicy``): sharded parameters and gradients live on the CPU while
       the clipped sums are built on the accelerator; not supported (not verified).
-    - ``mixed_precision_policy`` with a ``param_dtype`` or ``reduce_dtype`` other than float32: the
-      reduce-scatter would sum the clipped gradients in low precision before the noise, and low
-      precision parameters are not verified under FSDP; train in float32 under FSDP, or bf16 under DDP.
+    - ``mixed_precision_policy`` with a ``param_dtype`` other than float32 or bfloat16, or a float16
+      ``reduce_dtype`` (fp16 is refused everywhere: its loss scaler does not see the DP step). bf16 is
+      exact in the sense of the DDP bf16 path, see :func:`check_fsdp_precision`.
     - ``activation_checkpointing``: re-runs layers in backward, which ghost clipping does not support.
     - ``ignored_modules``: their parameters stay unsharded replicas beside sharded ones (not verified).
     """
@@ -57,15 +57,7 @@ def check_fsdp_plugin(plugin: Any) -> None:
             "clipped sums are built on the accelerator while the offloaded shards live on the CPU (not "
             "verified); set fsdp_offload_params: false"
         )
-    policy = getattr(plugin, "mixed_precision_policy", None)
-    for field in ("param_dtype", "reduce_dtype"):
-        dtype = getattr(policy, field, None)
-        if dtype not in (None, torch.float32):
-            raise ValueError(
-                f"FSDP mixed_precision_policy {field}={dtype} is not supported with DP training: the clipped "
-                "sums would be reduced in low precision before the noise, and low-precision parameters are "
-                "not verified under FSDP; use mixed_precision 'no' with FSDP, or bf16 with DDP"
-            )
+    check_fsdp_precision(getattr(plugin, "mixed_precision_policy", None))
     if getattr(plugin, "activation_checkpointing", False):
         raise ValueError(
             "fsdp_activation_checkpointing=True is not supported with DP training: ghost clipping records "
@@ -78,23 +70,45 @@ def check_fsdp_plugin(plugin: Any) -> None:
         )
 
 
+SUPPORTED_PRECISIONS = (None, torch.float32, torch.bfloat16)
+
+
+def check_fsdp_precision(policy: Any) -> None:
+    """ValueError for an FSDP2 ``MixedPrecisionPolicy`` whose dtypes the DP step does not run exactly.
+
+    Supported: float32, and bf16 compute, i.e. ``param_dtype=torch.bfloat16`` (what accelerate's
+    ``mixed_precision: bf16`` sets, over float32 master weights) or a model loaded in bf16. Exact in the
+    sense the DDP bf16 path is: the per-example norm and the applied ``c_i g_i`` are computed from the
+    same bf16 factors (in float32), so each example's applied gradient stays within C, with the bf16 clip
+    margin of ``GhostClipper`` (``CLIP_MARGINS``: 2^-6, covering how differently the two routes round).
+    What rounds after that is the sum of the clipped gradients: the engine reduce-scatters it over ranks
+    itself, in float32 (``GhostClipper._accumulate``), so FSDP's ``reduce_dtype`` never touches it
+    (tests/test_fsdp.py: bf16 and float32 ``reduce_dtype`` train bit-identical models), and a bf16
+    parameter's gradient is rounded to bf16 after each micro-batch's sum, as under DDP, where the noise
+    is then added in float32 and rounded once. That rounding of a sum of clipped gradients is the
+    floating-point gap every DP-SGD implementation has (the mechanism is analysed in exact arithmetic);
+    it is smallest with float32 master weights (accelerate's ``mixed_precision: bf16``).
+    """
+    for field in ("param_dtype", "reduce_dtype"):
+        dtype = getattr(policy, field, None)
+        if dtype not in SUPPORTED_PRECISIONS:
+            raise ValueError(
+                f"FSDP mixed_precision_policy {field}={dtype} is not supported with DP training: use bf16 "
+                "(mixed_precision: bf16) or float32 (mixed_precision: 'no'); fp16's loss scaler does not "
+                "see the DP step's backward passes"
+            )
+
+
 def check_fsdp_arguments(args: Any) -> None:
     """The checks of :func:`check_fsdp_plugin` on ``TrainingArguments.fsdp`` / ``fsdp_config`` (before the
-    Trainer builds its plugin from them), plus ``bf16`` / ``fp16``, which become a low-precision FSDP
-    mixed precision policy."""
+    Trainer builds its plugin from them). ``bf16=True`` becomes accelerate's bf16 policy (supported, see
+    :func:`check_fsdp_precision`); ``fp16`` is refused for every DP run."""
     plugin_args = getattr(args, "fsdp_plugin_args", None) or {}
     if "offload" in str(args.fsdp) or plugin_args.get("cpu_offload"):
         raise ValueError(
             "fsdp cpu_offload is not supported with DP training under FSDP: the clipped sums are built on "
             "the accelerator while the offloaded shards live on the CPU (not verified); drop 'offload'"
         )
-    for field in ("bf16", "fp16"):
-        if getattr(args, field, False):
-            raise ValueError(
-                f"{field}=True with fsdp={args.fsdp!r} is not supported with DP training: FSDP would keep "
-                "low-precision parameters and reduce the clipped sums in low precision (not verified); "
-                "train in float32 under FSDP, or use bf16 with DDP"
-            )
     check_fsdp_plugin(SimpleNamespace(**{"fsdp_version": 1, **plugin_args}))
 
 

@@ -46,7 +46,7 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
     - ``fp16`` (its loss scaler does not see the DP step's backward passes), activation
       checkpointing (re-runs layers in backward), ``torch_compile``, DeepSpeed (it owns the backward and
       the gradient reduction), several GPUs in one process (DataParallel). FSDP: only FSDP2 in float32
-      without offloading (:func:`hush_hf.trainer.fsdp.check_fsdp_arguments`).
+      or bf16 without offloading (:func:`hush_hf.trainer.fsdp.check_fsdp_arguments`).
     - ``auto_find_batch_size`` restarts training after an out-of-memory error and
       ``ignore_data_skip`` replays batches after a resume: both would reuse batches the accounting
       counts once. Pushing checkpoints to the Hub would publish their un-noised training logs
