@@ -318,7 +318,8 @@ def test_the_routers_load_balancing_loss_is_refused_before_any_gradient(tmp_path
     torch.testing.assert_close(out.loss, plain.loss + model.config.router_aux_loss_coef * out.aux_loss)
     model.config.output_router_logits = True
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    plan = make_plan(np.ones(N), steps=1, noise_multiplier=1.0)
+    data = rows("causal", True)
+    plan = make_plan(np.ones(N), steps=1, noise_multiplier=1.0, rows=data)
     trainer = SecretProtectionTrainer(
         model=model,
         args=dp_config(
@@ -328,7 +329,7 @@ def test_the_routers_load_balancing_loss_is_refused_before_any_gradient(tmp_path
             noise_multiplier=0.0,
             per_device_train_batch_size=2,
         ),
-        train_dataset=plan.attach(rows("causal", True)),
+        train_dataset=plan.attach(data),
         data_collator=pad_collator(0),
         plan=plan,
         optimizers=sgd(model, lr=1.0),

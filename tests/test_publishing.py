@@ -65,7 +65,8 @@ def commits(monkeypatch):
 def attached(tmp_path, n=8, **overrides):
     """``build``'s trainer as a plain ``Trainer`` with ``GhostClippingCallback.attach`` (same model, data,
     plan, seed and optimizer settings)."""
-    plan = make_plan(np.full(n, 0.5), steps=overrides.get("max_steps", 2), noise_multiplier=1.0)
+    steps = overrides.get("max_steps", 2)
+    plan = make_plan(np.full(n, 0.5), steps=steps, noise_multiplier=1.0, rows=token_dataset(n))
     values = dict(
         output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, max_grad_norm=0.0, report_to=[],
         use_cpu=True, disable_tqdm=True, save_strategy="no", logging_steps=1, learning_rate=1e-2,

@@ -233,7 +233,7 @@ def test_the_seed_folder_must_lie_outside_output_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(DP_STATE_DIR_ENV, str(out))
     with pytest.raises(ValueError, match="lies inside output_dir"):
         build(out)
-    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8))
     trainer = Trainer(model=tiny_gpt2(), args=TrainingArguments(
         output_dir=str(tmp_path), max_steps=2, max_grad_norm=0.0, report_to=[], use_cpu=True),
         train_dataset=plan.attach(token_dataset(8)), data_collator=pad_collate)
@@ -430,7 +430,7 @@ def test_plain_trainer_with_attach_trains_exactly_like_secret_protection_trainer
 
 
 def test_attach_refuses_a_trainer_that_would_leak_or_miscount(tmp_path):
-    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8))
     base = dict(output_dir=str(tmp_path), max_steps=2, report_to=[], use_cpu=True)
     cases = [
         ({}, "max_grad_norm must be 0, got 1.0"),

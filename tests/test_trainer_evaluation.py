@@ -60,7 +60,7 @@ def test_evaluating_on_rows_with_secrets_warns_with_the_count_and_the_card_says_
 
 
 def test_named_eval_datasets_and_evaluate_calls_are_recorded_per_metric_prefix(tmp_path, caplog):
-    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8))
     clean = token_dataset(4, seed=5).add_column("secret_ids", [[], [], [], []])
     holding = token_dataset(3, seed=6).add_column("secret_ids", [[0], [], [0, 0]])
     with pytest.warns(UserWarning, match=r"eval dataset 'holding': 2 of 3 rows hold protected secrets"):
@@ -106,7 +106,7 @@ def test_a_plain_trainer_made_private_with_attach_warns_and_its_card_says_so(tmp
 
     from hush_hf.trainer import GhostClippingCallback
 
-    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0)
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8))
     trainer = Trainer(
         model=tiny_gpt2(),
         args=dp_config(tmp_path, max_steps=2),

@@ -95,7 +95,8 @@ def test_trls_default_gradient_checkpointing_is_refused(tmp_path):
 
     assert SFTConfig(output_dir=str(tmp_path), use_cpu=True).activation_checkpointing is True  # TRL's default
     trainer = sft_trainer(tmp_path, activation_checkpointing=None)  # SFTConfig's default: on
-    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
+    prepared = trainer.train_dataset
+    plan = make_plan(np.ones(len(prepared)), steps=1, noise_multiplier=1.0, rows=prepared)
     trainer.train_dataset = plan.attach(trainer.train_dataset)
     with pytest.raises(ValueError, match="activation_checkpointing=True is not supported with DP training"):
         GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)
@@ -123,7 +124,8 @@ def test_sft_trainer_publishes_trls_card_with_the_protection_artifacts(tmp_path,
     trainer = sft_trainer(
         tmp_path, completion_only_loss=True, save_strategy="steps", save_steps=1, hub_model_id="me/tiny-sft"
     )
-    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0)
+    prepared = trainer.train_dataset
+    plan = make_plan(np.ones(len(prepared)), steps=1, noise_multiplier=1.0, rows=prepared)
     trainer.train_dataset = plan.attach(trainer.train_dataset)
     GhostClippingCallback.attach(trainer, plan, clip_norm=1.0)
     trainer.train()  # SFTTrainer writes its own card into output_dir with every checkpoint
