@@ -45,9 +45,7 @@ def prototypes() -> dict[str, str]:
         if len(linked) > 1:  # the centre of a star is its prototype
             continue
         (other,) = linked
-        if len(neighbours[other]) > 1:
-            out[char] = other
-        elif _rank(other) < _rank(char):  # a pair: either member can stand for both
+        if len(neighbours[other]) > 1 or _rank(other) < _rank(char):
             out[char] = other
     return out
 

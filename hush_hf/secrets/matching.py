@@ -31,6 +31,7 @@ run of words is extended only while its keys spell such a prefix; longer terms a
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, islice
 from operator import add
@@ -99,12 +100,12 @@ def split_words(normalized: Normalized, *, case_sensitive: bool = False, plain: 
     starts = bounds[0:-1:2]
     ends = bounds[1::2]
     if pieces is None:
-        pieces = "\0".join([text[s:e] for s, e in zip(starts, ends)])
+        pieces = "\0".join([text[s:e] for s, e in zip(starts, ends, strict=True)])
     keys = (EXACT if case_sensitive else KEYS).translate(pieces).split("\0")
     glyphs = None
     if not case_sensitive and has_two_readings(pieces):
         alternatives = GLYPHS.translate(pieces).split("\0")
-        glyphs = [g if g != k else None for k, g in zip(keys, alternatives)]
+        glyphs = [g if g != k else None for k, g in zip(keys, alternatives, strict=True)]
     plain_keys = (PLAIN_EXACT if case_sensitive else PLAIN).translate(pieces).split("\0") if plain else None
     if normalized.starts is not None and normalized.ends is not None:
         starts = normalized.starts[starts].tolist()
@@ -133,7 +134,7 @@ def term_key(term: str, *, case_sensitive: bool = False, plain: bool = False) ->
 
 
 def plural_forms(key: str) -> tuple[str, ...]:
-    """``key`` and its English plurals (``-s``, ``-es``, ``-y`` -> ``-ies``) when it ends in a Latin letter."""
+    """``key`` and its English plurals (``-s``, ``-es``, ``-y`` -> ``-ies``) if it ends in a Latin letter."""
     if len(key) < 2 or not ("a" <= key[-1] <= "z"):
         return (key,)
     forms = [key, key + "s", key + "es"]
@@ -257,7 +258,8 @@ class TermIndex:
     def _short_runs(self, words: Words) -> list[tuple[int, int, tuple[int, ...]]]:
         """Terms shorter than :data:`MIN_SPELLED`: runs of words with nothing between them (``w5``,
         ``猎鹰``) that spell the term plainly (case, accents and compatibility forms aside)."""
-        plain, starts, ends, short, prefixes = words.plain, words.starts, words.ends, self.short, self._prefixes
+        plain, starts, ends = words.plain, words.starts, words.ends
+        short, prefixes = self.short, self._prefixes
         found = []
         for a in [a for a, key in enumerate(plain) if key in prefixes]:
             spelled, b = plain[a], a
@@ -309,6 +311,20 @@ class TermIndex:
         words = self.split(normalized)
         for a, b, ids in self.runs(words):
             out.update(SecretSpan(words.starts[a], words.ends[b], j) for j in ids)
+
+    def joined_spans(self, rows: Sequence[Normalized], out: Sequence[set[SecretSpan]]) -> None:
+        """Occurrences in the texts ``rows`` read one after the other (as a script that concatenates
+        them reads them): an occurrence spanning several rows adds, to each row it touches, the part of
+        it in that row (``out[r]``: offsets into row r)."""
+        words, firsts = join_words([self.split(row) for row in rows])
+        for a, b, ids in self.runs(words):
+            first, last = bisect_right(firsts, a) - 1, bisect_right(firsts, b) - 1
+            for row in range(first, last + 1):
+                if firsts[row] == firsts[row + 1]:  # a row without words inside the run
+                    continue
+                start = words.starts[max(a, firsts[row])]
+                end = words.ends[min(b, firsts[row + 1] - 1)]
+                out[row].update(SecretSpan(start, end, j) for j in ids)
 
 
 #: The kinds of ``re.error`` messages, without what follows them: ``error.msg`` quotes parts of the
@@ -371,7 +387,7 @@ def pattern_spans(
 
 
 def text_variants(text: str) -> list[Normalized]:
-    """For patterns: the normalised text and, if it has words hyphenated across line breaks, the joined one."""
+    """For patterns: the normalised text and, with words hyphenated across line breaks, the joined one."""
     normalized = normalize(text)
     joined = dehyphenate(normalized)
     return [normalized] if joined is None else [normalized, joined]

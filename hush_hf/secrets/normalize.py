@@ -6,9 +6,9 @@ text (so that a fast tokenizer's ``offset_mapping`` can carry them onto the toke
 
 1. **Escapes** are decoded, each decoded character mapped back to its whole escape: HTML entities
    (``&shy;``, ``&#233;``), runs of URL percent-escapes (``project%20falcon``, UTF-8 sequences included)
-   and backslash escapes of code and JSON strings (``\\n``, ``\\t``, ``\\"``, ``\\x41``, ``\\u00e9``, surrogate
-   pairs). :func:`readings` gives the decoded text and, when it differs, the raw text too: ``C:\\new`` reads
-   ``new`` raw and a newline decoded.
+   and backslash escapes of code and JSON strings (``\\n``, ``\\t``, ``\\"``, ``\\x41``, ``\\u00e9``,
+   surrogate pairs). :func:`readings` gives the decoded text and, when it differs, the raw text too:
+   ``C:\\new`` reads ``new`` raw and a newline decoded.
 2. **Characters** are reduced to *keys*, the letters and digits they spell (:class:`CharTable`): NFKC
    (full-width letters, ligatures, superscripts), decimal digits of any script as ASCII digits (``٧`` ->
    ``7``), combining marks and format characters dropped (accents, a combining overlay, soft hyphens,
@@ -352,7 +352,7 @@ _LOOK_ALIKES: dict[str, str] = {}
 
 
 def fold_characters(text: str) -> Normalized:
-    """Non-ASCII characters replaced by :func:`_look_alike` (offsets kept; only non-ASCII runs are visited)."""
+    """Non-ASCII characters replaced by :func:`_look_alike` (offsets kept; only non-ASCII runs visited)."""
     if text.isascii():
         return Normalized(text)
     pieces = []

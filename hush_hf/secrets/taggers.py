@@ -54,6 +54,12 @@ class Tagger(ABC):
             "tag the text column with tag_dataset instead"
         )
 
+    def batch_spans(self, texts: Sequence[str]) -> list[list[SecretSpan]]:
+        """:meth:`spans` of each text, the texts read one after the other (as ``group_texts`` and
+        packing concatenate a ``datasets.map`` batch): an occurrence spanning rows adds to each of them
+        the part it holds. This base version finds occurrences within rows only."""
+        return [self.spans(text) for text in texts]
+
     @property
     def secret_indices(self) -> frozenset[int] | None:
         """Every index this tagger can return, or ``None`` when unknown in advance."""
@@ -113,6 +119,17 @@ class TermTagger(Tagger):
         for reading in readings(text):
             self._index.spans(reading, found)
         return sorted(found)
+
+    def batch_spans(self, texts: Sequence[str]) -> list[list[SecretSpan]]:
+        """Terms read across rows too: the rows' words (decoded readings) are matched as one sequence;
+        raw readings of rows with escapes are matched row by row."""
+        found: list[set[SecretSpan]] = [set() for _ in texts]
+        rows = [readings(text) for text in texts]
+        self._index.joined_spans([variants[0] for variants in rows], found)
+        for out, variants in zip(found, rows, strict=True):
+            for variant in variants[1:]:
+                self._index.spans(variant, out)
+        return [sorted(out) for out in found]
 
     def __call__(self, text: str) -> set[int]:
         return {span.secret for span in self.spans(text)}
@@ -219,6 +236,13 @@ class UnionTagger(Tagger):
         for tagger in self.taggers:
             found.update(tagger.spans(text))
         return sorted(found)
+
+    def batch_spans(self, texts: Sequence[str]) -> list[list[SecretSpan]]:
+        found: list[set[SecretSpan]] = [set() for _ in texts]
+        for tagger in self.taggers:
+            for out, spans in zip(found, tagger.batch_spans(texts), strict=True):
+                out.update(spans)
+        return [sorted(out) for out in found]
 
 
 def tagger_for(secret_set: SecretSet, case_sensitive: bool = False) -> Tagger:
