@@ -47,7 +47,6 @@ from hush_hf.secrets.normalize import (
     Normalized,
     decode_escapes,
     dehyphenate,
-    has_two_readings,
     normalize,
 )
 
@@ -60,6 +59,7 @@ _WORD_SPLIT = re.compile(
 )
 _WORD_SPLIT_NO_MARKS = re.compile(r"(u{2,}s(?![ls])|u+(?=u[ls])|u?[ls]+|u+|d+|o+|x)")  # the same, no m
 # The same on ASCII text itself (KINDS of ASCII: A-Z u, a-z l but s, 0-9 d, | x, the rest separators).
+_WORD_WITH_I = re.compile(r"[^\0]*I[^\0]*")  # in words joined by \0: a word holding a capital I
 _ASCII_WORD_SPLIT = re.compile(r"([A-Z]{2,}s(?![a-z])|[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|\|)")
 PREFIX_CAP = 32  # term-key prefixes up to this length are dict keys; longer terms are compared whole
 MIN_SPELLED = 3  # shorter term keys match glued words spelling them plainly (no prototypes, no separators)
@@ -101,11 +101,22 @@ def split_words(normalized: Normalized, *, case_sensitive: bool = False, plain: 
     ends = bounds[1::2]
     if pieces is None:
         pieces = "\0".join([text[s:e] for s, e in zip(starts, ends, strict=True)])
-    keys = (EXACT if case_sensitive else KEYS).translate(pieces).split("\0")
+    keyed = (EXACT if case_sensitive else KEYS).translate(pieces)
+    keys = keyed.split("\0")
     glyphs = None
-    if not case_sensitive and has_two_readings(pieces):
-        alternatives = GLYPHS.translate(pieces).split("\0")
-        glyphs = [g if g != k else None for k, g in zip(keys, alternatives, strict=True)]
+    if case_sensitive:
+        pass
+    elif pieces.isascii():  # only words with a capital I read two ways: visit those alone
+        if "I" in pieces:
+            glyphs = [None] * len(keys)
+            for match in _WORD_WITH_I.finditer(pieces):
+                k = pieces.count("\0", 0, match.start())
+                glyph = GLYPHS.translate(match.group())
+                glyphs[k] = glyph if glyph != keys[k] else None
+    else:
+        alternatives = GLYPHS.translate(pieces)
+        if alternatives != keyed:
+            glyphs = [g if g != k else None for k, g in zip(keys, alternatives.split("\0"), strict=True)]
     plain_keys = (PLAIN_EXACT if case_sensitive else PLAIN).translate(pieces).split("\0") if plain else None
     if normalized.starts is not None and normalized.ends is not None:
         starts = normalized.starts[starts].tolist()

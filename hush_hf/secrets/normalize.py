@@ -300,19 +300,17 @@ class CharTable(dict):
     def _build_ascii(self) -> tuple[dict[int, str | None], tuple[tuple[str, str], ...]]:
         if self._ascii is None:
             single: dict[int, str | None] = {}
-            several: list[tuple[str, str]] = []
+            several: dict[str, str] = {}  # value -> a control character (never in a word) standing for it
             for code in range(1, 128):
                 value = self[code]
                 if len(value) == 1:
                     single[code] = value
                 elif not value:
                     single[code] = None
-                else:  # a control character (never in a word) stands for it until replaced
-                    placeholder = chr(len(several) + 1)
-                    single[code] = placeholder
-                    several.append((placeholder, value))
+                else:
+                    single[code] = several.setdefault(value, chr(len(several) + 1))
             single[0] = "\0" if self.keep_nul else self[0]
-            self._ascii = (single, tuple(several))
+            self._ascii = (single, tuple((placeholder, value) for value, placeholder in several.items()))
         return self._ascii
 
 
@@ -322,13 +320,6 @@ GLYPHS = CharTable(glyph_reading)
 EXACT = CharTable(exact_reading)
 PLAIN = CharTable(plain_reading)
 PLAIN_EXACT = CharTable(plain_exact_reading)
-
-
-def has_two_readings(text: str) -> bool:
-    """Whether some character of ``text`` reads differently as a letter and as a glyph (``I``)."""
-    if text.isascii():
-        return "I" in text
-    return KEYS.translate(text) != GLYPHS.translate(text)
 
 
 # -- regular expressions: look-alikes replaced, case and punctuation kept ------------------------------
