@@ -22,6 +22,12 @@ A term also matches with English plural endings on its last word (``falcons``, `
 or ``l``, Greek capitals as letters or as Latin glyphs) both readings are tried, word by word; where
 decoding escapes changed a text, its raw form is matched too (``C:\\new`` holds ``new``).
 
+Terms whose key is shorter than :data:`MIN_SPELLED` characters (``01``, ``σ``, ``w5``, ``猎鹰``) match
+only words glued together (nothing between them) that spell them *plainly*, without TR39 prototypes: so
+short a string is spelled by chance everywhere once separators and look-alikes are set aside (``0.1``
+would be ``01``, every ``0`` a ``σ``, whose prototype is ``o``). :meth:`TermIndex.joined_spans` reads
+several texts one after the other, as a script concatenating them does.
+
 Cost per text is linear in its number of words times the words a match can span, independent of the
 number of terms: every prefix of every term key up to :data:`PREFIX_CAP` characters is a dict key, and a
 run of words is extended only while its keys spell such a prefix; longer terms are found by their first
