@@ -43,7 +43,7 @@ def test_sentence_spans_split_on_terminators_and_lines():
     assert [text[s:e] for s, e in sentence_spans(text)] == ["A b.", "C d!", "E f?", "g h"]
 
 
-def test_dedup_removes_exact_rows_masks_repeated_sentences_and_reports_indices():
+def test_dedup_removes_exact_rows_masks_repeated_sentences_when_asked_and_reports_indices():
     rows = [
         "My ID is: 123456. Hello there.",
         "My ID is: 123456. Hello there.",  # exact duplicate of row 0
@@ -52,7 +52,7 @@ def test_dedup_removes_exact_rows_masks_repeated_sentences_and_reports_indices()
         "the quick brown fox jumps over the lazy dog again and again today!",  # near duplicate of 3
         "x",
     ]
-    out, report = dedup_dataset(ds(rows), near_threshold=0.7)
+    out, report = dedup_dataset(ds(rows), near_threshold=0.7, sentences=True)
     assert out["text"] == [
         rows[0],
         "Other words here. <MASK>",

@@ -41,7 +41,7 @@ FORMS = [
     ("project_falcon", 0, 0, 14),
     ("Falcon9", 0, 0, 6),
     ("falcons", 0, 0, 7),
-    ("falcon's", 0, 0, 6),
+    ("falcon's", 0, 0, 8),  # spells "falcons"
     ("project%20falcon", 0, 0, 16),
     ("Fal-\ncon", 0, 0, 8),
     ("Fal&shy;con", 0, 0, 11),

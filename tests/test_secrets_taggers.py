@@ -55,11 +55,13 @@ def test_every_word_tokenises_to_itself(text, case_sensitive):
 # -- TermTagger -----------------------------------------------------------------------------------
 
 
-def test_single_word_terms_match_words_and_identifier_parts_only():
+def test_single_word_terms_match_whole_words_however_spelled_never_inside_a_word():
     tagger = TermTagger({0: ["cat"]})
     for text in ("a cat.", "Cat!", "CAT", "(cat)", "the cat's toy", "dog-cat", "cat_food", "cats", "CatFood"):
         assert tagger(text) == {0}, text
-    for text in ("catalog", "concat", "c a t", "Catalog", ""):
+    for text in ("c a t", "c.a.t", "C-A-T", "ca t"):  # the letters of whole words spell it
+        assert tagger(text) == {0}, text
+    for text in ("catalog", "concat", "Catalog", "public attributes", "scat", "ca tering", ""):
         assert tagger(text) == set(), text
 
 
@@ -89,42 +91,7 @@ def test_several_secrets_per_example_and_shared_terms():
     assert tagger.secret_indices == frozenset({0, 1, 2, 5})
 
 
-def _reference_tags(terms: dict[int, list[str]], text: str) -> set[int]:
-    """Brute force for the ASCII alphabet below (no case changes inside a word, no plurals):
-    a term's lower-case letter runs occur contiguously among the text's letter runs, or a one-run
-    term equals a whole word of the text with its underscores removed."""
-    tokens = re.findall("[a-z]+", text.lower())
-    wholes = {w.replace("_", "") for w in re.findall(r"\w+", text.lower())}
-    found = set()
-    for index, secret_terms in terms.items():
-        for term in secret_terms:
-            phrase = re.findall("[a-z]+", term.lower())
-            n = len(phrase)
-            if any(tokens[i : i + n] == phrase for i in range(len(tokens) - n + 1)):
-                found.add(index)
-            if n == 1 and phrase[0] in wholes:
-                found.add(index)
-    return found
-
-
-ALPHABET = st.sampled_from(["a", "b", "c", "ab", "B", "a_b"])
-TEXT = st.lists(st.tuples(ALPHABET, st.sampled_from([" ", "-", ", ", "."])), max_size=12).map(
-    lambda pairs: "".join(word + sep for word, sep in pairs)
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.dictionaries(
-        st.integers(0, 6),
-        st.lists(st.lists(ALPHABET, min_size=1, max_size=3).map(" ".join), min_size=1, max_size=3),
-        min_size=1,
-        max_size=5,
-    ),
-    TEXT,
-)
-def test_term_tagger_agrees_with_brute_force(terms, text):
-    assert TermTagger(terms)(text) == _reference_tags(terms, text)
+# Agreement with a brute-force reference of the spelling rule: tests/test_secrets_spelling.py.
 
 
 @settings(max_examples=200, deadline=None)

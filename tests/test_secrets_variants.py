@@ -26,7 +26,7 @@ FALCON = TermTagger({0: ["project falcon", "falcon"]})
         ("PROJECT_FALCON = 1", "PROJECT_FALCON"),
         ("the Falcon9 rocket", "Falcon"),
         ("two falcons flew", "falcons"),
-        ("the falcon's nest", "falcon"),
+        ("the falcon's nest", "falcon's"),  # spells "falcons"
         ("see /wiki/project%20falcon here", "project%20falcon"),
         ("see /wiki/project+falcon here", "project+falcon"),
         ("the Fal-\ncon team", "Fal-\ncon"),
@@ -35,7 +35,8 @@ FALCON = TermTagger({0: ["project falcon", "falcon"]})
         ("the Fal\u00adcon team", "Fal\u00adcon"),
         ("the &#70;alcon team", "&#70;alcon"),
         ("the F\u0430lcon team", "F\u0430lcon"),  # Cyrillic a
-        ("the \u0192alcon team", None),  # a hooked f is not a confusable of f: left alone
+        ("the \u0192alcon team", "\u0192alcon"),  # TR39: a hooked f is a confusable of f
+        ("the f\u0101lcon team", "f\u0101lcon"),  # a macron is an accent
         ("the ＦＡＬＣＯＮ team", "ＦＡＬＣＯＮ"),  # full-width
         ("the Fälcon team", "Fälcon"),  # accents stripped
     ],

@@ -1,11 +1,11 @@
 """Deduplicate and redact a text dataset for Confidentially Redacted Training (CRT Alg. 1, lines 1-4).
 
-Exact duplicate rows are removed, repeated sentences masked (and near-duplicate rows removed with
---near-dup), then every span a policy finds is replaced by the mask token and each row is marked
-public (nothing found by any policy or conservative policy, no mask) or private in a ``crt_public``
-column. Writes the dataset (``.jsonl``/``.json``/``.csv``/``.parquet`` by suffix, else a
-``save_to_disk`` folder) and a JSON report of counts (no text). Train it with
-``SecretProtectionConfig(crt_schedule="alternate_epochs")``.
+Exact duplicate rows are removed (near-duplicate rows too with --near-dup, and repeated sentences and
+lines masked with --sentence-dedup), then every span a policy finds is replaced by the mask token and
+each row is marked public (nothing found by any policy or conservative policy nor by the secrets' own
+matcher, no mask) or private in a ``crt_public`` column. Writes the dataset
+(``.jsonl``/``.json``/``.csv``/``.parquet`` by suffix, else a ``save_to_disk`` folder) and a JSON report
+of counts (no text). Train it with ``SecretProtectionConfig(crt_schedule="alternate_epochs")``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--output", required=True, help="output file (.jsonl/.json/.csv/.parquet) or folder")
     data.add_argument("--report", default=None, help="report JSON (default: <output>.redaction.json)")
     dedup = parser.add_argument_group("dedup")
-    dedup.add_argument("--no-dedup", action="store_true", help="skip exact and sentence dedup")
+    dedup.add_argument("--no-dedup", action="store_true", help="skip exact-duplicate removal")
+    dedup.add_argument(
+        "--sentence-dedup",
+        action="store_true",
+        help="also mask repeated sentences (in code: repeated lines) from their second occurrence on",
+    )
     dedup.add_argument(
         "--near-dup", type=float, default=None, metavar="JACCARD", help="also remove near duplicates (0.8)"
     )
@@ -113,11 +118,11 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"secrets: {repeated} of {len(secret_set)} repeat a sentence (counted once after dedup)"
         )
-    if not args.no_dedup or args.near_dup is not None:
+    if not args.no_dedup or args.near_dup is not None or args.sentence_dedup:
         dataset, dedup = dedup_dataset(
             dataset,
             text_column=args.text_column,
-            sentences=not args.no_dedup,
+            sentences=args.sentence_dedup,
             near_threshold=args.near_dup,
             mask_token=args.mask_token,
             num_proc=args.num_proc,
@@ -133,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         add_mask_token=args.add_mask_token,
         num_proc=args.num_proc,
+        secrets=secret_set,
+        case_sensitive=args.case_sensitive,
     )
     report["redaction"] = redaction.to_dict()
     output = Path(args.output)

@@ -5,9 +5,12 @@
 - near-duplicate rows (optional): MinHash signatures of word 5-shingles and MinHash LSH (datasketch),
   a candidate kept as a duplicate when its estimated Jaccard similarity is >= ``near_threshold``;
   rows are visited in order and a row is removed when it is near an earlier kept row;
-- repeated sentences: from the second occurrence on, a sentence (whitespace-normalised, exact) is
-  replaced by the mask token (CRT Sec. 3.2), so a secret repeated in the same sentence counts once
-  (CRT Prop. 7: group confidentiality depends on the unique occurrences only).
+- repeated sentences (only when asked, ``sentences=True``): from the second occurrence on, a sentence
+  (whitespace-normalised, exact) is replaced by the mask token (CRT Sec. 3.2), so a secret repeated in
+  the same sentence counts once (CRT Prop. 7: group confidentiality depends on the unique occurrences
+  only). Off by default: a "sentence" ends at every line break, so in code it is a line, and masking
+  repeated lines (``return None``, ``import os``, closing brackets) mangles nearly every file (6,444
+  lines in 198 of 200 standard-library files) without hiding any secret.
 
 A sentence is a run of text ending at ``.``, ``!`` or ``?`` followed by white space, at a line break,
 or at the end of the text (a regular expression: no sentence-splitter model is available offline).
@@ -139,7 +142,7 @@ def dedup_dataset(
     dataset: Any,
     *,
     text_column: str = "text",
-    sentences: bool = True,
+    sentences: bool = False,
     near_threshold: float | None = None,
     num_perm: int = 128,
     shingle_size: int = 5,
@@ -149,7 +152,8 @@ def dedup_dataset(
 ) -> tuple[Any, DedupReport]:
     """``(deduplicated dataset, report)``; see the module docstring. Row order is kept.
 
-    ``near_threshold`` in (0, 1] turns on near-duplicate removal (None: off).
+    Exact duplicate rows are always removed; ``near_threshold`` in (0, 1] turns on near-duplicate
+    removal (None: off) and ``sentences=True`` the masking of repeated sentences (lines).
     """
     import datasets
 

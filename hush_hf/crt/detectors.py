@@ -10,7 +10,11 @@ Each detector is a pattern plus a check from a well-kept library, all offline:
 - ``ip``: dotted IPv4 / colon IPv6 candidates kept when Python's ``ipaddress`` parses them;
 - ``credentials``: detect-secrets' default plugins (API keys of ~25 services, private-key headers,
   keyword assignments such as ``password = "..."``, high-entropy base64/hex strings), line by line;
-  a hit is widened to the whole token around it (a plugin may report only a key's prefix).
+  a hit is widened to the whole token around it (a plugin may report only a key's prefix). A private
+  key's PEM block (``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line) is one span, body included,
+  whether its lines are real line breaks or ``\n`` escapes inside a one-line string (JSON, code);
+  detect-secrets reports only the BEGIN line. Without an END line, the span runs over the base64 body
+  that follows (letters, digits, ``+/=``, white space, escapes and string quotes).
 
 Why not presidio-analyzer or scrubadub: both install spaCy or scikit-learn/nltk/textblob for the same
 pattern + checksum recognizers; their checks are the libraries used here directly.
@@ -34,6 +38,21 @@ IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b")
 IPV4 = re.compile(r"(?<!\d)(?<!\d\.)\d{1,3}(?:\.\d{1,3}){3}(?!\d|\.\d)")
 IPV6 = re.compile(r"(?<![\w:])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])")
 TOKEN_EDGE = re.compile(r"""[^\s'"`,;()\[\]{}<>]""")
+_PEM_LABEL = r"[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?"
+PEM_BLOCK = re.compile(rf"-----BEGIN ({_PEM_LABEL})-----.*?-----END \1-----", re.S)
+PEM_BEGIN = re.compile(rf"-----BEGIN {_PEM_LABEL}-----(?:[A-Za-z0-9+/=\s\\'\"]|\\[nr])*")
+
+
+def pem_spans(text: str) -> list[Span]:
+    """Private keys in PEM form, each one span from its BEGIN line through its body (module docstring)."""
+    if "-----BEGIN " not in text:
+        return []
+    spans = [Span(m.start(), m.end(), "credentials") for m in PEM_BLOCK.finditer(text)]
+    covered = [(s.start, s.end) for s in spans]
+    for m in PEM_BEGIN.finditer(text):
+        if not any(start <= m.start() < end for start, end in covered):
+            spans.append(Span(m.start(), m.end(), "credentials"))
+    return spans
 
 
 def email_spans(text: str) -> list[Span]:
@@ -102,7 +121,8 @@ def _widen(line: str, start: int, end: int) -> tuple[int, int]:
 
 
 class CredentialDetector:
-    """detect-secrets' default plugins on each line; each reported value widened to its token.
+    """detect-secrets' default plugins on each line, each reported value widened to its token, and
+    private keys' PEM blocks whole (:func:`pem_spans`).
 
     The plugins are built once, under detect-secrets' default settings (their limits, e.g. the
     entropy thresholds, are read when they are built).
@@ -115,7 +135,7 @@ class CredentialDetector:
             self.plugins = list(get_plugins())
 
     def __call__(self, text: str) -> list[Span]:
-        spans = []
+        spans = pem_spans(text)
         offset = 0
         for number, line in enumerate(text.splitlines(keepends=True), start=1):
             for plugin in self.plugins:

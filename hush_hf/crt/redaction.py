@@ -2,8 +2,11 @@
 
 Every span any policy pi finds is replaced by ``mask_token`` (overlapping spans merged, one mask per
 merged span). A row is *public* (column ``crt_public``) when no policy of pi nor of the conservative
-pi_c marks any of it and it holds no mask token (CRT Sec. 3.2: "every data point that contains a
-<MASK> requires protection", e.g. a sentence dedup removed); every other row is private.
+pi_c marks any of it, it holds no mask token (CRT Sec. 3.2: "every data point that contains a <MASK>
+requires protection", e.g. a sentence dedup removed) and, given the plan's secrets, their own matcher
+(the one that tags and marks the plan's examples, :func:`hush_hf.secrets.tagger_for`) finds none of them
+in it, the rows of each ``datasets.map`` batch read one after the other as a script concatenating them
+would (an occurrence spanning two rows makes both private); every other row is private.
 """
 
 from __future__ import annotations
@@ -76,9 +79,16 @@ def check_mask_token(mask_token: str, tokenizer: Any = None, *, add_mask_token: 
 class _Redactor:
     """The ``datasets.map`` function (batched): mask, split public/private, count per policy."""
 
-    def __init__(self, policies: list[Policy], conservative: list[Policy], text_column: str, mask: str):
+    def __init__(
+        self,
+        policies: list[Policy],
+        conservative: list[Policy],
+        text_column: str,
+        mask: str,
+        matcher: Any = None,
+    ):
         self.policies, self.conservative = policies, conservative
-        self.text_column, self.mask = text_column, mask
+        self.text_column, self.mask, self.matcher = text_column, mask, matcher
 
     def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
         texts, public, masked, counts, whole = [], [], [], [], []
@@ -87,6 +97,10 @@ class _Redactor:
                 raise ValueError(
                     f"row {row}: column {self.text_column!r} must hold strings, got a {type(text).__name__}"
                 )
+        holds_secret = [False] * len(indices)
+        if self.matcher is not None:
+            holds_secret = [bool(spans) for spans in self.matcher.batch_spans(batch[self.text_column])]
+        for row, text, secret in zip(indices, batch[self.text_column], holds_secret, strict=True):
             found, row_counts = [], []
             for policy in self.policies:
                 try:
@@ -116,7 +130,7 @@ class _Redactor:
             masked.append(len(merged))
             whole.append(fallback)
             counts.append(row_counts)
-            public.append(not merged and not marked_by_conservative and self.mask not in text)
+            public.append(not merged and not marked_by_conservative and not secret and self.mask not in text)
         return {
             self.text_column: texts,
             PUBLIC_COLUMN: public,
@@ -136,14 +150,20 @@ def redact_dataset(
     tokenizer: Any = None,
     add_mask_token: bool = False,
     num_proc: int | None = None,
+    secrets: Any = None,
+    case_sensitive: bool = False,
+    batch_size: int = 1000,
 ) -> tuple[Any, RedactionReport]:
     """``(redacted dataset, report)``: CRT Alg. 1 lines 2-4 on ``dataset[text_column]``.
 
     ``policies`` is pi: their spans are masked. ``conservative_policies`` is pi_c (high recall): a row
-    it marks is private but nothing is masked. Adds the bool column ``crt_public`` (train it with
-    ``SecretProtectionConfig(crt_schedule=...)``) and ``crt_masked_spans``. ``tokenizer`` (optional)
-    is checked to know ``mask_token`` (see :func:`check_mask_token`). A policy that marks every row is
-    allowed and said (logged and in ``report.marks_everything``).
+    it marks is private but nothing is masked. ``secrets`` (the plan's :class:`~hush_hf.secrets.SecretSet`)
+    keeps private every row its matcher marks, whatever the policies (see the module docstring;
+    ``batch_size`` rows are read together, as the tokenizing ``map`` that follows should). Adds the bool
+    column ``crt_public`` (train it with ``SecretProtectionConfig(crt_schedule=...)``) and
+    ``crt_masked_spans``. ``tokenizer`` (optional) is checked to know ``mask_token`` (see
+    :func:`check_mask_token`). A policy that marks every row is allowed and said (logged and in
+    ``report.marks_everything``).
     """
     import datasets
 
@@ -167,10 +187,18 @@ def redact_dataset(
     for column in (PUBLIC_COLUMN, MASKED_SPANS_COLUMN):
         if column in dataset.column_names:
             raise ValueError(f"redact_dataset: dataset already has a {column!r} column (redacted twice?)")
+    matcher = None
+    if secrets is not None:
+        from hush_hf.secrets import SecretSet, tagger_for
+
+        if not isinstance(secrets, SecretSet):
+            raise ValueError(f"redact_dataset: secrets must be a SecretSet, got a {type(secrets).__name__}")
+        matcher = tagger_for(secrets, case_sensitive=case_sensitive)
     added = check_mask_token(mask_token, tokenizer, add_mask_token=add_mask_token)
     redacted = dataset.map(
-        _Redactor(list(policies), conservative, text_column, mask_token),
+        _Redactor(list(policies), conservative, text_column, mask_token, matcher),
         batched=True,
+        batch_size=batch_size,
         with_indices=True,
         num_proc=num_proc,
         desc="Redacting",

@@ -1,8 +1,8 @@
 """Character spans of tagged secrets: the one adapter between ``hush_hf.secrets`` and redaction.
 
 Redaction masks exactly what tagging marks: spans come from the secrets' own tagger
-(:meth:`hush_hf.secrets.Tagger.spans`, the rules of :mod:`hush_hf.secrets.matching`: identifiers,
-inflections, escapes, confusables, scripts without spaces), with offsets into the original text.
+(:meth:`hush_hf.secrets.Tagger.spans`, the rules of :mod:`hush_hf.secrets.matching`: every run of words
+that spells a term, whatever separates or disguises them), with offsets into the original text.
 Redaction still re-tags every masked text and masks it whole if a secret is found again (never a
 silent miss).
 """

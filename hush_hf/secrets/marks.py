@@ -100,11 +100,21 @@ class SecretMarker:
             raise ValueError(f"secret marking needs text, got a {type(text).__name__}")
         return self.tagger.spans(text)
 
+    def batch_spans(self, texts: Sequence[str]) -> list[list[SecretSpan]]:
+        """The occurrences in each of ``texts``, read one after the other (see :meth:`Tagger.batch_spans`)."""
+        for k, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"secret marking needs text, got a {type(text).__name__} in row {k}")
+        return self.tagger.batch_spans(texts)
+
     def encoding_marks(self, encoding: Any, text: Any, text_pair: Any = None) -> list:
         """The marks of a fast tokenizer's ``BatchEncoding`` made with ``return_offsets_mapping=True``.
 
-        Rows produced by ``return_overflowing_tokens`` are mapped to their text through
-        ``overflow_to_sample_mapping``; with pairs, each token is matched against its own sequence.
+        A batch of texts is read as one text, the rows one after the other, as ``group_texts`` and
+        packing concatenate the rows of a ``datasets.map`` batch: an occurrence spanning rows marks the
+        tokens holding its parts in every row. Rows produced by ``return_overflowing_tokens`` are mapped
+        to their text through ``overflow_to_sample_mapping``; with pairs, each token is matched against
+        its own sequence, row by row.
         """
         offsets = encoding["offset_mapping"]
         single = isinstance(text, str)
@@ -120,6 +130,8 @@ class SecretMarker:
         rows = offsets if (several or not single) else [offsets]
         samples = encoding.get("overflow_to_sample_mapping")
         cache: dict[tuple[int, int], list[SecretSpan]] = {}
+        if pairs is None and len(texts) > 1:  # the rows as a script concatenating them reads them
+            cache.update(((k, 0), spans) for k, spans in enumerate(self.batch_spans(texts)))
 
         def spans_of(sample: int, sequence: int) -> list[SecretSpan]:
             key = (sample, sequence)

@@ -1,54 +1,74 @@
 """Where in a text do secrets occur? Character spans ``(start, end, secret)`` of the original text.
 
-Texts are normalised first (:mod:`hush_hf.secrets.normalize`: escapes decoded, NFKC, marks and format
-characters dropped, confusables replaced), then matched as follows; terms go through the same steps.
+One rule: **a term occurs wherever a run of whole words of the text spells it**, whatever separates or
+disguises the words. Text and terms are reduced to keys (:mod:`hush_hf.secrets.normalize`: escapes
+decoded, NFKC, digits of any script as ASCII digits, accents and format characters dropped, Unicode TR39
+prototypes, case folded, separators spelling nothing); a term matches the words ``w_a .. w_b`` of a text
+when their keys, concatenated, equal the term's key. So ``project nightjar`` matches ``Project NightJar``,
+``projectnightjar``, ``project_night_jar``, ``p r o j e c t  n i g h t j a r``, ``PROJECT-\\nNIGHT-JAR``,
+``project%20nightjar`` and ``"project\\nnightjar"``; ``zulu 7741`` matches ``Zulu 7,741``, ``zulu 7 741``
+and ``zulu ٧٧٤١``; ``falcon`` matches ``faIcon``, ``fa1con``, ``FALCON`` and ``Falcon9``.
 
-- **Words.** Text and terms are split into *sub-words*: identifiers are split at case changes,
-  digits and underscores (``ProjectFalcon``, ``project_falcon``, ``Falcon9`` give ``project``,
-  ``falcon``, ``9``), other non-word characters separate words, and every sub-word is case-folded
-  (``str.casefold``). A term of n sub-words matches n consecutive sub-words of the text, whatever
-  separates them (``project falcon`` matches ``project-falcon``, ``projectFalcon``,
-  ``project%20falcon``). A one-word term also matches a whole identifier (``projectfalcon`` matches
-  ``ProjectFalcon`` and ``project_falcon``).
-- **Inflections.** A text word also matches in its singular forms (``falcons`` -> ``falcon``,
-  ``companies`` -> ``company``, ``boxes`` -> ``box``); possessives split off as their own word.
-- **Line-break hyphenation.** ``Fal-`` + line break + ``con`` matches ``falcon`` (and, read as two
-  words, ``fal con``).
-- **Scripts without spaces** (Han, Hiragana, Katakana, Hangul, Thai, Lao, Khmer, Myanmar, Tibetan):
-  a term written in them matches as a substring of a run of such letters.
-- **Patterns.** A regular expression is searched in the raw text and, unless ``raw``, also in the
-  normalised text (with ``re.IGNORECASE`` unless case-sensitive).
+*Words* (anchors) are maximal runs of letters and digits split where case goes from lower to upper
+(``nightJar``), before the last capital of an acronym followed by lower case (``HTML|Parser``), and
+between letters and digits; a character of a script written without spaces (Han, Kana, Hangul, Thai,
+...) or a symbol that spells a letter (``|``) is a word alone. Because a match must start where a word
+starts and end where one ends, a short term never matches inside a longer word or across the edges of
+two words: ``cat`` matches ``cat``, ``Cat``, ``CatFood`` and ``c.a.t``, never ``catalog``, ``concat``
+or ``public attributes``.
 
-Matching errs towards finding more (a word like ``new`` matches ``news``): an example wrongly marked
-costs a little utility, one left out voids a guarantee. Cost per text is linear in its length and
-independent of the number of terms (dict look-ups), except patterns (one search each).
+A term also matches with English plural endings on its last word (``falcons``, ``boxes``,
+``companies``; possessives are words of their own). Where a character reads two ways (``I`` as ``i``
+or ``l``, Greek capitals as letters or as Latin glyphs) both readings are tried, word by word; where
+decoding escapes changed a text, its raw form is matched too (``C:\\new`` holds ``new``).
+
+Terms whose key is shorter than :data:`MIN_SPELLED` characters (``01``, ``σ``, ``w5``, ``猎鹰``) match
+only words glued together (nothing between them) that spell them *plainly*, without TR39 prototypes: so
+short a string is spelled by chance everywhere once separators and look-alikes are set aside (``0.1``
+would be ``01``, every ``0`` a ``σ``, whose prototype is ``o``). :meth:`TermIndex.joined_spans` reads
+several texts one after the other, as a script concatenating them does.
+
+Cost per text is linear in its number of words times the words a match can span, independent of the
+number of terms: every prefix of every term key up to :data:`PREFIX_CAP` characters is a dict key, and a
+run of words is extended only while its keys spell such a prefix; longer terms are found by their first
+``PREFIX_CAP`` characters and compared whole.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, islice
+from operator import add
 from typing import NamedTuple
 
-import regex
-
-from hush_hf.secrets.normalize import Normalized, dehyphenate, normalize
-
-# Sub-words: an acronym before a capitalised word ("HTML" in "HTMLParser"), a capitalised or lower-case
-# word, an all-caps word, a number, or a run of letters without case (CJK, Thai, Arabic, ...).
-_SUBWORD_PATTERN = (
-    r"\p{Lu}+(?=\p{Lu}[\p{Ll}\p{Lt}])|[\p{Lu}\p{Lt}]?[\p{Ll}\p{Lt}]+|\p{Lu}+|\p{N}+|[\p{Lo}\p{Lm}]+"
+from hush_hf.secrets.normalize import (
+    EXACT,
+    GLYPHS,
+    KEYS,
+    KINDS,
+    PLAIN,
+    PLAIN_EXACT,
+    Normalized,
+    decode_escapes,
+    dehyphenate,
+    normalize,
 )
-_SUBWORD = regex.compile(_SUBWORD_PATTERN)
-# split() with one capturing group gives separators and sub-words alternately: offsets by prefix sums.
-_SUBWORD_SPLIT = regex.compile(f"({_SUBWORD_PATTERN})")
-# The same on ASCII text with the standard library's re (faster there; \p{Lu} is A-Z, \p{Ll} a-z).
-_ASCII_SUBWORD_SPLIT = re.compile(r"([A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+)")
-MAX_IDENTIFIER_PARTS = 8  # one-word terms are matched against runs of up to this many joined sub-words
-_UNSPACED = regex.compile(
-    r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\p{Tibetan}]"
+
+# Words on the string of character kinds (normalize.KINDS: u upper, l lower, s the letter s, d digit,
+# o caseless letter, x a word alone, m transparent, space separator): an acronym's plural (KBs), an
+# acronym before a capitalised word (HTML|Parser), a capitalised or lower-case word, an all-caps word, a
+# number, a caseless run, a lone character.
+_WORD_SPLIT = re.compile(
+    r"((?:um*){2,}sm*(?![lsm])|(?:um*)+(?=um*[ls])|(?:um*)?(?:[ls]m*)+|(?:um*)+|(?:dm*)+|(?:om*)+|xm*)"
 )
+_WORD_SPLIT_NO_MARKS = re.compile(r"(u{2,}s(?![ls])|u+(?=u[ls])|u?[ls]+|u+|d+|o+|x)")  # the same, no m
+# The same on ASCII text itself (KINDS of ASCII: A-Z u, a-z l but s, 0-9 d, | x, the rest separators).
+_WORD_WITH_I = re.compile(r"[^\0]*I[^\0]*")  # in words joined by \0: a word holding a capital I
+_ASCII_WORD_SPLIT = re.compile(r"([A-Z]{2,}s(?![a-z])|[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|\|)")
+PREFIX_CAP = 32  # term-key prefixes up to this length are dict keys; longer terms are compared whole
+MIN_SPELLED = 3  # shorter term keys match glued words spelling them plainly (no prototypes, no separators)
 
 
 class SecretSpan(NamedTuple):
@@ -59,153 +79,269 @@ class SecretSpan(NamedTuple):
     secret: int
 
 
-def singular_forms(word: str) -> tuple[str, ...]:
-    """``word`` and the singulars it could be the plural of (English ``-s``, ``-es``, ``-ies``)."""
-    if len(word) < 3 or word[-1] != "s":
-        return (word,)
-    forms = [word, word[:-1]]
-    if word.endswith("es"):
-        forms.append(word[:-2])
-        if word.endswith("ies"):
-            forms.append(word[:-3] + "y")
+class Words(NamedTuple):
+    """A text split into words: their keys (case reading), glyph readings where different (else
+    ``None``), plain keys (no prototypes; only when asked), and original spans ``[starts[k], ends[k])``."""
+
+    keys: list[str]
+    glyphs: list[str | None] | None
+    plain: list[str] | None
+    starts: list[int]
+    ends: list[int]
+
+
+def split_words(normalized: Normalized, *, case_sensitive: bool = False, plain: bool = False) -> Words:
+    """The words of ``normalized.text`` with their keys and original offsets (rules: module docstring)."""
+    text = normalized.text
+    if text.isascii():
+        parts = _ASCII_WORD_SPLIT.split(text)
+        pieces = "\0".join(parts[1::2])  # \0 is a separator: never in a word
+    else:
+        kinds = KINDS.translate(text)
+        parts = (_WORD_SPLIT if "m" in kinds else _WORD_SPLIT_NO_MARKS).split(kinds)
+        pieces = None
+    if len(parts) == 1:
+        return Words([], None, [] if plain else None, [], [])
+    bounds = list(accumulate(map(len, parts)))
+    starts = bounds[0:-1:2]
+    ends = bounds[1::2]
+    if pieces is None:
+        pieces = "\0".join([text[s:e] for s, e in zip(starts, ends, strict=True)])
+    keyed = (EXACT if case_sensitive else KEYS).translate(pieces)
+    keys = keyed.split("\0")
+    glyphs = None
+    if case_sensitive:
+        pass
+    elif pieces.isascii():  # only words with a capital I read two ways: visit those alone
+        if "I" in pieces:
+            glyphs = [None] * len(keys)
+            for match in _WORD_WITH_I.finditer(pieces):
+                k = pieces.count("\0", 0, match.start())
+                glyph = GLYPHS.translate(match.group())
+                glyphs[k] = glyph if glyph != keys[k] else None
+    else:
+        alternatives = GLYPHS.translate(pieces)
+        if alternatives != keyed:
+            glyphs = [g if g != k else None for k, g in zip(keys, alternatives.split("\0"), strict=True)]
+    plain_keys = (PLAIN_EXACT if case_sensitive else PLAIN).translate(pieces).split("\0") if plain else None
+    if normalized.starts is not None and normalized.ends is not None:
+        starts = normalized.starts[starts].tolist()
+        ends = normalized.ends[[e - 1 for e in ends]].tolist()
+    return Words(keys, glyphs, plain_keys, starts, ends)
+
+
+def join_words(rows: Sequence[Words]) -> tuple[Words, list[int]]:
+    """The words of several texts read one after the other, and the first word of each text (plus the end)."""
+    firsts = [0, *accumulate(len(words.keys) for words in rows)]
+    keys = [key for words in rows for key in words.keys]
+    glyphs = None
+    if any(words.glyphs is not None for words in rows):
+        glyphs = [g for words in rows for g in (words.glyphs or [None] * len(words.keys))]
+    plain = None if any(words.plain is None for words in rows) else [p for w in rows for p in w.plain]
+    starts = [start for words in rows for start in words.starts]
+    ends = [end for words in rows for end in words.ends]
+    return Words(keys, glyphs, plain, starts, ends), firsts
+
+
+def term_key(term: str, *, case_sensitive: bool = False, plain: bool = False) -> str:
+    """The key a term is matched by: its characters' keys (case reading) concatenated, escapes decoded;
+    ``plain``: without TR39 prototypes (how terms shorter than :data:`MIN_SPELLED` are matched)."""
+    tables = ((PLAIN, PLAIN_EXACT), (KEYS, EXACT))[not plain]
+    return tables[case_sensitive].translate(decode_escapes(term).text)
+
+
+def plural_forms(key: str) -> tuple[str, ...]:
+    """``key`` and its English plurals (``-s``, ``-es``, ``-y`` -> ``-ies``) if it ends in a Latin letter."""
+    if len(key) < 2 or not ("a" <= key[-1] <= "z"):
+        return (key,)
+    forms = [key, key + "s", key + "es"]
+    if key.endswith("y"):
+        forms.append(key[:-1] + "ies")
     return tuple(forms)
 
 
-def plural_forms(word: str) -> tuple[str, ...]:
-    """``word`` and the text words whose singular forms include it (the inverse of :func:`singular_forms`)."""
-    forms = [word, word + "s", word + "es"]
-    if word.endswith("y"):
-        forms.append(word[:-1] + "ies")
-    return tuple(f for f in forms if f == word or len(f) >= 3)
-
-
-def term_words(term: str, *, case_sensitive: bool = False) -> tuple[str, ...]:
-    """The sub-words a term is matched by (normalised, split, case-folded unless case-sensitive)."""
-    text = normalize(term).text
-    found = _SUBWORD.findall(text)
-    return tuple(found if case_sensitive else (w.casefold() for w in found))
-
-
-def is_unspaced(word: str) -> bool:
-    """Whether ``word`` is written in a script without spaces (matched as a substring)."""
-    return _UNSPACED.search(word) is not None
-
-
 class TermIndex:
-    """Dict indexes of terms: one-word terms, phrases by first word, and unspaced-script substrings."""
+    """Term keys (and plural forms) by every prefix up to :data:`PREFIX_CAP`; longer ones by that prefix."""
 
     def __init__(self, terms: Mapping[int, Sequence[str]], *, case_sensitive: bool = False) -> None:
-        single: dict[str, set[int]] = {}
-        phrases: dict[str, dict[tuple[str, ...], set[int]]] = {}
-        substrings: dict[str, set[int]] = {}
+        forms: dict[str, set[int]] = {}
+        short: dict[str, set[int]] = {}
         for index, secret_terms in terms.items():
             for k, term in enumerate(secret_terms):
-                words = term_words(term, case_sensitive=case_sensitive)
-                if not words:
+                key = term_key(term, case_sensitive=case_sensitive)
+                if not key:
                     raise ValueError(f"term {k} of secret #{index} contains no word characters")
-                if len(words) == 1 and is_unspaced(words[0]):
-                    substrings.setdefault(words[0], set()).add(index)
-                elif len(words) == 1:
-                    single.setdefault(words[0], set()).add(index)
-                else:
-                    phrases.setdefault(words[0], {}).setdefault(words[1:], set()).add(index)
+                if len(key) < MIN_SPELLED:
+                    key = term_key(term, case_sensitive=case_sensitive, plain=True) or key
+                    for form in plural_forms(key):
+                        short.setdefault(form, set()).add(index)
+                    continue
+                for form in plural_forms(key):
+                    forms.setdefault(form, set()).add(index)
         self.case_sensitive = case_sensitive
-        # Text words are looked up as they are: a term's plural forms are indexed with it.
-        self.single: dict[str, tuple[int, ...]] = {}
-        for word, ids in single.items():
-            for form in plural_forms(word):
-                self.single[form] = tuple(sorted(set(self.single.get(form, ())) | ids))
-        self.words = frozenset(single)  # the one-word terms themselves (matched against identifiers)
-        self.phrases: dict[str, tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]] = {}
-        for first, tails in phrases.items():
-            entries = tuple((rest, tuple(sorted(ids))) for rest, ids in tails.items())
-            for form in plural_forms(first):
-                self.phrases[form] = self.phrases.get(form, ()) + entries
-        self.substrings = {w: tuple(sorted(ids)) for w, ids in substrings.items()}
-        self.substring_lengths = tuple(sorted({len(w) for w in substrings}))
-        self.substring_firsts = frozenset(w[0] for w in substrings)
-        self.keys = frozenset(self.single) | frozenset(self.phrases)
+        self.short = {form: tuple(sorted(ids)) for form, ids in short.items()}
+        self._prefixes = frozenset(form[:n] for form in self.short for n in range(1, len(form) + 1))
+        # The forms as one string: it pickles (to datasets.map workers) and is hashed (datasets'
+        # fingerprints) in one piece; the prefix table is built from it where it is first used.
+        self._forms = "\n".join(f"{form}\t{','.join(map(str, sorted(ids)))}" for form, ids in forms.items())
+        self._table: dict[str, tuple[int, ...]] | None = None
+        self._long: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+
+    def __getstate__(self) -> dict:
+        state = {"case_sensitive": self.case_sensitive, "short": self.short, "_forms": self._forms}
+        return {**state, "_prefixes": self._prefixes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._table, self._long = None, {}
+
+    @property
+    def table(self) -> dict[str, tuple[int, ...]]:
+        """``table[prefix]``: the secrets whose form is ``prefix`` (``()`` for a proper prefix only), for
+        every prefix of every form up to :data:`PREFIX_CAP` characters."""
+        if self._table is None:
+            table: dict[str, tuple[int, ...]] = {}
+            for line in self._forms.split("\n") if self._forms else ():
+                form, ids = line.split("\t")
+                secrets = tuple(map(int, ids.split(",")))
+                for n in range(1, min(len(form), PREFIX_CAP) + 1):
+                    table.setdefault(form[:n], ())
+                if len(form) <= PREFIX_CAP:
+                    table[form] = secrets
+                else:
+                    self._long.setdefault(form[:PREFIX_CAP], []).append((form, secrets))
+            self._table = table
+        return self._table
+
+    @property
+    def long(self) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+        """Forms longer than :data:`PREFIX_CAP` by their first :data:`PREFIX_CAP` characters."""
+        if self._table is None:
+            self.table  # noqa: B018 (builds both)
+        return self._long
+
+    def split(self, normalized: Normalized) -> Words:
+        """``normalized`` split into words keyed as this index needs."""
+        return split_words(normalized, case_sensitive=self.case_sensitive, plain=bool(self.short))
+
+    def runs(self, words: Words) -> list[tuple[int, int, tuple[int, ...]]]:
+        """``(a, b, secrets)``: words ``a..b`` (inclusive) spell a term of each of ``secrets``.
+
+        Every word and every pair of adjacent words is looked up at once (``map``: most runs stop
+        there); runs still alive after two words are extended word by word, and :meth:`_walk` follows
+        every reading of words that have two and every term longer than :data:`PREFIX_CAP`.
+        """
+        keys, glyphs, long = words.keys, words.glyphs, self.long
+        get, count = self.table.get, len(keys)
+        entries = list(map(get, keys))
+        joined = list(map(add, keys, islice(keys, 1, None)))  # joined[a]: words a, a + 1
+        pairs = list(map(get, joined))
+        found = [(a, a, entry) for a, entry in enumerate(entries) if entry]
+        for a in [a for a, entry in enumerate(pairs) if entry is not None]:
+            spelled, entry, b = keys[a] + keys[a + 1], pairs[a], a + 1
+            while True:  # words a..b spell a term prefix
+                if entry:
+                    found.append((a, b, entry))
+                b += 1
+                if b == count:
+                    break
+                if glyphs is not None and glyphs[b] is not None:
+                    self._walk(keys, glyphs, a, [(b, spelled + keys[b]), (b, spelled + glyphs[b])], found)
+                    break
+                spelled += keys[b]
+                entry = get(spelled)
+                if entry is None:
+                    if long and len(spelled) > PREFIX_CAP:
+                        self._walk(keys, glyphs, a, [(b, spelled)], found)
+                    break
+        if glyphs is not None:  # runs reading a word as its glyph: from that word, or through it
+            for g in [g for g, glyph in enumerate(glyphs) if glyph is not None]:
+                states = [(g, glyphs[g])]
+                if g and entries[g - 1] is not None:
+                    states.append((g, keys[g - 1] + glyphs[g]))
+                self._walk(keys, glyphs, g, states[:1], found)
+                if len(states) == 2:
+                    self._walk(keys, glyphs, g - 1, states[1:], found)
+        if long and max(map(len, joined or keys), default=0) > PREFIX_CAP:  # runs that outgrow the
+            for a, key in enumerate(keys):  # prefix table within their first two words
+                if len(key) > PREFIX_CAP:
+                    self._walk(keys, glyphs, a, [(a, key)], found)
+                elif entries[a] is not None and a + 1 < count and len(joined[a]) > PREFIX_CAP:
+                    self._walk(keys, glyphs, a, [(a + 1, joined[a])], found)
+        if self.short and words.plain is not None:
+            found += self._short_runs(words)
+        return found
+
+    def _short_runs(self, words: Words) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Terms shorter than :data:`MIN_SPELLED`: runs of words with nothing between them (``w5``,
+        ``猎鹰``) that spell the term plainly (case, accents and compatibility forms aside)."""
+        plain, starts, ends = words.plain, words.starts, words.ends
+        short, prefixes = self.short, self._prefixes
+        found = []
+        for a in [a for a, key in enumerate(plain) if key in prefixes]:
+            spelled, b = plain[a], a
+            while True:
+                ids = short.get(spelled)
+                if ids:
+                    found.append((a, b, ids))
+                b += 1
+                if b == len(plain) or ends[b - 1] != starts[b]:
+                    break
+                spelled += plain[b]
+                if spelled not in prefixes:
+                    break
+        return found
+
+    def _walk(
+        self,
+        keys: list[str],
+        glyphs: list[str | None] | None,
+        a: int,
+        states: list[tuple[int, str]],
+        found: list[tuple[int, int, tuple[int, ...]]],
+    ) -> None:
+        """Runs starting at word ``a``, from ``states`` ``(b, what words a..b spell)`` on, in every reading
+        of every word; terms longer than :data:`PREFIX_CAP` compared whole."""
+        get, count = self.table.get, len(keys)
+        stack = list(states)
+        while stack:
+            b, spelled = stack.pop()
+            if len(spelled) > PREFIX_CAP:
+                candidates = self.long.get(spelled[:PREFIX_CAP], ())
+                found += [(a, b, ids) for form, ids in candidates if form == spelled]
+                if not any(len(form) > len(spelled) and form.startswith(spelled) for form, _ in candidates):
+                    continue
+            else:
+                entry = get(spelled)
+                if entry is None:
+                    continue
+                if entry:
+                    found.append((a, b, entry))
+            b += 1
+            if b < count:
+                stack.append((b, spelled + keys[b]))
+                if glyphs is not None and glyphs[b] is not None:
+                    stack.append((b, spelled + glyphs[b]))
 
     def spans(self, normalized: Normalized, out: set[SecretSpan]) -> None:
         """Add every term occurrence in ``normalized`` (original offsets) to ``out``."""
-        text = normalized.text
-        ascii_text = text.isascii()
-        parts = (_ASCII_SUBWORD_SPLIT if ascii_text else _SUBWORD_SPLIT).split(text)
-        raw = parts[1::2]
-        folded = raw if self.case_sensitive else list(map(str.casefold, raw))
-        hits = self.keys.intersection(folded)
-        separators = parts[2:-1:2]  # separators[k] lies between sub-words k and k + 1
-        joined = self.words and ("" in separators or "_" in text)
-        if not (hits or joined or (self.substrings and not ascii_text)):
-            return
-        bounds = list(accumulate(map(len, parts)))  # sub-word k is text[bounds[2k] : bounds[2k + 1]]
-        if hits:
-            self._word_spans(normalized, folded, bounds, hits, out)
-        if joined:
-            self._identifier_spans(normalized, folded, bounds, separators, out)
-        if self.substrings and not ascii_text:
-            self._substring_spans(normalized, folded, bounds, out)
+        words = self.split(normalized)
+        for a, b, ids in self.runs(words):
+            out.update(SecretSpan(words.starts[a], words.ends[b], j) for j in ids)
 
-    def _word_spans(
-        self,
-        normalized: Normalized,
-        folded: list[str],
-        bounds: list[int],
-        hits: set[str],
-        out: set[SecretSpan],
-    ) -> None:
-        for k in [k for k, word in enumerate(folded) if word in hits]:
-            word = folded[k]
-            start = bounds[2 * k]
-            for j in self.single.get(word, ()):
-                out.add(SecretSpan(*normalized.original_span(start, bounds[2 * k + 1]), j))
-            for rest, ids in self.phrases.get(word, ()):
-                last = k + len(rest)
-                if last < len(folded) and all(
-                    w in singular_forms(folded[k + 1 + i]) for i, w in enumerate(rest)
-                ):
-                    span = normalized.original_span(start, bounds[2 * last + 1])
-                    out.update(SecretSpan(*span, j) for j in ids)
-
-    def _identifier_spans(
-        self,
-        normalized: Normalized,
-        folded: list[str],
-        bounds: list[int],
-        separators: list[str],
-        out: set[SecretSpan],
-    ) -> None:
-        """One-word terms against runs of joined sub-words: "projectfalcon" in "myProjectFalcon",
-        "project_falcon" (sub-words separated by nothing or by underscores only)."""
-        glued = [not sep or not sep.strip("_") for sep in separators]
-        k = 0
-        while k < len(folded):
-            end = k
-            while end < len(glued) and glued[end]:
-                end += 1
-            if end > k:  # sub-words k..end form one identifier: try each joined sub-run
-                for a in range(k, end + 1):
-                    for b in range(a + 1, min(end, a + MAX_IDENTIFIER_PARTS - 1) + 1):
-                        for j in self.single.get("".join(folded[a : b + 1]), ()):
-                            span = normalized.original_span(bounds[2 * a], bounds[2 * b + 1])
-                            out.add(SecretSpan(*span, j))
-            k = end + 1
-
-    def _substring_spans(
-        self, normalized: Normalized, folded: list[str], bounds: list[int], out: set[SecretSpan]
-    ) -> None:
-        for k, word in enumerate(folded):
-            if word.isascii():
-                continue
-            start = bounds[2 * k]
-            for i, char in enumerate(word):
-                if char not in self.substring_firsts:
+    def joined_spans(self, rows: Sequence[Normalized], out: Sequence[set[SecretSpan]]) -> None:
+        """Occurrences in the texts ``rows`` read one after the other (as a script that concatenates
+        them reads them): an occurrence spanning several rows adds, to each row it touches, the part of
+        it in that row (``out[r]``: offsets into row r)."""
+        words, firsts = join_words([self.split(row) for row in rows])
+        for a, b, ids in self.runs(words):
+            first, last = bisect_right(firsts, a) - 1, bisect_right(firsts, b) - 1
+            for row in range(first, last + 1):
+                if firsts[row] == firsts[row + 1]:  # a row without words inside the run
                     continue
-                for n in self.substring_lengths:
-                    ids = self.substrings.get(word[i : i + n])
-                    if ids:
-                        span = normalized.original_span(start + i, start + i + n)
-                        out.update(SecretSpan(*span, j) for j in ids)
+                start = words.starts[max(a, firsts[row])]
+                end = words.ends[min(b, firsts[row + 1] - 1)]
+                out[row].update(SecretSpan(start, end, j) for j in ids)
 
 
 #: The kinds of ``re.error`` messages, without what follows them: ``error.msg`` quotes parts of the
@@ -268,7 +404,7 @@ def pattern_spans(
 
 
 def text_variants(text: str) -> list[Normalized]:
-    """The normalised text and, if it has words hyphenated across line breaks, the joined variant."""
+    """For patterns: the normalised text and, with words hyphenated across line breaks, the joined one."""
     normalized = normalize(text)
     joined = dehyphenate(normalized)
     return [normalized] if joined is None else [normalized, joined]

@@ -1,27 +1,32 @@
-"""Text as a model sees it, with every character mapped back to the original text's offsets.
+"""Text as a model reads it: escapes decoded, and every character reduced to the letters it spells.
 
-Secrets are searched in a *normalised* copy of each text and the matches are reported as character
-spans of the *original* text (so that a fast tokenizer's ``offset_mapping`` can carry them onto the
-tokens, see :mod:`hush_hf.secrets.marks`). The normalisation errs towards finding more: an example
-wrongly marked costs a little utility, one wrongly left out voids its secret's guarantee.
+Secrets are searched in a *decoded* copy of each text and reported as character spans of the *original*
+text (so that a fast tokenizer's ``offset_mapping`` can carry them onto the tokens, see
+:mod:`hush_hf.secrets.marks`):
 
-Steps (each keeps, for every output character, the span of original characters it came from):
+1. **Escapes** are decoded, each decoded character mapped back to its whole escape: HTML entities
+   (``&shy;``, ``&#233;``), runs of URL percent-escapes (``project%20falcon``, UTF-8 sequences included)
+   and backslash escapes of code and JSON strings (``\\n``, ``\\t``, ``\\"``, ``\\x41``, ``\\u00e9``,
+   surrogate pairs). :func:`readings` gives the decoded text and, when it differs, the raw text too:
+   ``C:\\new`` reads ``new`` raw and a newline decoded.
+2. **Characters** are reduced to *keys*, the letters and digits they spell (:class:`CharTable`): NFKC
+   (full-width letters, ligatures, superscripts), decimal digits of any script as ASCII digits (``٧`` ->
+   ``7``), combining marks and format characters dropped (accents, a combining overlay, soft hyphens,
+   zero-width joiners), then each character replaced by its Unicode TR39 prototype
+   (:mod:`hush_hf.secrets.confusables`: Cyrillic ``а`` -> ``a``, ``0`` -> ``o``, ``1`` and ``|`` -> ``l``,
+   ``m`` -> ``rn``) and case-folded (``str.casefold``: final sigma, ``ß``). What is neither letter nor digit
+   after that (punctuation, spaces, symbols) has an empty key: a separator.
 
-1. Escapes are decoded: HTML entities (``&shy;``, ``&amp;``, ``&#233;``) and runs of URL
-   percent-escapes (``project%20falcon``, UTF-8 sequences included).
-2. Each character is NFKC-normalised (full-width letters, ligatures), decomposed, and stripped of
-   combining marks (``M*``) and format characters (``Cf``: soft hyphen, zero-width joiners, bidi
-   controls), as an uncased tokenizer does. Case is kept here: identifiers are split at case
-   changes afterwards (:mod:`hush_hf.secrets.matching`) and case is folded per word.
-3. Unicode confusables are replaced by the Latin letter they imitate (Cyrillic ``а`` -> ``a``,
-   Greek ``Ο`` -> ``O``): one character for one, so offsets are unchanged by this step.
+A character can be read two ways, as a letter in another case or as the glyph it looks like: ``I`` is
+``i`` in ``Icon`` and ``l`` in ``faIcon``; Greek ``Η`` is ``η`` or ``H``. The *case reading* folds case
+first (``I`` -> ``i``), the *glyph reading* takes the prototype first (``I`` -> ``l``); both are kept
+where they differ (:attr:`CharTable.glyph`). Folding case before taking prototypes everywhere would merge
+whole alphabets through Greek and Cyrillic case pairs (``r``, ``t``, ``u``, ``y`` and ``z`` would become
+one letter); two readings keep each exact.
 
-:func:`dehyphenate` gives a second variant with words hyphenated across a line break joined
-(``Fal-\\ncon`` -> ``Falcon``); matching runs on both, so ``project-\\nfalcon`` still matches as two
-words. The confusables table is written here (not taken from a library) because what is needed is
-small and one-to-one: look-alikes of the 26 Latin letters from Cyrillic, Greek, Armenian, Cherokee and
-Latin extensions; Unicode's full TR39 skeleton maps many characters to several and is not in the
-standard library.
+For regular expressions, :func:`normalize` decodes escapes and replaces non-ASCII look-alikes by the
+ASCII characters they imitate, keeping case and every other character (offsets mapped back as above);
+:func:`dehyphenate` joins words hyphenated across a line break (``Fal-\\ncon``).
 """
 
 from __future__ import annotations
@@ -32,32 +37,25 @@ import unicodedata
 from urllib.parse import unquote
 
 import numpy as np
+import regex
+
+from hush_hf.secrets.confusables import prototypes
 
 # HTML entities (named, decimal, hex) and runs of percent-escapes (a UTF-8 sequence spans several).
 _ESCAPE = re.compile(
     r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});|(?:%[0-9A-Fa-f]{2})+"
+    r"|\\(?:[ntrfvab0\\'\"/]|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|u\{[0-9A-Fa-f]{1,6}\})"
 )
+_ESCAPE_START = re.compile(r"[&%\\]")
+_BACKSLASH = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a", "b": "\b", "0": "\0"}
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+_NON_ASCII_SPLIT = re.compile(r"([^\x00-\x7f]+)")
 # A hyphen ending a line inside a word: "Fal-\ncon" (spaces and a carriage return allowed).
 _LINE_BREAK_HYPHEN = re.compile(r"(?<=\w)[-\u2010\u2011][ \t]*\r?\n[ \t]*(?=\w)")
-
-_CONFUSABLES = {
-    # Cyrillic
-    "а": "a", "А": "A", "в": "b", "В": "B", "с": "c", "С": "C", "ԁ": "d", "е": "e", "Е": "E",
-    "ё": "e", "Ё": "E", "һ": "h", "Н": "H", "і": "i", "І": "I", "ї": "i", "Ї": "I", "ј": "j",
-    "Ј": "J", "к": "k", "К": "K", "ӏ": "l", "Ӏ": "I", "м": "m", "М": "M", "о": "o", "О": "O",
-    "р": "p", "Р": "P", "ԛ": "q", "ѕ": "s", "Ѕ": "S", "т": "t", "Т": "T", "υ": "u", "ν": "v",
-    "ԝ": "w", "Ԝ": "W", "х": "x", "Х": "X", "у": "y", "У": "Y", "ү": "y", "Ү": "Y", "ʏ": "y",
-    # Greek
-    "α": "a", "Α": "A", "β": "b", "Β": "B", "ε": "e", "Ε": "E", "Ζ": "Z", "η": "n", "Η": "H",
-    "ι": "i", "Ι": "I", "κ": "k", "Κ": "K", "Μ": "M", "Ν": "N", "ο": "o", "Ο": "O", "ρ": "p",
-    "Ρ": "P", "τ": "t", "Τ": "T", "Υ": "Y", "χ": "x", "Χ": "X", "ϲ": "c", "Ϲ": "C", "ϳ": "j",
-    # Armenian, Cherokee, Latin extensions
-    "օ": "o", "ս": "u", "ց": "g", "հ": "h", "ո": "n", "Ꭺ": "A", "Ᏼ": "B", "Ꮯ": "C", "Ꭼ": "E",
-    "Ꮋ": "H", "Ꮶ": "K", "Ꮇ": "M", "Ꮲ": "P", "Ꮪ": "S", "Ꭲ": "T", "ɑ": "a", "ɡ": "g", "ı": "i",
-    "ȷ": "j", "ſ": "s", "ℓ": "l",
-}  # fmt: skip
-_CONFUSABLE_TABLE = str.maketrans(_CONFUSABLES)
+# Scripts written without spaces between words: each character is a word of its own.
+_UNSPACED = regex.compile(
+    r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\p{Tibetan}]"
+)
 
 
 class Normalized:
@@ -120,62 +118,247 @@ def _from_pieces(text: str, pieces: list[tuple[int, int, str]]) -> Normalized:
 
 
 def _decode_escape(escape: str) -> str:
-    if escape.startswith("&"):
+    if escape[0] == "&":
         return html.unescape(escape)
-    return unquote(escape, errors="replace")
+    if escape[0] == "%":
+        return unquote(escape, errors="replace")
+    kind = escape[1]
+    if kind in _BACKSLASH:
+        return _BACKSLASH[kind]
+    if kind in "xuU":
+        return chr(int(escape[2:].strip("{}"), 16))
+    return kind  # \\ \' \" \/
 
 
 def decode_escapes(text: str) -> Normalized:
-    """Step 1: HTML entities and URL percent-escapes decoded (each decoded character maps to its escape)."""
-    if "&" not in text and "%" not in text:
+    """Step 1: escapes decoded (each decoded character maps to its whole escape); surrogate pairs written
+    as two ``\\u`` escapes (JSON) become one character."""
+    if _ESCAPE_START.search(text) is None:
         return Normalized(text)
-    pieces = []
+    pieces: list[tuple[int, int, str]] = []
     for match in _ESCAPE.finditer(text):
         decoded = _decode_escape(match.group())
-        if decoded != match.group():
-            pieces.append((match.start(), match.end(), decoded))
+        if decoded == match.group():
+            continue
+        if pieces and pieces[-1][1] == match.start() and _is_surrogate_pair(pieces[-1][2], decoded):
+            start, _, high = pieces.pop()
+            decoded = (high + decoded).encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+            pieces.append((start, match.end(), decoded))
+            continue
+        pieces.append((match.start(), match.end(), decoded))
     return _from_pieces(text, pieces)
 
 
-_CHAR_CACHE: dict[str, str] = {}
+def _is_surrogate_pair(high: str, low: str) -> bool:
+    return len(high) == 1 and len(low) == 1 and "\ud800" <= high <= "\udbff" and "\udc00" <= low <= "\udfff"
 
 
-def _fold_char(char: str) -> str:
-    """Step 2 and 3 for one non-ASCII character: NFKC, marks and format characters dropped, confusables."""
-    folded = _CHAR_CACHE.get(char)
-    if folded is None:
-        decomposed = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", char))
-        kept = "".join(
-            c for c in decomposed if unicodedata.category(c)[0] != "M" and unicodedata.category(c) != "Cf"
-        )
-        folded = unicodedata.normalize("NFC", kept).translate(_CONFUSABLE_TABLE)
-        if len(_CHAR_CACHE) < 1_000_000:
-            _CHAR_CACHE[char] = folded
-    return folded
+def readings(text: str) -> list[Normalized]:
+    """The decoded text and, when decoding changed it, the raw text (offsets into ``text``)."""
+    decoded = decode_escapes(text)
+    return [decoded] if decoded.starts is None else [decoded, Normalized(text)]
+
+
+# -- characters -> keys ---------------------------------------------------------------------------------
+
+
+def _stripped(text: str) -> str:
+    """NFD with combining marks (M*) and format characters (Cf) dropped; decimal digits made ASCII."""
+    out = []
+    for char in unicodedata.normalize("NFD", text):
+        category = unicodedata.category(char)
+        if category[0] == "M" or category == "Cf":
+            continue
+        out.append(str(unicodedata.decimal(char)) if category == "Nd" else char)
+    return "".join(out)
+
+
+def _prototype(char: str) -> str:
+    """The TR39 prototype of ``char`` (NFKC, marks dropped): a letter or digit reads as the letters and
+    digits of its prototype (``Ɓ`` -> ``B``), another character only when its prototype is made of
+    letters and digits alone (``|`` -> ``l``; ``%``, whose prototype is ``º/₀``, stays a separator)."""
+    prototype = prototypes().get(char)
+    if prototype is None:
+        return char
+    prototype = _stripped(unicodedata.normalize("NFKC", prototype))
+    if char.isalnum():
+        return _letters(prototype)
+    return prototype if prototype.isalnum() else char
+
+
+def _letters(text: str) -> str:
+    return "".join(char for char in text if char.isalnum())
+
+
+def _folded(char: str) -> str:
+    return _stripped(unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", char).casefold()))
+
+
+def _settled(text: str, *, fold: bool) -> str:
+    """Letters and digits of ``text`` after prototypes (and case folding) until nothing changes
+    (``M`` -> ``m`` -> ``rn``)."""
+    for _ in range(4):
+        changed = "".join(map(_prototype, text))
+        if fold:
+            changed = changed.casefold()
+        if changed == text:
+            break
+        text = changed
+    return _letters(text)
+
+
+def case_reading(char: str) -> str:
+    """The key of ``char`` read as a letter in another case: case folded, then TR39 prototypes."""
+    return _settled(_folded(char), fold=True)
+
+
+def glyph_reading(char: str) -> str:
+    """The key of ``char`` read as the glyph it looks like: TR39 prototypes, then case folded."""
+    return _settled("".join(map(_prototype, _stripped(unicodedata.normalize("NFKC", char)))), fold=True)
+
+
+def exact_reading(char: str) -> str:
+    """The case-sensitive key of ``char``: TR39 prototypes, case kept."""
+    return _settled(_stripped(unicodedata.normalize("NFKC", char)), fold=False)
+
+
+def plain_reading(char: str) -> str:
+    """The key of ``char`` without TR39 prototypes (case folded): what short terms are matched by."""
+    return _letters(_folded(char))
+
+
+def plain_exact_reading(char: str) -> str:
+    """The case-sensitive key of ``char`` without TR39 prototypes."""
+    return _letters(_stripped(unicodedata.normalize("NFKC", char)))
+
+
+#: Kinds of characters, for splitting words (:mod:`hush_hf.secrets.matching`): upper-case letter,
+#: lower-case letter (``s`` apart, for plurals of acronyms: ``KBs``), digit, letter without case, a
+#: character that is a word alone (scripts without spaces, symbols that spell a letter such as ``|``),
+#: a transparent character (a combining mark or format character: part of the word around it, spelling
+#: nothing), and a separator.
+UPPER, LOWER, LOWER_S, DIGIT, CASELESS, ALONE, TRANSPARENT, SEPARATOR = "ulsdoxm "
+
+
+def char_kind(char: str) -> str:
+    """The kind of ``char`` (see :data:`UPPER` ...)."""
+    category = unicodedata.category(char)
+    if not case_reading(char) and not glyph_reading(char):
+        return TRANSPARENT if category[0] == "M" or category == "Cf" else SEPARATOR
+    if category in ("Lu", "Lt"):
+        return UPPER
+    if category == "Ll":
+        return LOWER_S if char == "s" else LOWER
+    if category[0] == "N":
+        return DIGIT
+    if category[0] == "L":
+        return ALONE if _UNSPACED.match(char) else CASELESS
+    return ALONE
+
+
+class CharTable(dict):
+    """A ``str.translate`` table computed per character on first use (``fn(char)``), kept afterwards.
+
+    :data:`KINDS`, :data:`KEYS` (case reading), :data:`GLYPHS` (glyph reading), :data:`EXACT`
+    (case-sensitive) and :data:`PLAIN` / :data:`PLAIN_EXACT` (without prototypes) are the tables texts
+    are split and keyed with; the key tables keep ``\0`` (a separator, never in a word) as itself, to
+    translate many words joined by it in one call. :meth:`translate` is ``text.translate(table)``, faster
+    on ASCII text.
+    """
+
+    def __init__(self, fn, *, keep_nul: bool = True) -> None:
+        super().__init__()
+        self.fn = fn
+        self.keep_nul = keep_nul
+        if keep_nul:
+            self[0] = "\0"
+        self._ascii: tuple[dict[int, str | None], tuple[tuple[str, str], ...]] | None = None
+
+    def __missing__(self, code: int) -> str:
+        value = self.fn(chr(code))
+        if len(self) < 1_000_000:
+            self[code] = value
+        return value
+
+    def translate(self, text: str) -> str:
+        """``text.translate(self)``; ASCII runs through CPython's one-to-one fast path, the few ASCII
+        characters that become several (``m`` -> ``rn``) put in afterwards."""
+        single, several = self._ascii or self._build_ascii()
+        if text.isascii():
+            out = text.translate(single)
+        else:
+            chunks = _NON_ASCII_SPLIT.split(text)  # ASCII, non-ASCII, ASCII, ...
+            if len(chunks) > 64:  # mostly non-ASCII: one pass through the table
+                return text.translate(self)
+            chunks[0::2] = [chunk.translate(single) for chunk in chunks[0::2]]
+            chunks[1::2] = [chunk.translate(self) for chunk in chunks[1::2]]
+            out = "".join(chunks)
+        for placeholder, value in several:
+            out = out.replace(placeholder, value)
+        return out
+
+    def _build_ascii(self) -> tuple[dict[int, str | None], tuple[tuple[str, str], ...]]:
+        if self._ascii is None:
+            single: dict[int, str | None] = {}
+            several: dict[str, str] = {}  # value -> a control character (never in a word) standing for it
+            for code in range(1, 128):
+                value = self[code]
+                if len(value) == 1:
+                    single[code] = value
+                elif not value:
+                    single[code] = None
+                else:
+                    single[code] = several.setdefault(value, chr(len(several) + 1))
+            single[0] = "\0" if self.keep_nul else self[0]
+            self._ascii = (single, tuple((placeholder, value) for value, placeholder in several.items()))
+        return self._ascii
+
+
+KINDS = CharTable(char_kind, keep_nul=False)
+KEYS = CharTable(case_reading)
+GLYPHS = CharTable(glyph_reading)
+EXACT = CharTable(exact_reading)
+PLAIN = CharTable(plain_reading)
+PLAIN_EXACT = CharTable(plain_exact_reading)
+
+
+# -- regular expressions: look-alikes replaced, case and punctuation kept ------------------------------
+
+
+def _look_alike(char: str) -> str:
+    """``char`` (non-ASCII) as the ASCII characters it imitates where TR39 says so, else itself
+    (NFKC-normalised, marks and format characters dropped); the case of ``char`` is kept."""
+    base = _stripped(unicodedata.normalize("NFKC", char))
+    mapped = "".join(map(_prototype, base))
+    if not mapped.isascii():
+        return base
+    if char.isupper() and mapped.islower():
+        return mapped.upper()
+    if char.islower() and mapped.isupper():
+        return mapped.lower()
+    return mapped
+
+
+_LOOK_ALIKES: dict[str, str] = {}
 
 
 def fold_characters(text: str) -> Normalized:
-    """Steps 2 and 3 (ASCII characters are unchanged; only non-ASCII runs are visited)."""
+    """Non-ASCII characters replaced by :func:`_look_alike` (offsets kept; only non-ASCII runs visited)."""
     if text.isascii():
         return Normalized(text)
     pieces = []
-    same_length = True
     for run in _NON_ASCII.finditer(text):
         for k, char in enumerate(run.group()):
-            folded = _fold_char(char)
+            folded = _LOOK_ALIKES.get(char)
+            if folded is None:
+                folded = _LOOK_ALIKES[char] = _look_alike(char)
             if folded != char:
                 pieces.append((run.start() + k, run.start() + k + 1, folded))
-                same_length = same_length and len(folded) == 1
-    if same_length:  # one-for-one replacements: positions unchanged
-        chars = list(text)
-        for start, _, new in pieces:
-            chars[start] = new
-        return Normalized("".join(chars))
     return _from_pieces(text, pieces)
 
 
 def normalize(text: str) -> Normalized:
-    """Steps 1-3: the text secrets are searched in, with offsets into ``text``."""
+    """Escapes decoded and look-alikes replaced: the text regular expressions are searched in."""
     decoded = decode_escapes(text)
     return decoded.then(fold_characters(decoded.text))
 

@@ -7,7 +7,7 @@ import numbers
 import re
 from dataclasses import dataclass
 
-from hush_hf.secrets.matching import regex_error_kind, term_words
+from hush_hf.secrets.matching import regex_error_kind, term_key
 
 
 def check_probability(field: str, value: object) -> float:
@@ -33,7 +33,7 @@ def check_terms(terms: object) -> tuple[str, ...]:
     for k, term in enumerate(terms):
         if not isinstance(term, str):
             raise ValueError(f"terms[{k}] must be a string, got a {type(term).__name__}")
-        if not term_words(term, case_sensitive=True):
+        if not term_key(term, case_sensitive=True):
             raise ValueError(f"terms[{k}] contains no word characters, so it can never match")
     return tuple(terms)
 

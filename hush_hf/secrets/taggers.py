@@ -17,9 +17,10 @@ from hush_hf.secrets.matching import (
     TermIndex,
     compile_pattern,
     pattern_spans,
-    term_words,
+    term_key,
     text_variants,
 )
+from hush_hf.secrets.normalize import readings
 from hush_hf.secrets.secret_set import SecretSet
 
 
@@ -53,6 +54,12 @@ class Tagger(ABC):
             "tag the text column with tag_dataset instead"
         )
 
+    def batch_spans(self, texts: Sequence[str]) -> list[list[SecretSpan]]:
+        """:meth:`spans` of each text, the texts read one after the other (as ``group_texts`` and
+        packing concatenate a ``datasets.map`` batch): an occurrence spanning rows adds to each of them
+        the part it holds. This base version finds occurrences within rows only."""
+        return [self.spans(text) for text in texts]
+
     @property
     def secret_indices(self) -> frozenset[int] | None:
         """Every index this tagger can return, or ``None`` when unknown in advance."""
@@ -66,10 +73,11 @@ class Tagger(ABC):
 class TermTagger(Tagger):
     """Marks a text with secret j where one of j's terms occurs (rules: :mod:`hush_hf.secrets.matching`).
 
-    Identifiers are split at case changes, digits and underscores, words are case-folded (unless
-    ``case_sensitive``) and also matched in their singular forms, escapes, confusables and line-break
-    hyphenation are undone, and terms in scripts without spaces match as substrings. Cost per text is
-    linear in its length, independent of the number of terms (dict look-ups, no alternation regex).
+    A term occurs wherever a run of whole words of the text spells it once escapes, case (unless
+    ``case_sensitive``), accents, digit scripts, TR39 confusables and every separator are set aside
+    (``Project NightJar``, ``projectnightjar``, ``p r o j e c t``, ``7,741``, ``faIcon``), plural endings
+    included. Cost per text is linear in its number of words, independent of the number of terms (dict
+    look-ups, no alternation regex).
     """
 
     def __init__(self, terms: Mapping[int, Sequence[str]], *, case_sensitive: bool = False) -> None:
@@ -108,9 +116,20 @@ class TermTagger(Tagger):
 
     def spans(self, text: str) -> list[SecretSpan]:
         found: set[SecretSpan] = set()
-        for variant in text_variants(text):
-            self._index.spans(variant, found)
+        for reading in readings(text):
+            self._index.spans(reading, found)
         return sorted(found)
+
+    def batch_spans(self, texts: Sequence[str]) -> list[list[SecretSpan]]:
+        """Terms read across rows too: the rows' words (decoded readings) are matched as one sequence;
+        raw readings of rows with escapes are matched row by row."""
+        found: list[set[SecretSpan]] = [set() for _ in texts]
+        rows = [readings(text) for text in texts]
+        self._index.joined_spans([variants[0] for variants in rows], found)
+        for out, variants in zip(found, rows, strict=True):
+            for variant in variants[1:]:
+                self._index.spans(variant, out)
+        return [sorted(out) for out in found]
 
     def __call__(self, text: str) -> set[int]:
         return {span.secret for span in self.spans(text)}
@@ -218,6 +237,13 @@ class UnionTagger(Tagger):
             found.update(tagger.spans(text))
         return sorted(found)
 
+    def batch_spans(self, texts: Sequence[str]) -> list[list[SecretSpan]]:
+        found: list[set[SecretSpan]] = [set() for _ in texts]
+        for tagger in self.taggers:
+            for out, spans in zip(found, tagger.batch_spans(texts), strict=True):
+                out.update(spans)
+        return [sorted(out) for out in found]
+
 
 def tagger_for(secret_set: SecretSet, case_sensitive: bool = False) -> Tagger:
     """The tagger a :class:`SecretSet` describes: each secret's terms and pattern.
@@ -236,7 +262,7 @@ def tagger_for(secret_set: SecretSet, case_sensitive: bool = False) -> Tagger:
         if secret.terms:
             terms[j] = secret.terms
         elif secret.pattern is None:
-            if not term_words(secret.name, case_sensitive=True):
+            if not term_key(secret.name, case_sensitive=True):
                 raise ValueError(
                     f"tagger_for: secret #{j} has no terms or pattern and its name contains no word "
                     "characters, so no example could ever be marked with it"

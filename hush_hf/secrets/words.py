@@ -5,8 +5,8 @@ underscore), taken from the text after NFKC normalisation and, unless case-sensi
 case folding (``str.casefold``, the caseless-matching form of lower-casing), accent stripping
 (combining marks, Unicode categories ``Mn``/``Mc``/``Me``, removed after canonical decomposition) and
 removal of format characters (category ``Cf``: soft hyphen, zero-width space and joiners, byte-order
-mark, bidi controls). A phrase term matches a whole-word token sequence, so ``"cat"`` never matches
-``"catalog"`` or ``"cat_food"``, and ``"new york"`` matches ``"New-York"`` and ``"new, york"`` alike.
+mark, bidi controls). These words name and count secrets (document frequencies); where a secret occurs
+is decided by :mod:`hush_hf.secrets.matching`, which finds every spelling of the word, not only the word.
 
 Why normalise: a secret written with a compatibility character (``"ﬁnance"`` with the ``fi``
 ligature, full-width letters), in another case (``"STRASSE"`` vs ``"straße"``), with or without
