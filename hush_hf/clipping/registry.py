@@ -47,6 +47,13 @@ class LayerRule:
     the single input ``x`` (layers called with several inputs, the generic path).
     ``protects_output``: the model modifies this layer's output in place, so the model continues
     with a copy and the recorded output stays intact.
+    ``owns_subtree``: the rule covers every trainable parameter of the module and its submodules
+    (dotted names, e.g. ``trainable_tokens_delta.default``), which are then not hooked on their own:
+    for layers that read their submodules' parameters directly (PEFT adapters kept in a
+    ``ParameterDict``).
+    ``injects``: the layer computes, from its own parameters, a tensor that the whole batch shares and
+    that the model passes back in as a keyword argument (T5's relative position bias): see
+    :class:`Injection`. The rule then gets the injection's ``x`` and the gradient of its batch-wide copy.
     """
 
     grads: GradRule
@@ -54,6 +61,30 @@ class LayerRule:
     casts_input_under_autocast: bool = False
     records_call: bool = False
     protects_output: bool = False
+    owns_subtree: bool = False
+    injects: Injector | None = None
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What an :data:`Injector` computed before a layer call: ``value`` (batch-first, one copy per
+    example, e.g. an ``expand`` of a tensor the batch shares) goes into the call as keyword ``key``;
+    the rule gets ``x`` and the gradient of ``sum_i loss_i`` w.r.t. ``value`` (row i: example i's own)."""
+
+    key: str
+    x: Tensor
+    value: Tensor
+
+
+@dataclass(frozen=True)
+class Injector:
+    """``params(module)``: the dotted names of the parameters the shared tensor is computed from (the
+    layer's rule covers them, and their own submodule is not hooked); ``inject(module, args, kwargs)``,
+    called before each call of the layer: the :class:`Injection`, or None when the call already
+    receives the shared tensor (an earlier layer computed it) or does not need it."""
+
+    params: Callable[[nn.Module], list[str]]
+    inject: Callable[[nn.Module, tuple, dict], Injection | None]
 
 
 @dataclass(frozen=True)
@@ -109,13 +140,22 @@ def register_norm_rule(
     check: ConfigCheck | None = None,
     casts_input_under_autocast: bool = False,
     protects_output: bool = False,
+    owns_subtree: bool = False,
+    injects: Injector | None = None,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
 
     keys = _keys(targets)
 
     def decorator(grads: GradRule) -> GradRule:
-        rule = LayerRule(grads, check, casts_input_under_autocast, protects_output=protects_output)
+        rule = LayerRule(
+            grads,
+            check,
+            casts_input_under_autocast,
+            protects_output=protects_output,
+            owns_subtree=owns_subtree,
+            injects=injects,
+        )
         for key in keys:
             _RULES[key] = rule
         return grads
