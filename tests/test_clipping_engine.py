@@ -107,7 +107,7 @@ class Wrapper(nn.Module):
         return self.block(x)
 
 
-@pytest.mark.parametrize("chunk_values", [None, 4, 9], ids=["whole-batch", "one-example-chunks", "two-example-chunks"])
+@pytest.mark.parametrize("chunk_values", [None, 4, 9], ids=["whole-batch", "chunks-of-1", "chunks-of-2"])
 def test_layer_without_rule_takes_the_exact_generic_path_at_any_size(monkeypatch, chunk_values) -> None:
     """``Scaled`` owns a raw parameter and a Linear: the generic torch.func path gives its own
     parameter's per-example gradient, the Linear rule the rest; together exact. When the whole batch's
