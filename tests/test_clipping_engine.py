@@ -107,6 +107,19 @@ class Wrapper(nn.Module):
         return self.block(x)
 
 
+def spy_replays(monkeypatch) -> list:
+    """The ``Replayed`` gradients the generic path makes from now on (a list that fills up)."""
+    replayed: list = []
+    original = rules_generic.Replayed
+
+    def spy(*args):
+        replayed.append(original(*args))
+        return replayed[-1]
+
+    monkeypatch.setattr(rules_generic, "Replayed", spy)
+    return replayed
+
+
 @pytest.mark.parametrize("chunk_values", [None, 4, 9], ids=["whole-batch", "chunks-of-1", "chunks-of-2"])
 def test_layer_without_rule_takes_the_exact_generic_path_at_any_size(monkeypatch, chunk_values) -> None:
     """``Scaled`` owns a raw parameter and a Linear: the generic torch.func path gives its own
@@ -121,14 +134,7 @@ def test_layer_without_rule_takes_the_exact_generic_path_at_any_size(monkeypatch
     grads = per_example_grads(model, {"x": x}, lambda out: out.pow(2).sum((1, 2)))
     max_norm = float(norms_of(grads).median())
     expected = clipped_sum(grads, max_norm)
-    replayed = []
-    original = rules_generic.Replayed
-
-    def spy(*args):
-        replayed.append(original(*args))
-        return replayed[-1]
-
-    monkeypatch.setattr(rules_generic, "Replayed", spy)
+    replayed = spy_replays(monkeypatch)
     with GhostClipper(model, max_norm) as clipper:
         norms = clipper.clipped_backward(model(x).pow(2).sum((1, 2)))
     assert rel_err(norms, norms_of(grads)) <= RTOL
@@ -137,6 +143,37 @@ def test_layer_without_rule_takes_the_exact_generic_path_at_any_size(monkeypatch
     assert [r.rows for r in replayed] == ([] if chunk_values is None else [chunk_values // 4])
     model.block[1].scale.requires_grad_(False)  # frozen: ignored
     GhostClipper(model, 1.0).remove()
+
+
+class LargePositions(nn.Module):
+    """Learned positions with more trainable values than the generic path once refused (2^23)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(2**21 + 1, 4) * 0.1)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        return self.out(torch.tanh(self.table[positions])).pow(2).sum((1, 2))
+
+
+@pytest.mark.slow  # ~10 s; test_layer_without_rule_takes_the_exact_generic_path_at_any_size is the fast one
+def test_a_rule_less_layer_beyond_the_old_limit_is_exact_in_chunks(monkeypatch) -> None:
+    """8.4M values (OPT-6.7B's learned positions are 8.4M too) for 5 examples exceed
+    ``GENERIC_CHUNK_VALUES``: replayed 3 examples at a time, unpatched, and exact."""
+    torch.manual_seed(0)
+    model = LargePositions()
+    assert model.table.numel() > 2**23
+    replayed = spy_replays(monkeypatch)
+    positions = torch.randint(0, 2**21 + 1, (5, 6), generator=torch.Generator().manual_seed(1))
+    grads = per_example_grads(model, {"positions": positions}, lambda out: out)
+    with GhostClipper(model, 0.5) as clipper:
+        norms = clipper.clipped_backward(model(positions))
+    assert rel_err(norms, norms_of(grads)) <= RTOL
+    expected = clipped_sum(grads, 0.5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad.double(), expected[name], rtol=1e-4, atol=1e-7)
+    assert [r.rows for r in replayed] == [3]
 
 
 class DoubledLinear(nn.Linear):

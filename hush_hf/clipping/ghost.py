@@ -323,10 +323,18 @@ def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
+_UNRECOGNISED_CHECKPOINT = (
+    "a gradient checkpointing that hush_hf does not recognise re-runs layers in the backward pass; enable "
+    "it with transformers' model.gradient_checkpointing_enable() (or TrainingArguments("
+    "gradient_checkpointing=True)) or torch's checkpoint_wrapper, which per-example clipping follows"
+)
+
+
 def _reached_leaves(loss: Tensor) -> set[int]:
     """ids of the leaf tensors that a backward pass from ``loss`` would give a gradient (a walk of the
     autograd graph: no computation). Nodes are kept in ``seen`` so their Python wrappers stay the same
-    objects while the walk compares them."""
+    objects while the walk compares them. A reentrant ``torch.utils.checkpoint`` node hides the layers it
+    re-runs (their parameters are not its inputs), so meeting one here, untapped, is refused."""
     found: set[int] = set()
     seen: set[Any] = set()
     stack = [loss.grad_fn]
@@ -335,6 +343,8 @@ def _reached_leaves(loss: Tensor) -> set[int]:
         if node is None or node in seen:
             continue
         seen.add(node)
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            raise RuntimeError(_UNRECOGNISED_CHECKPOINT)
         variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
         if variable is not None:
             found.add(id(variable))
@@ -694,11 +704,7 @@ class GhostClipper:
         del calls
         if self._calls or self._forwards:
             self.reset()
-            raise RuntimeError(
-                "layers ran during the backward pass: a gradient checkpointing that hush_hf does not "
-                "recognise; enable it with transformers' model.gradient_checkpointing_enable() (or "
-                "TrainingArguments(gradient_checkpointing=True)) or torch's checkpoint_wrapper"
-            )
+            raise RuntimeError(_UNRECOGNISED_CHECKPOINT)
         uses: dict[str, list[PerExampleGrad]] = {}
         used: dict[str, list[Tensor]] = {}
         for k in range(len(recorded)):
