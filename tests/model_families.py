@@ -146,10 +146,11 @@ FAMILIES: list[Family] = [
         notes="each adapted layer is one generic replay"),
     Family("Llama + trainable tokens (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _peft(
         _LLAMA, "TrainableTokensConfig", target_modules=["embed_tokens"], token_indices=TRAINABLE_TOKENS,
-        init_weights=False), notes="`TrainableTokensConfig`; tied: the output rows of the tokens too"),
+        init_weights=False),
+        notes="`TrainableTokensConfig`, tokens only in the second micro-batch; tied: their output rows too"),
     Family("Llama + LoRA + trainable tokens (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
         _LLAMA, ["q_proj", "v_proj"], trainable_token_indices=TRAINABLE_TOKENS),
-        notes="`LoraConfig(trainable_token_indices=...)`"),
+        notes="`LoraConfig(trainable_token_indices=...)`, tokens only in the second micro-batch"),
 ]  # fmt: skip
 
 CASES: list[tuple[Family, bool]] = [(f, tied) for f in FAMILIES for tied in f.ties]

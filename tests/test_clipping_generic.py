@@ -52,6 +52,33 @@ def test_generic_path_is_exact_for_layers_with_several_inputs(shared: bool) -> N
     torch.testing.assert_close(norms, expected, rtol=1e-10, atol=0)
 
 
+class Adapted(nn.Module):
+    """A PEFT-like layer: a trainable Linear it calls, and per-adapter scales in a ParameterDict it reads
+    directly (never called, like IA3's ``ia3_l``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(4, 4, dtype=torch.float64)
+        self.scales = nn.ParameterDict({"a": nn.Parameter(torch.linspace(0.5, 1.5, 4, dtype=torch.float64))})
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.base(x) * self.scales["a"]
+
+
+def test_parameters_in_a_parameter_dict_are_covered_by_the_module_that_reads_them() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(Adapted(), nn.Tanh(), nn.Linear(4, 2, dtype=torch.float64))
+    x = torch.randn(5, 3, 4, dtype=torch.float64)
+    grads = per_example_grads(model, {"input": x}, lambda out: out.pow(2).sum((1, 2)))
+    with GhostClipper(model, 0.3) as clipper:
+        planned = {layer.path: layer.param_names for layer in clipper._layers}
+        norms = clipper.clipped_backward(model(x).pow(2).sum((1, 2)))
+    assert planned == {"0": ("scales.a",), "0.base": ("weight", "bias"), "2": ("weight", "bias")}
+    torch.testing.assert_close(norms, norms_of(grads), rtol=1e-10, atol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, clipped_sum(grads, 0.3)[name], rtol=1e-10, atol=1e-14)
+
+
 class NoisyScale(nn.Module):
     def __init__(self) -> None:
         super().__init__()

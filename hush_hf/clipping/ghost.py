@@ -72,12 +72,11 @@ from hush_hf.clipping.registry import (
     rule_for,
 )
 from hush_hf.clipping.rules_generic import (
+    GENERIC_CONTAINER_RULE,
     GENERIC_RULE,
-    GENERIC_SUBTREE_RULE,
     holds_parameter_container,
     own_trainable,
     replaying,
-    subtree_trainable,
 )
 
 logger = logging.getLogger(__name__)
@@ -197,13 +196,13 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _layer_params(module: nn.Module, rule: LayerRule | None) -> list[tuple[str, nn.Parameter]]:
-    """The trainable parameters a layer's rule covers: its own, every one below it (``owns_subtree``),
-    or those its injection declares (``registry.Injector``)."""
+    """The trainable parameters a layer's rule covers: its own, those the rule ``owns`` (submodules'
+    included), or those its injection declares (``registry.Injector``)."""
     if rule is not None and rule.injects is not None:
         names = rule.injects.params(module)
         return [(n, module.get_parameter(n)) for n in names if module.get_parameter(n).requires_grad]
-    if rule is not None and rule.owns_subtree:
-        return subtree_trainable(module)
+    if rule is not None and rule.owns is not None:
+        return rule.owns(module)
     return own_trainable(module)
 
 
@@ -211,7 +210,7 @@ def _plan_layers(model: nn.Module) -> list[_HookedLayer]:
     """Every module that directly holds a trainable parameter must have a rule (or alias it); no module
     may couple the examples of a batch (see ``_batch_coupling``). A layer whose rule covers parameters of
     its submodules (PEFT adapters read from a ``ParameterDict``, T5's relative position bias) takes them
-    over: they are not planned again below it."""
+    over: they are not planned again below it; its other submodules are planned as usual."""
     layers: dict[int, _HookedLayer] = {}
     covered: list[tuple[str, set[int]]] = []  # (a planned layer's path, ids of its submodules' params)
     folding = [path for path, module in model.named_modules() if folds_batch(type(module))]
@@ -229,7 +228,7 @@ def _plan_layers(model: nn.Module) -> list[_HookedLayer]:
         taken = {i for root, ids in covered if root != path and _inside(path, root) for i in ids}
         rule = rule_for(type(module))
         if rule is None and holds_parameter_container(module):
-            rule = GENERIC_SUBTREE_RULE
+            rule = GENERIC_CONTAINER_RULE
         own = [(n, p) for n, p in _layer_params(module, rule) if id(p) not in taken]
         if not own:
             continue

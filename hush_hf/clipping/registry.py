@@ -47,9 +47,9 @@ class LayerRule:
     the single input ``x`` (layers called with several inputs, the generic path).
     ``protects_output``: the model modifies this layer's output in place, so the model continues
     with a copy and the recorded output stays intact.
-    ``owns_subtree``: the rule covers every trainable parameter of the module and its submodules
-    (dotted names, e.g. ``trainable_tokens_delta.default``), which are then not hooked on their own:
-    for layers that read their submodules' parameters directly (PEFT adapters kept in a
+    ``owns``: which trainable parameters the rule covers when not just the module's own: dotted names
+    of submodule parameters (e.g. ``trainable_tokens_delta.default``) are then not hooked again on
+    their own; for layers that read their submodules' parameters directly (PEFT adapters kept in a
     ``ParameterDict``).
     ``injects``: the layer computes, from its own parameters, a tensor that the whole batch shares and
     that the model passes back in as a keyword argument (T5's relative position bias): see
@@ -61,7 +61,7 @@ class LayerRule:
     casts_input_under_autocast: bool = False
     records_call: bool = False
     protects_output: bool = False
-    owns_subtree: bool = False
+    owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None
     injects: Injector | None = None
 
 
@@ -140,7 +140,7 @@ def register_norm_rule(
     check: ConfigCheck | None = None,
     casts_input_under_autocast: bool = False,
     protects_output: bool = False,
-    owns_subtree: bool = False,
+    owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None,
     injects: Injector | None = None,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
@@ -153,7 +153,7 @@ def register_norm_rule(
             check,
             casts_input_under_autocast,
             protects_output=protects_output,
-            owns_subtree=owns_subtree,
+            owns=owns,
             injects=injects,
         )
         for key in keys:

@@ -15,9 +15,9 @@ gradients for the whole batch would exceed ``GENERIC_CHUNK_VALUES`` values (a vo
 embedding, OPT-6.7B's learned positions) is ``Replayed`` instead: the same replay, a chunk of examples at
 a time, whenever its norm or its clipped sum is taken, so its memory stays bounded at any size.
 
-The same path serves a whole PEFT adapter layer that reads its parameters directly from a
-``ParameterDict`` (IA3, VeRA, ...: ``GENERIC_SUBTREE_RULE``): the replay runs the adapter layer's own
-forward with every trainable parameter below it.
+The same path serves a PEFT adapter layer that reads its parameters directly from a
+``ParameterDict`` (IA3, VeRA, ...: ``GENERIC_CONTAINER_RULE``): the replay runs the adapter layer's
+own forward, differentiated w.r.t. those parameters.
 
 Limits, refused rather than approximated: randomness inside the layer (dropout with p > 0 at
 construction, any other random draw when vmap meets it: a replay would draw other numbers), and
@@ -70,15 +70,30 @@ def subtree_trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
 
 
+_CONTAINERS = (nn.ParameterDict, nn.ParameterList)
+
+
+def container_trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The module's own trainable parameters and those of its ``ParameterDict``/``ParameterList``
+    children, by dotted name (other submodules keep theirs: they are called, and have their own rules)."""
+    held = [
+        (f"{child_name}.{n}", p)
+        for child_name, child in module.named_children()
+        if isinstance(child, _CONTAINERS)
+        for n, p in child.named_parameters()
+        if p.requires_grad
+    ]
+    return own_trainable(module) + held
+
+
 def holds_parameter_container(module: nn.Module) -> bool:
     """Whether a direct child is a ``ParameterDict``/``ParameterList`` holding a trainable parameter.
 
     Such a container is never called: the module reads its parameters directly (PEFT's IA3 ``ia3_l``,
-    VeRA's ``vera_lambda_*``, trainable tokens' ``trainable_tokens_delta``), so the module is the layer
-    whose call the per-example gradient is taken of (``GENERIC_SUBTREE_RULE``)."""
-    containers = (nn.ParameterDict, nn.ParameterList)
+    VeRA's ``vera_lambda_*``), so the module is the layer whose call the per-example gradient of those
+    parameters is taken of (``GENERIC_CONTAINER_RULE``)."""
     return any(
-        isinstance(child, containers) and any(p.requires_grad for p in child.parameters())
+        isinstance(child, _CONTAINERS) and any(p.requires_grad for p in child.parameters())
         for child in module.children()
     )
 
@@ -119,10 +134,15 @@ def _failure(module: nn.Module, err: Exception) -> UnsupportedLayerError:
 
 
 def generic_grads(
-    module: nn.Module, call: RecordedCall, g: Tensor, *, subtree: bool = False
+    module: nn.Module,
+    call: RecordedCall,
+    g: Tensor,
+    *,
+    owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] = own_trainable,
 ) -> dict[str, PerExampleGrad]:
     """``{name: G}`` with G[i] = d/dtheta <module(theta, inputs_i), g_i> (see module docstring), for the
-    module's own trainable parameters (``subtree``: every trainable parameter below it, dotted names).
+    parameters ``owns`` selects: the module's own trainable ones, or with ``container_trainable`` those
+    of its ``ParameterDict`` children too (dotted names).
 
     Every tensor argument of 2+ dimensions whose first dimension is the batch size is split per
     example (as a batch of one); other arguments are passed unchanged. An output shared by the batch,
@@ -131,7 +151,7 @@ def generic_grads(
     the recorded autocast state, without building a graph of the surrounding model.
     """
     b = g.shape[0]
-    own = dict(subtree_trainable(module) if subtree else own_trainable(module))
+    own = dict(owns(module))
     params = {n: p.detach() for n, p in own.items()}
     flat, spec = tree_flatten((tuple(call.args), dict(call.kwargs)))
     split = [isinstance(v, Tensor) and v.dim() > 1 and v.shape[0] == b for v in flat]
@@ -186,8 +206,11 @@ def _single(replay: Callable[[list[str], slice], dict[str, Tensor]], name: str, 
 GENERIC_RULE = LayerRule(generic_grads, check=generic_problem, records_call=True)
 """The rule the engine plans for a layer that owns trainable parameters and has no registered rule."""
 
-GENERIC_SUBTREE_RULE = LayerRule(
-    partial(generic_grads, subtree=True), check=generic_problem, records_call=True, owns_subtree=True
+GENERIC_CONTAINER_RULE = LayerRule(
+    partial(generic_grads, owns=container_trainable),
+    check=generic_problem,
+    records_call=True,
+    owns=container_trainable,
 )
 """The rule for a module that reads trainable parameters of a ``ParameterDict``/``ParameterList`` child
-(``holds_parameter_container``): one generic replay of the whole module."""
+(``holds_parameter_container``): one generic replay of the module for them and its own."""

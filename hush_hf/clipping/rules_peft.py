@@ -2,7 +2,7 @@
 
 LoRA (and DoRA, whose magnitude vector takes the generic path) needs nothing here; IA3 and VeRA keep
 their vectors in a ``ParameterDict`` that the adapter layer reads directly, so the whole adapter layer
-is one generic replay (``rules_generic.GENERIC_SUBTREE_RULE``, chosen by ``holds_parameter_container``).
+is one generic replay (``rules_generic.GENERIC_CONTAINER_RULE``, chosen by ``holds_parameter_container``).
 This module adds what the generic path cannot do well or at all:
 
 - ``trainable_token_indices`` / ``TrainableTokensConfig``: a closed-form rule (the generic replay would
@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from hush_hf.clipping.factors import Materialized, PerExampleGrad, compute_dtype
 from hush_hf.clipping.registry import register_norm_rule, register_refusal
+from hush_hf.clipping.rules_generic import subtree_trainable
 from hush_hf.clipping.rules_torch import as_sequence, embedding_config_problem
 
 _DELTAS = "trainable_tokens_delta"
@@ -45,7 +46,7 @@ def trainable_tokens_problem(layer: nn.Module) -> str | None:
     "peft.tuners.trainable_tokens.layer.TrainableTokensLayer",
     check=trainable_tokens_problem,
     casts_input_under_autocast=True,
-    owns_subtree=True,
+    owns=subtree_trainable,
 )
 def trainable_tokens_grads(layer: nn.Module, x: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
     """PEFT's trainable tokens: the wrapped layer runs with W' = W whose rows ``token_indices[a]`` are
