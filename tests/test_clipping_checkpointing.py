@@ -108,6 +108,33 @@ def test_checkpointed_per_example_norms_leave_grads_and_graph() -> None:
           rtol=1e-10)  # fmt: skip
 
 
+def test_once_verified_a_checkpointed_step_computes_no_parameter_gradient(monkeypatch) -> None:
+    """Non-reentrant: each pass is ``autograd.grad`` towards the taps' scalar anchor only (no weight
+    gradient is computed by autograd, none lands in ``p.grad``); reentrant checkpointing needs
+    ``Tensor.backward``, with the parameters' gradients set aside."""
+    model = tiny_gpt2().double()
+    kwargs, labels = lm_batch(True)
+    model.gradient_checkpointing_enable()
+    inputs: list[list[Tensor]] = []
+    original = torch.autograd.grad
+
+    def recorded(outputs, wrt, *args, **kw):
+        inputs.append(list(wrt))
+        return original(outputs, wrt, *args, **kw)
+
+    with GhostClipper(model, 1.0) as clipper:
+        clipper.clipped_backward(per_example_lm_loss(model(**kwargs).logits, labels, causal=True))
+        assert clipper.verified
+        first = {n: p.grad.clone() for n, p in model.named_parameters()}
+        monkeypatch.setattr(torch.autograd, "grad", recorded)
+        monkeypatch.setattr(torch.Tensor, "backward", lambda *a, **k: pytest.fail("Tensor.backward ran"))
+        clipper.clipped_backward(per_example_lm_loss(model(**kwargs).logits, labels, causal=True))
+    assert [[t.shape for t in wrt] for wrt in inputs] == [[torch.Size([])], [torch.Size([])]]
+    assert not any(t is p for wrt in inputs for t in wrt for p in model.parameters())
+    for n, p in model.named_parameters():  # the second call accumulated the same clipped sum
+        torch.testing.assert_close(p.grad, 2 * first[n], rtol=1e-10, atol=1e-14)
+
+
 def saved_bytes(model: nn.Module, kwargs: dict[str, Tensor], labels: Tensor) -> int:
     """Bytes autograd keeps for the backward pass of one forward, outside checkpointed segments (the
     checkpoint's own hooks take the tensors saved inside them, and keep none)."""

@@ -329,27 +329,28 @@ _UNRECOGNISED_CHECKPOINT = (
 )
 
 
-def _reached_leaves(loss: Tensor) -> set[int]:
-    """ids of the leaf tensors that a backward pass from ``loss`` would give a gradient (a walk of the
-    autograd graph: no computation). Nodes are kept in ``seen`` so their Python wrappers stay the same
-    objects while the walk compares them. A reentrant ``torch.utils.checkpoint`` node hides the layers it
-    re-runs (their parameters are not its inputs), so meeting one here, untapped, is refused."""
+def _walk_graph(loss: Tensor) -> tuple[set[int], bool]:
+    """ids of the leaf tensors that a backward pass from ``loss`` would give a gradient, and whether the
+    graph holds a reentrant ``torch.utils.checkpoint`` node (a walk of the autograd graph: no
+    computation). Such a node hides the layers it re-runs (their parameters are not its inputs) and
+    refuses ``autograd.grad``. Nodes are kept in ``seen`` so their Python wrappers stay the same objects
+    while the walk compares them."""
     found: set[int] = set()
     seen: set[Any] = set()
+    reentrant = False
     stack = [loss.grad_fn]
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        if type(node).__name__ == "CheckpointFunctionBackward":
-            raise RuntimeError(_UNRECOGNISED_CHECKPOINT)
+        reentrant = reentrant or type(node).__name__ == "CheckpointFunctionBackward"
         variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
         if variable is not None:
             found.add(id(variable))
             continue
         stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
+    return found, reentrant
 
 
 class GhostClipper:
@@ -419,6 +420,7 @@ class GhostClipper:
         self._tapping = False  # this forward runs under gradient checkpointing: calls are tapped
         self._in_forward = False  # between the root module's forward pre-hook and its forward hook
         self._expected: Counter[str] = Counter()  # tapped forward: calls per parameter
+        self._anchor: Tensor | None = None  # tapped forward: the taps' shared leaf (``recompute.Tap``)
         self._pass: NormPass | SumPass | None = None  # the two-pass step's current backward
         self._handles: list[RemovableHandle] = [
             model.register_forward_pre_hook(self._on_forward),
@@ -457,6 +459,7 @@ class GhostClipper:
             self._forwards += 1
             self._tapping = recomputes(self._model)
             self._in_forward = True
+            self._anchor = None
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self._in_forward = False
@@ -576,7 +579,9 @@ class GhostClipper:
                 raise ValueError(f"{layer.label} must be called with one tensor and return one tensor")
             saved = [inputs[0].detach()]
             tag = _TapTag(layer, None, None, None, self._autocast_dtype(layer, inputs[0]))
-        tapped = Tap.apply(output, self, tag, *saved)
+        if self._anchor is None:
+            self._anchor = torch.zeros((), device=output.device, requires_grad=True)
+        tapped = Tap.apply(output, self._anchor, self, tag, *saved)
         return tapped.clone() if layer.rule.protects_output else tapped
 
     def receive(self, tag: _TapTag, saved: tuple[Tensor, ...], grad: Tensor) -> None:
@@ -797,7 +802,9 @@ class GhostClipper:
             return set()
         if _is_fsdp(self._model):
             return {name for name, _ in self._params}
-        reached = _reached_leaves(loss)
+        reached, reentrant = _walk_graph(loss)
+        if reentrant:  # untapped: the layers it re-runs recorded nothing
+            raise RuntimeError(_UNRECOGNISED_CHECKPOINT)
         return {name for name, p in self._params if name in self._unverified and id(p) in reached}
 
     def clip_coefficients(self, norms: Tensor, dtype: torch.dtype, *, margin: float = 0.0) -> Tensor:
@@ -862,8 +869,14 @@ class GhostClipper:
         if b == 0:
             return torch.zeros(0, dtype=torch.float64, device=loss.device)
         shapes = {name: p.shape for name, p in self._params}
+        anchor, (_, reentrant) = self._anchor, _walk_graph(loss)
         norm_pass = NormPass(b, expected, self._vocab, set(self._unverified), loss.device, loss.dtype)
-        got = run_pass(self._params, partial(self._backward, norm_pass, loss, retain_graph=True))
+        if reentrant or anchor is None:
+            got = run_pass(self._params, partial(self._backward, norm_pass, loss, retain_graph=True))
+        else:
+            unverified = [(name, p) for name, p in self._params if name in self._unverified]
+            grads = self._grad_pass(norm_pass, loss, [anchor, *(p for _, p in unverified)], retain_graph=True)
+            got = {name: g for (name, _), g in zip(unverified, grads[1:], strict=True)}
         norm_pass.close(shapes)
         if not norm_pass.seen:
             raise RuntimeError("no layer with trainable parameters ran in the forward pass")
@@ -879,15 +892,30 @@ class GhostClipper:
             return norms
         coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
         sum_pass = SumPass(coef)
-        run_pass(self._params, partial(self._backward, sum_pass, loss, retain_graph=False))
+        if reentrant or anchor is None:
+            run_pass(self._params, partial(self._backward, sum_pass, loss, retain_graph=False))
+        else:
+            self._grad_pass(sum_pass, loss, [anchor], retain_graph=False)
         for name, p in self._params:
             self._accumulate(p, sum_pass.sums.pop(name, None))
         return norms
 
     def _backward(self, state: NormPass | SumPass, loss: Tensor, *, retain_graph: bool) -> None:
+        """One pass as ``Tensor.backward`` (reentrant checkpointing): see ``recompute.run_pass``."""
         self._pass = state
         try:
             loss.sum().backward(retain_graph=retain_graph)
+        finally:
+            self._pass = None
+
+    def _grad_pass(
+        self, state: NormPass | SumPass, loss: Tensor, inputs: list[Tensor], *, retain_graph: bool
+    ) -> tuple[Tensor | None, ...]:
+        """One pass as ``autograd.grad`` towards ``inputs`` (the taps' anchor first): the taps report, and
+        only the gradients of ``inputs`` are computed."""
+        self._pass = state
+        try:
+            return torch.autograd.grad(loss.sum(), inputs, retain_graph=retain_graph, allow_unused=True)
         finally:
             self._pass = None
 

@@ -22,10 +22,12 @@ models can be strong differentially private learners", Sec. 4, here per segment)
    (``factors.weighted_sum``), so the applied gradient is built from the same factors as the norms,
    as in the one-pass engine: a use no rule saw is missing from the update, never unclipped.
 
-Both passes run ``Tensor.backward`` (reentrant checkpointing refuses ``autograd.grad``); the gradients
-autograd accumulates into ``p.grad`` meanwhile are set aside and restored (pass 1's serve the self-check).
-Memory: one segment's activations and one call's factors at a time, plus the uses of shared
-parameters, plus parameter-sized sums. Time: about two backward passes and two recomputations.
+Each pass is ``autograd.grad`` towards the taps' shared ``anchor`` (and, while the self-check runs,
+the unverified parameters): no parameter gradient is computed for nothing. Reentrant checkpointing
+refuses ``autograd.grad``; under it both passes run ``Tensor.backward``, and the gradients autograd
+accumulates into ``p.grad`` meanwhile are set aside and restored (``run_pass``). Memory: one segment's
+activations and one call's factors at a time, plus the uses of shared parameters, plus
+parameter-sized sums. Time: about two backward passes and two recomputations.
 """
 
 from __future__ import annotations
@@ -54,15 +56,18 @@ def recomputes(model: nn.Module) -> bool:
 class Tap(torch.autograd.Function):
     """Identity on a layer call's output that saves the call's input tensors for the backward pass.
 
-    ``forward(output, sink, tag, *saved)`` returns a detached alias of ``output`` (same values and storage;
-    in-place changes of it later are as harmless as on the output itself); ``backward`` hands
+    ``forward(output, anchor, sink, tag, *saved)`` returns a detached alias of ``output`` (same values and
+    storage; in-place changes of it later are as harmless as on the output itself); ``backward`` hands
     ``(tag, saved tensors, output gradient)`` to ``sink.receive`` while a clipping pass is active, and
-    passes the gradient on unchanged.
+    passes the gradient on unchanged. ``anchor`` is a scalar leaf shared by all taps of a forward, whose
+    gradient (always 0) nothing uses: ``autograd.grad(loss, anchor)`` runs exactly the part of the
+    backward pass that reaches the taps, without computing any parameter's gradient.
     """
 
     @staticmethod
-    def forward(ctx: Any, output: Tensor, sink: Any, tag: Any, *saved: Tensor) -> Tensor:
+    def forward(ctx: Any, output: Tensor, anchor: Tensor, sink: Any, tag: Any, *saved: Tensor) -> Tensor:
         ctx.sink, ctx.tag, ctx.count = sink, tag, len(saved)
+        ctx.anchor = (anchor.dtype, anchor.device)
         ctx.save_for_backward(*saved)
         return output.detach()
 
@@ -70,7 +75,8 @@ class Tap(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple:
         if ctx.sink.active:
             ctx.sink.receive(ctx.tag, ctx.saved_tensors, grad)  # unpacking recomputes under checkpointing
-        return (grad, None, None) + (None,) * ctx.count
+        dtype, device = ctx.anchor
+        return (grad, torch.zeros((), dtype=dtype, device=device), None, None) + (None,) * ctx.count
 
 
 @dataclass
