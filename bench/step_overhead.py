@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/step_overhead.py [--quick] [--models bert-tiny gpt2 gemma2-small llama-small ...]
                                             [--seqs 128 256] [--batch 32] [--steps 3] [--bf16]
+                                            [--compare checkpointing]
 
 For each model and sequence length, two fresh processes train the same model on the same random
 batch of ``--batch`` sequences: a plain ``transformers.Trainer`` (batch-mean loss, one backward,
@@ -14,6 +15,11 @@ every 2 ms, which includes the ~0.5 GB of the Python/torch runtime and dilutes t
 GPU for GPT-2 small at batch >= 32: time ratio <= 1.3, memory ratio <= 1.1.
 
 ``--quick`` (CPU smoke run): sequence 128 only, batch 8, 2 timed steps.
+
+``--compare checkpointing``: the DP step without gradient checkpointing against the same DP step with
+``gradient_checkpointing=True`` (transformers' default, non-reentrant; the clipping engine then takes
+two backward passes, each recomputing the checkpointed layers), instead of plain against DP: what
+checkpointing saves in peak memory and costs in time under per-example clipping.
 """
 
 from __future__ import annotations
@@ -138,7 +144,8 @@ class PeakRss:
 
 
 def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode: str, bf16: bool) -> dict:
-    """Seconds per step and peak memory of ``mode`` ('plain' or 'dp'), in this (fresh) process."""
+    """Seconds per step and peak memory of ``mode`` ('plain', 'dp' or 'dp-checkpointing'), in this
+    (fresh) process."""
     import numpy as np
     import scipy.sparse as sp
     import torch
@@ -217,7 +224,9 @@ def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode
         trainer = SecretProtectionTrainer(
             model=model,
             # The step's cost does not depend on the guarantee: sigma is set, not certified.
-            args=SecretProtectionConfig(**common, noise_multiplier=1.0),
+            args=SecretProtectionConfig(
+                **common, noise_multiplier=1.0, gradient_checkpointing=mode == "dp-checkpointing"
+            ),
             train_dataset=plan.attach(dataset),  # rows are verified against the plan
             data_collator=collate,
             plan=plan,
@@ -273,6 +282,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision for both trainers")
+    parser.add_argument(
+        "--compare",
+        choices=("plain", "checkpointing"),
+        default="plain",
+        help="plain: plain Trainer vs DP (default); checkpointing: DP vs DP with gradient checkpointing",
+    )
     parser.add_argument("--_measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._measure:
@@ -295,22 +310,24 @@ def main() -> None:
     if args.quick:
         args.seqs, args.batch, args.steps = [128], 8, 2
 
+    base, other = ("plain", "dp") if args.compare == "plain" else ("dp", "dp-checkpointing")
     print(f"batch {args.batch}, {args.steps} timed steps after {args.warmup} warm-up; bf16={args.bf16}")
+    print(f"{base} against {other}")
     header = (
-        f"{'model':<13} {'seq':>4} {'plain s/step':>12} {'dp s/step':>10} {'time x':>7} "
-        f"{'plain peak MB':>13} {'dp peak MB':>10} {'memory x':>8}"
+        f"{'model':<13} {'seq':>4} {'base s/step':>12} {'other s/step':>12} {'time x':>7} "
+        f"{'base peak MB':>13} {'other peak MB':>13} {'memory x':>8}"
     )
     print(header)
     device = None
     for model in args.models:
         for seq in args.seqs:
-            plain = run_isolated(model, seq, args, "plain")
-            dp = run_isolated(model, seq, args, "dp")
-            device = plain["device"]
+            first = run_isolated(model, seq, args, base)
+            second = run_isolated(model, seq, args, other)
+            device = first["device"]
             print(
-                f"{model:<13} {seq:>4} {plain['seconds']:>12.4f} {dp['seconds']:>10.4f} "
-                f"{dp['seconds'] / plain['seconds']:>7.2f} {plain['peak_bytes'] / 2**20:>13.0f} "
-                f"{dp['peak_bytes'] / 2**20:>10.0f} {dp['peak_bytes'] / plain['peak_bytes']:>8.2f}",
+                f"{model:<13} {seq:>4} {first['seconds']:>12.4f} {second['seconds']:>12.4f} "
+                f"{second['seconds'] / first['seconds']:>7.2f} {first['peak_bytes'] / 2**20:>13.0f} "
+                f"{second['peak_bytes'] / 2**20:>13.0f} {second['peak_bytes'] / first['peak_bytes']:>8.2f}",
                 flush=True,
             )
     print(f"device: {device}")

@@ -150,7 +150,11 @@ def refuse_unsupported_launch(environ: Mapping[str, str] | None = None) -> None:
         )
     for variable, why in (
         ("FSDP_OFFLOAD_PARAMS", "offloaded shards are not verified"),
-        ("FSDP_ACTIVATION_CHECKPOINTING", "ghost clipping cannot follow layers re-run in backward"),
+        (
+            "FSDP_ACTIVATION_CHECKPOINTING",
+            "checkpointed clipping runs two backward passes per micro-batch and FSDP would reduce-scatter "
+            "the gradients in each (not verified); use DDP with gradient_checkpointing=True",
+        ),
     ):
         if requested(variable):
             raise ValueError(

@@ -1,4 +1,4 @@
-"""Write docs/supported_models.md from the cases of tests/test_model_families.py.
+"""Write docs/supported_models.md from the cases of tests/test_model_families.py (families and options).
 
 Usage: ``python scripts/supported_models.py`` (rewrites the file) or ``--check`` (exit 1 if stale).
 tests/test_supported_models_doc.py runs the check, so the table always lists what is tested.
@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.model_families import FAMILIES  # noqa: E402
+from tests.model_families import FAMILIES, OPTIONS  # noqa: E402
 
 DOC = ROOT / "docs" / "supported_models.md"
 KINDS = {"causal": "causal LM", "masked": "masked LM", "seq2seq": "seq2seq (DataCollatorForSeq2Seq)"}
@@ -37,12 +37,30 @@ def render() -> str:
         lines.append(f"| {f.name} | `{f.model_class}` | {KINDS[f.kind]} | {ties} | {f.notes} |")
     lines += [
         "",
-        "Layers without a registered rule whose own parameters are small (norm scales and biases, learned",
-        "positions) get exact per-example gradients from torch.func on the layer's own forward",
-        "(`hush_hf/clipping/rules_generic.py`). Refused, with the reason and what to do instead:",
-        "trainable parameters of a rule-less layer beyond 2^23 values, T5's trainable",
-        "`relative_attention_bias` (shared by the batch: freeze it), batch normalisation, gradient",
-        "checkpointing, and any parameter the first step's self-check finds used outside its layer.",
+        "## Training options",
+        "",
+        "Each row is a case of `test_training_option_keeps_the_update_exact`: the family's model trained",
+        "the same way with the option on, against the same reference. Gradient checkpointing (transformers'",
+        "`GradientCheckpointingLayer`, reentrant or not, from `TrainingArguments`, from",
+        "`model.gradient_checkpointing_enable()`, and TRL's `SFTConfig` default, tested in",
+        "`tests/test_clipping_checkpointing.py`) takes each micro-batch in two backward passes, norms then",
+        "clipped sum, each recomputing the checkpointed layers (`hush_hf/clipping/recompute.py`).",
+        "",
+        "| Option | Family | Notes |",
+        "|---|---|---|",
+    ]
+    for o in OPTIONS:
+        lines.append(f"| {o.name} | {o.family} | {o.notes} |")
+    lines += [
+        "",
+        "Layers without a registered rule (norm scales and biases, learned positions, scaled embeddings, PEFT",
+        "adapters that read a `ParameterDict`) get exact per-example gradients from torch.func on the layer's",
+        "own forward (`hush_hf/clipping/rules_generic.py`), at any size: beyond 2^25 values for the micro-batch",
+        "they are recomputed a few examples at a time. Refused, with the reason and what to do instead:",
+        "UMT5's trainable `relative_attention_bias` (freeze it), PEFT LoHa and LoKr, dropout inside a layer",
+        "on the generic path (e.g. `vera_dropout`), batch normalisation, gradient checkpointing under FSDP,",
+        "a checkpoint hush_hf cannot follow, and any parameter the self-check finds used outside its layer",
+        "(checked parameter by parameter until each has had a nonzero gradient).",
         "",
     ]
     lines += [

@@ -1,14 +1,18 @@
-"""Tiny random-init configs of every model family the one-step test covers (no tests here).
+"""Tiny random-init configs of every model family and training option the one-step test covers (no
+tests here).
 
 Each ``Family`` builds a 2-layer model with eager attention and no dropout (float64 in the tests);
-``tied`` says whether the output projection shares the word embedding. The supported-models table
-(docs/supported_models.md) is generated from ``CASES`` by scripts/supported_models.py.
+``tied`` says whether the output projection shares the word embedding. Each ``Option`` trains one
+family with a setting real fine-tunes use (gradient checkpointing). The supported-models tables
+(docs/supported_models.md) are generated from ``FAMILIES`` and ``OPTIONS`` by
+scripts/supported_models.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,34 +80,34 @@ _MOE = dict(_LLAMA_LIKE, num_experts_per_tok=2)
 _LINEAR_ATTENTION = ("linear_attn.conv1d", "linear_attn.norm", "linear_attn.A_log", "linear_attn.dt_bias")
 
 
-def _t5(tied: bool) -> nn.Module:
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    torch.manual_seed(0)
-    cfg = T5Config(
-        vocab_size=VOCAB, d_model=HIDDEN, d_kv=8, d_ff=32, num_layers=2, num_heads=2, dropout_rate=0.0,
-        tie_word_embeddings=tied, pad_token_id=0, decoder_start_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    cfg._attn_implementation = "eager"
-    model = T5ForConditionalGeneration(cfg).train()
-    for module in model.modules():  # refused otherwise: shared by the batch (see rules_hf)
-        if getattr(module, "relative_attention_bias", None) is not None:
-            module.relative_attention_bias.requires_grad_(False)
-    return model
+_T5 = dict(
+    vocab_size=VOCAB, d_model=HIDDEN, d_kv=8, d_ff=32, num_layers=2, num_heads=2, dropout_rate=0.0,
+    pad_token_id=0, decoder_start_token_id=0, eos_token_id=1,
+)  # fmt: skip
 
 
-def _lora(base: Callable[[bool], nn.Module], targets: list[str]) -> Callable[[bool], nn.Module]:
+def _peft(base: Callable[[bool], nn.Module], config: str, **kwargs: Any) -> Callable[[bool], nn.Module]:
+    """``base`` wrapped by ``peft.get_peft_model`` with ``peft.<config>(**kwargs)`` (random-init adapters)."""
+
     def build(tied: bool) -> nn.Module:
-        from peft import LoraConfig, get_peft_model
+        import peft
 
         model = base(tied)
         torch.manual_seed(1)
-        config = LoraConfig(
-            r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, init_lora_weights=False
-        )
-        return get_peft_model(model, config)
+        return peft.get_peft_model(model, getattr(peft, config)(**kwargs))
 
     return build
+
+
+def _lora(base: Callable[[bool], nn.Module], targets: list[str], **kwargs: Any):
+    return _peft(base, "LoraConfig", r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets,
+                 init_lora_weights=False, **kwargs)  # fmt: skip
+
+
+TRAINABLE_TOKENS = [5, 17, 40]
+"""Token ids whose embedding rows (and, tied, output rows) PEFT's trainable tokens train."""
+
+_LLAMA = _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE)
 
 
 FAMILIES: list[Family] = [
@@ -143,8 +147,9 @@ FAMILIES: list[Family] = [
     Family("RoBERTa (MLM)", "RobertaConfig", "RobertaForMaskedLM", "masked", _hf(
         "RobertaConfig", "RobertaForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)),
         notes="positions from input_ids, counted from padding_idx + 1"),
-    Family("T5", "T5Config", "T5ForConditionalGeneration", "seq2seq", _t5,
-           notes="relative_attention_bias frozen (refused otherwise: shared by the batch)"),
+    Family("T5", "T5Config", "T5ForConditionalGeneration", "seq2seq", _hf(
+        "T5Config", "T5ForConditionalGeneration", **_T5),
+        notes="relative_attention_bias trained (its per-example gradient gathered by bucket)"),
     Family("BART", "BartConfig", "BartForConditionalGeneration", "seq2seq", _hf(
         "BartConfig", "BartForConditionalGeneration", vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=2,
         decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
@@ -183,11 +188,27 @@ FAMILIES: list[Family] = [
         layer_types=["linear_attention", "full_attention"], **_MOE), ties=(False,),
         notes="MoE; linear attention's conv1d, gated norm, A_log, dt_bias frozen (refused otherwise)"),
     Family("Llama + LoRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
-        _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE), ["q_proj", "v_proj"]), ties=(True,),
-        notes="only the adapters train"),
+        _LLAMA, ["q_proj", "v_proj"]), ties=(True,), notes="only the adapters train"),
     Family("GPT-2 + LoRA (peft)", "GPT2Config", "PeftModelForCausalLM", "causal", _lora(
         _hf("GPT2Config", "GPT2LMHeadModel", **_GPT2), ["c_attn"]), ties=(True,),
         notes="only the adapters train"),
+    Family("Llama + DoRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
+        _LLAMA, ["q_proj", "v_proj"], use_dora=True), ties=(True,),
+        notes="`LoraConfig(use_dora=True)`; the magnitude vector takes the generic path"),
+    Family("Llama + IA3 (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _peft(
+        _LLAMA, "IA3Config", target_modules=["k_proj", "v_proj", "down_proj"],
+        feedforward_modules=["down_proj"], init_ia3_weights=False), ties=(True,),
+        notes="each adapted layer is one generic replay"),
+    Family("Llama + VeRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _peft(
+        _LLAMA, "VeraConfig", r=4, target_modules=["q_proj", "v_proj"], init_weights=False), ties=(True,),
+        notes="each adapted layer is one generic replay"),
+    Family("Llama + trainable tokens (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _peft(
+        _LLAMA, "TrainableTokensConfig", target_modules=["embed_tokens"], token_indices=TRAINABLE_TOKENS,
+        init_weights=False),
+        notes="`TrainableTokensConfig`, tokens only in the second micro-batch; tied: their output rows too"),
+    Family("Llama + LoRA + trainable tokens (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
+        _LLAMA, ["q_proj", "v_proj"], trainable_token_indices=TRAINABLE_TOKENS),
+        notes="`LoraConfig(trainable_token_indices=...)`, tokens only in the second micro-batch"),
 ]  # fmt: skip
 
 BLOOM = Family("BLOOM", "BloomConfig", "BloomForCausalLM", "causal", _hf(
@@ -200,5 +221,53 @@ CASES: list[tuple[Family, bool]] = [(f, tied) for f in FAMILIES for tied in f.ti
 """(family, tied) pairs; the test runs each padded + micro-batched and unpadded."""
 
 
+@dataclass(frozen=True)
+class Option:
+    """A training setting, tested on ``family`` (its first tying setting): ``args`` are
+    ``SecretProtectionConfig`` overrides, ``prepare`` is done to the model before the trainer is built."""
+
+    name: str  # shown in the docs table
+    family: str  # a Family's name
+    args: dict[str, Any] = field(default_factory=dict)
+    prepare: Callable[[nn.Module], None] | None = None
+    notes: str = ""
+
+
+def _enable_checkpointing(model: nn.Module) -> None:
+    model.gradient_checkpointing_enable()
+
+
+_CHECKPOINTING = {"gradient_checkpointing": True}  # transformers 5: non-reentrant unless asked
+_REENTRANT = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}
+_CKPT_NOTES = "two backward passes per micro-batch, each recomputing the checkpointed layers"
+
+OPTIONS: list[Option] = [
+    Option("`gradient_checkpointing=True`", "Llama", _CHECKPOINTING, notes=_CKPT_NOTES),
+    Option("`gradient_checkpointing=True`", "GPT-2", _CHECKPOINTING, notes="tied embeddings"),
+    Option("`gradient_checkpointing=True`", "Gemma-2", _CHECKPOINTING),
+    Option("`gradient_checkpointing=True`", "Llama + LoRA (peft)", _CHECKPOINTING),
+    Option("`gradient_checkpointing=True`", "T5", _CHECKPOINTING, notes="trainable relative_attention_bias"),
+    Option("`gradient_checkpointing=True`", "OPT", _CHECKPOINTING, notes="batch x sequence folded"),
+    Option("`gradient_checkpointing_kwargs={'use_reentrant': True}`", "GPT-2", _REENTRANT),
+    Option("`model.gradient_checkpointing_enable()`", "Llama", prepare=_enable_checkpointing),
+    Option("`gradient_checkpointing=True`", "Mixtral", _CHECKPOINTING,
+           notes="MoE: router logits with the gradient of the scores the router computes from them"),
+    Option("`gradient_checkpointing_kwargs={'use_reentrant': True}`", "Mixtral", _REENTRANT),
+    Option("`gradient_checkpointing=True`", "DeepSeek-V3", _CHECKPOINTING,
+           notes="router takes (b, T, d), returns (b * T, E)"),
+    Option("`gradient_checkpointing=True`", "GPT-OSS", _CHECKPOINTING,
+           notes="attention sinks (generic replay)"),
+]  # fmt: skip
+
+
+def family_named(name: str) -> Family:
+    (found,) = [f for f in FAMILIES if f.name == name]
+    return found
+
+
 def case_id(family: Family, tied: bool) -> str:
     return f"{family.name}-{'tied' if tied else 'untied'}".replace(" ", "_")
+
+
+def option_id(option: Option) -> str:
+    return f"{option.family}-{option.name}".replace(" ", "_").replace("`", "")

@@ -107,22 +107,73 @@ class Wrapper(nn.Module):
         return self.block(x)
 
 
-def test_layer_without_rule_takes_the_exact_generic_path_unless_too_large(monkeypatch) -> None:
+def spy_replays(monkeypatch) -> list:
+    """The ``Replayed`` gradients the generic path makes from now on (a list that fills up)."""
+    replayed: list = []
+    original = rules_generic.Replayed
+
+    def spy(*args):
+        replayed.append(original(*args))
+        return replayed[-1]
+
+    monkeypatch.setattr(rules_generic, "Replayed", spy)
+    return replayed
+
+
+@pytest.mark.parametrize("chunk_values", [None, 4, 9], ids=["whole-batch", "chunks-of-1", "chunks-of-2"])
+def test_layer_without_rule_takes_the_exact_generic_path_at_any_size(monkeypatch, chunk_values) -> None:
     """``Scaled`` owns a raw parameter and a Linear: the generic torch.func path gives its own
-    parameter's per-example gradient, the Linear rule the rest; together exact."""
+    parameter's per-example gradient, the Linear rule the rest; together exact. When the whole batch's
+    gradients would exceed ``GENERIC_CHUNK_VALUES`` (patched small: 'scale' has 4 values) they are
+    replayed in chunks of examples, for the norms and for the clipped sum, and stay exact."""
+    if chunk_values is not None:
+        monkeypatch.setattr(rules_generic, "GENERIC_CHUNK_VALUES", chunk_values)
     torch.manual_seed(0)
     model = Wrapper().double()
     x = torch.randn(5, 3, 4, dtype=torch.float64)
     grads = per_example_grads(model, {"x": x}, lambda out: out.pow(2).sum((1, 2)))
-    with GhostClipper(model, 1.0) as clipper:
-        norms = clipper.per_example_norms(model(x).pow(2).sum((1, 2)))
+    max_norm = float(norms_of(grads).median())
+    expected = clipped_sum(grads, max_norm)
+    replayed = spy_replays(monkeypatch)
+    with GhostClipper(model, max_norm) as clipper:
+        norms = clipper.clipped_backward(model(x).pow(2).sum((1, 2)))
     assert rel_err(norms, norms_of(grads)) <= RTOL
-    monkeypatch.setattr(rules_generic, "GENERIC_MAX_PARAMS", 3)  # 'scale' has 4 values
-    with pytest.raises(UnsupportedLayerError, match=r"'block\.1' \(Scaled\).*limit of 3"):
-        GhostClipper(model, 1.0)
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-7, atol=1e-12)
+    assert [r.rows for r in replayed] == ([] if chunk_values is None else [chunk_values // 4])
     model.block[1].scale.requires_grad_(False)  # frozen: ignored
     GhostClipper(model, 1.0).remove()
+
+
+class LargePositions(nn.Module):
+    """Learned positions with more trainable values than the generic path once refused (2^23)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(2**21 + 1, 4) * 0.1)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        return self.out(torch.tanh(self.table[positions])).pow(2).sum((1, 2))
+
+
+@pytest.mark.slow  # ~10 s; test_layer_without_rule_takes_the_exact_generic_path_at_any_size is the fast one
+def test_a_rule_less_layer_beyond_the_old_limit_is_exact_in_chunks(monkeypatch) -> None:
+    """8.4M values (OPT-6.7B's learned positions are 8.4M too) for 5 examples exceed
+    ``GENERIC_CHUNK_VALUES``: replayed 3 examples at a time, unpatched, and exact."""
+    torch.manual_seed(0)
+    model = LargePositions()
+    assert model.table.numel() > 2**23
+    replayed = spy_replays(monkeypatch)
+    positions = torch.randint(0, 2**21 + 1, (5, 6), generator=torch.Generator().manual_seed(1))
+    grads = per_example_grads(model, {"positions": positions}, lambda out: out)
+    with GhostClipper(model, 0.5) as clipper:
+        norms = clipper.clipped_backward(model(positions))
+    assert rel_err(norms, norms_of(grads)) <= RTOL
+    expected = clipped_sum(grads, 0.5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad.double(), expected[name], rtol=1e-4, atol=1e-7)
+    assert [r.rows for r in replayed] == [3]
 
 
 class DoubledLinear(nn.Linear):
@@ -300,14 +351,6 @@ def test_changing_trainable_parameters_after_construction_is_refused() -> None:
     with GhostClipper(model, 1.0) as clipper:
         model[0].requires_grad_(True)
         with pytest.raises(RuntimeError, match="trainable parameters of the model changed"):
-            clipper.clipped_backward(model(torch.randn(2, 3))[:, 0])
-
-
-def test_gradient_checkpointing_flag_is_refused() -> None:
-    model = nn.Sequential(nn.Linear(3, 1))
-    with GhostClipper(model, 1.0) as clipper:
-        model[0].gradient_checkpointing = True  # what transformers sets when it is enabled
-        with pytest.raises(RuntimeError, match="gradient checkpointing"):
             clipper.clipped_backward(model(torch.randn(2, 3))[:, 0])
 
 

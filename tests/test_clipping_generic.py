@@ -1,6 +1,7 @@
 """The generic torch.func path and what stays refused: layers without a rule are exact through their
 own forward (several inputs, outputs shared by the batch), randomness inside such a layer and batch
-folds nobody declared are refused, and T5's batch-shared relative position bias is refused by name."""
+folds nobody declared are refused; T5's batch-shared relative position bias is exact per example
+(UMT5's, computed inside every attention, is refused by name)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from hush_hf.clipping import GhostClipper, UnsupportedLayerError
-from tests.test_clipping_reference import norms_of, per_example_grads
+from tests.test_clipping_reference import clipped_sum, norms_of, per_example_grads
 
 
 class Positions(nn.Module):
@@ -51,6 +52,33 @@ def test_generic_path_is_exact_for_layers_with_several_inputs(shared: bool) -> N
     torch.testing.assert_close(norms, expected, rtol=1e-10, atol=0)
 
 
+class Adapted(nn.Module):
+    """A PEFT-like layer: a trainable Linear it calls, and per-adapter scales in a ParameterDict it reads
+    directly (never called, like IA3's ``ia3_l``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(4, 4, dtype=torch.float64)
+        self.scales = nn.ParameterDict({"a": nn.Parameter(torch.linspace(0.5, 1.5, 4, dtype=torch.float64))})
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.base(x) * self.scales["a"]
+
+
+def test_parameters_in_a_parameter_dict_are_covered_by_the_module_that_reads_them() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(Adapted(), nn.Tanh(), nn.Linear(4, 2, dtype=torch.float64))
+    x = torch.randn(5, 3, 4, dtype=torch.float64)
+    grads = per_example_grads(model, {"input": x}, lambda out: out.pow(2).sum((1, 2)))
+    with GhostClipper(model, 0.3) as clipper:
+        planned = {layer.path: layer.param_names for layer in clipper._layers}
+        norms = clipper.clipped_backward(model(x).pow(2).sum((1, 2)))
+    assert planned == {"0": ("scales.a",), "0.base": ("weight", "bias"), "2": ("weight", "bias")}
+    torch.testing.assert_close(norms, norms_of(grads), rtol=1e-10, atol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, clipped_sum(grads, 0.3)[name], rtol=1e-10, atol=1e-14)
+
+
 class NoisyScale(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -85,11 +113,56 @@ def test_an_undeclared_batch_fold_is_refused() -> None:
             clipper.per_example_norms(loss)
 
 
-def test_t5_trainable_relative_position_bias_is_refused_with_the_alternative() -> None:
-    from transformers import T5Config, T5ForConditionalGeneration
+def tiny_t5(cls: str = "T5ForConditionalGeneration", config: str = "T5Config") -> nn.Module:
+    import transformers
 
-    model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=8, num_layers=1,
-                                                num_heads=2, decoder_start_token_id=0))  # fmt: skip
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config)(
+        vocab_size=40, d_model=8, d_kv=4, d_ff=16, num_layers=2, num_heads=2, dropout_rate=0.0,
+        pad_token_id=0, decoder_start_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    return getattr(transformers, cls)(cfg).train().double()
+
+
+def seq2seq_batch() -> tuple[dict[str, Tensor], Tensor]:
+    g = torch.Generator().manual_seed(3)
+    ids, labels = torch.randint(3, 40, (4, 9), generator=g), torch.randint(3, 40, (4, 6), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0  # a padded row: its scores see other keys, its bias gradient other buckets
+    labels[2, -2:] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}, labels
+
+
+def seq2seq_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    token = nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+    return token.sum(1) / (labels != -100).sum(1)
+
+
+def test_t5_trainable_relative_position_bias_is_exact() -> None:
+    """T5's bias table is looked up with (query, key) buckets the batch shares and the (1, heads, q, k)
+    bias is added to the scores of every attention of its stack; each example's table gradient is its
+    own score gradients gathered by bucket (the encoder's and the decoder's table, all layers)."""
+    model = tiny_t5()
+    kwargs, labels = seq2seq_batch()
+    tables = [n for n, _ in model.named_parameters() if "relative_attention_bias" in n]
+    assert len(tables) == 2  # encoder and decoder, trainable
+    grads = per_example_grads(model, kwargs, lambda out: seq2seq_loss(out.logits, labels))
+    max_norm = float(norms_of(grads).median())
+    expected = clipped_sum(grads, max_norm)
+    with GhostClipper(model, max_norm) as clipper:
+        norms = clipper.clipped_backward(seq2seq_loss(model(**kwargs).logits, labels))
+        assert clipper.verified
+    torch.testing.assert_close(norms, norms_of(grads), rtol=1e-10, atol=0)
+    for name in tables:  # the tables' own share of the norm is not negligible
+        assert float(norms_of({name: grads[name]}).max()) > 1e-3 * float(norms_of(grads).max())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-8, atol=1e-14)
+
+
+def test_umt5_trainable_relative_position_bias_is_refused_with_the_alternative() -> None:
+    """UMT5 computes its bias inside every attention (no position_bias to pass in): refused, by name."""
+    model = tiny_t5("UMT5ForConditionalGeneration", "UMT5Config")
     with pytest.raises(UnsupportedLayerError, match="relative_attention_bias.*freeze it"):
         GhostClipper(model, 1.0)
     for module in model.modules():

@@ -68,8 +68,8 @@ def test_direct_use_under_clips_without_the_check() -> None:
         true_norms.append(grad_norm(model))
     model.zero_grad()
     clipper = GhostClipper(model, 1.0)
-    clipper._verified = True  # skip the self-check
-    norms = clipper._first_pass(lm_loss(model(IDS), IDS)).norms
+    clipper._unverified.clear()  # skip the self-check
+    norms = clipper.per_example_norms(lm_loss(model(IDS), IDS))
     clipper.remove()
     assert (norms < 0.99 * torch.tensor(true_norms, dtype=torch.float64)).all()
 
@@ -100,7 +100,7 @@ def test_f_linear_on_a_module_weight_and_a_layer_that_never_ran_are_refused() ->
         clipper.clipped_backward(lm_loss(model(IDS), IDS))
     message = str(info.value)
     assert "'proj.weight'" in message and "'proj.bias'" in message and "'head.weight'" in message
-    assert "'head.weight' got a gradient although the layer owning it never ran" in message
+    assert "'head.weight' reached by the loss although no call of the layer owning it ran" in message
     assert "'emb.weight'" not in message  # only used through its own call: consistent
     assert all(p.grad is None for p in model.parameters())
 
@@ -112,6 +112,65 @@ def test_an_all_zero_gradient_call_does_not_pass_the_check() -> None:
         clipper.clipped_backward(0.0 * lm_loss(model(IDS), IDS))  # nothing to compare yet
         with pytest.raises(UnsupportedLayerError, match=r"'emb\.weight'"):
             clipper.clipped_backward(lm_loss(model(IDS), IDS))
+
+
+class RareToken(nn.Module):
+    """``rare`` embeds token 7 only, and is read directly (``F.linear``) for it too: in a batch without
+    token 7 both uses give it gradient 0, so that batch cannot show the direct use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.rare = nn.Embedding(20, 8)
+        self.head = nn.Linear(8, 20)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        hit = (ids == 7)[..., None].to(self.emb.weight.dtype)
+        h = self.emb(ids) + hit * self.rare(ids)
+        h = h + hit * F.linear(torch.tanh(h), self.rare.weight[:8])
+        return self.head(torch.tanh(h))
+
+
+def test_a_parameter_the_first_batch_does_not_touch_stays_checked() -> None:
+    """Verification is per parameter: ``rare.weight`` has gradient 0 in the first batches, so they verify
+    everything else but not it, and the first batch that reaches it with token 7 refuses its direct use
+    (before, one check at the first call verified every parameter at once)."""
+    torch.manual_seed(0)
+    model = RareToken()
+    without = IDS.masked_fill(IDS == 7, 8)
+    with GhostClipper(model, 1.0) as clipper:
+        for _ in range(2):
+            clipper.clipped_backward(lm_loss(model(without), without))
+            assert not clipper.verified
+        assert clipper._unverified == {"rare.weight"}
+        held = {n: p.grad.clone() for n, p in model.named_parameters()}
+        with_token = without.clone()
+        with_token[1, 2] = 7
+        with pytest.raises(UnsupportedLayerError, match=r"trainable parameter\(s\) 'rare\.weight' differs"):
+            clipper.clipped_backward(lm_loss(model(with_token), with_token))
+    for name, p in model.named_parameters():  # nothing of the refused call was added
+        assert torch.equal(p.grad, held[name]), name
+
+
+def test_a_parameter_reached_without_a_call_is_refused_even_with_zero_gradient() -> None:
+    """The structural half of the check: ``head`` never runs, its weight is read with a zero factor,
+    so its gradient is exactly 0; reaching it at all is refused, at the first call."""
+
+    class ZeroRead(FunctionalLinear):
+        def __init__(self) -> None:
+            super().__init__()
+            self.out = nn.Linear(8, 20)
+
+        def forward(self, ids: Tensor) -> Tensor:
+            h = torch.tanh(self.proj(self.emb(ids)))
+            return self.out(h) + 0.0 * F.linear(h, self.head.weight)
+
+    torch.manual_seed(0)
+    model = ZeroRead()
+    with GhostClipper(model, 1.0) as clipper:
+        loss = lm_loss(model(IDS), IDS)
+        with pytest.raises(UnsupportedLayerError, match=r"'head\.weight' reached by the loss although no"):
+            clipper.per_example_norms(loss)
 
 
 def test_the_check_runs_once_then_each_step_is_one_backward_pass(monkeypatch) -> None:

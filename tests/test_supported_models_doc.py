@@ -13,7 +13,8 @@ def test_supported_models_table_is_current() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.DOC.read_text() == module.render(), "run python scripts/supported_models.py"
-    from tests.model_families import FAMILIES
+    from tests.model_families import FAMILIES, OPTIONS
 
     text = module.DOC.read_text()
     assert all(f"| {f.name} |" in text for f in FAMILIES)
+    assert all(f"| {o.name} | {o.family} |" in text for o in OPTIONS)

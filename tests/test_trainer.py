@@ -461,21 +461,17 @@ def test_attach_refuses_a_trainer_that_would_leak_or_miscount(tmp_path):
         trainer.train()
 
 
-def test_model_with_an_unsupported_trainable_layer_is_refused_before_planning(tmp_path, monkeypatch):
-    from hush_hf.clipping import rules_generic
-
-    monkeypatch.setattr(rules_generic, "GENERIC_MAX_PARAMS", 8)  # the conv's 52 values: too many
-
-    class ConvLM(torch.nn.Module):
+def test_model_with_an_unsupported_trainable_layer_is_refused_before_planning(tmp_path):
+    class RenormalisingLM(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv = torch.nn.Conv1d(4, 4, 3)
+            self.emb = torch.nn.Embedding(10, 4, max_norm=1.0)  # rewrites its rows in place: refused
 
         def forward(self, input_ids=None, labels=None):
             raise AssertionError("never called")
 
-    with pytest.raises(UnsupportedLayerError, match="conv"):
-        build(tmp_path, model=ConvLM(), plan="this plan is never loaded.json")
+    with pytest.raises(UnsupportedLayerError, match="'emb'.*max_norm"):
+        build(tmp_path, model=RenormalisingLM(), plan="this plan is never loaded.json")
 
 
 def test_plan_comes_from_exactly_one_of_secrets_file_plan_file_secrets_or_plan(tmp_path):

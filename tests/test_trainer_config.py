@@ -77,7 +77,10 @@ def test_hf_argument_parser_reads_the_dp_fields():
         ({"auto_find_batch_size": True}, "auto_find_batch_size=True is not supported"),
         ({"ignore_data_skip": True}, "ignore_data_skip=True is not supported"),
         ({"label_smoothing_factor": 0.1}, "label_smoothing_factor=0.1 is not supported"),
-        ({"activation_checkpointing": True}, "activation_checkpointing=True is not supported"),
+        (
+            {"activation_checkpointing": True, "fsdp": True},
+            "activation_checkpointing=True with fsdp=.* is not supported .* two backward passes",
+        ),
         ({"secrets_file": "a.csv", "plan_file": "p.json"}, "give secrets_file or plan_file, not both"),
         ({"optim": "adalomo"}, "optim='adalomo' is not supported .* inside the backward pass"),
         ({"fsdp": True, "fsdp_config": {"version": 1}}, "fsdp_version=1 is not supported .*FSDP2"),

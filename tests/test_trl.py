@@ -90,18 +90,6 @@ def test_sft_step_equals_reference(tmp_path, config):
         assert (change - update).norm() <= 1e-5 * update.norm() + 1e-9, name
 
 
-def test_trls_default_gradient_checkpointing_is_refused(tmp_path):
-    from trl import SFTConfig
-
-    assert SFTConfig(output_dir=str(tmp_path), use_cpu=True).activation_checkpointing is True  # TRL's default
-    trainer = sft_trainer(tmp_path, activation_checkpointing=None)  # SFTConfig's default: on
-    prepared = trainer.train_dataset
-    plan = make_plan(np.ones(len(prepared)), steps=1, noise_multiplier=1.0, rows=prepared)
-    trainer.train_dataset = plan.attach(trainer.train_dataset)
-    with pytest.raises(ValueError, match="activation_checkpointing=True is not supported with DP training"):
-        GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)
-
-
 def test_padding_free_batches_are_refused(tmp_path):
     trainer = sft_trainer(tmp_path, packing=True, max_length=8)  # TRL's default: 'bfd', padding-free
     rows = trainer.train_dataset

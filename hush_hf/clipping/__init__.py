@@ -6,7 +6,7 @@ adds sum_i min(1, C/||g_i||) g_i to ``p.grad``. Rules for new layer types are re
 """
 
 # Importing the rule modules registers the built-in rules.
-from hush_hf.clipping import rules_hf, rules_moe, rules_torch  # noqa: F401
+from hush_hf.clipping import rules_hf, rules_moe, rules_peft, rules_torch  # noqa: F401
 from hush_hf.clipping.ghost import GhostClipper
 from hush_hf.clipping.loss import per_example_lm_loss
 from hush_hf.clipping.registry import (

@@ -11,12 +11,13 @@ so no per-example gradient of the weight's size needs to be formed (one is, when
 than its factors: ``norm_strategy``). A factor is either dense (a
 (b, T, n) tensor) or one-hot (token ids: an embedding's rows), for which a Gram entry is a gather
 (``<e_x, v> = v[x]``) or an equality test. Small parameters (biases, norm scales) are kept
-materialised, ``(b, *param.shape)``.
+materialised, ``(b, *param.shape)``; a per-example gradient too large to keep for the whole batch is
+``Replayed``: computed for a few examples at a time whenever a norm or a weighted sum needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,18 @@ class Materialized:
     values: Tensor
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """Per-example gradient formed on demand, ``rows`` examples at a time: ``compute(slice)`` returns
+    ``(len(slice), *param.shape)``. Norms and weighted sums loop over such chunks (``chunked``), so at
+    most ``rows`` examples' gradients exist at once, whatever the parameter's size; the price is one
+    recomputation per norm or sum that needs it."""
+
+    compute: Callable[[slice], Tensor]
+    batch: int
+    rows: int
+
+
 class ExtensionGrad:
     """A per-example gradient form defined outside this module, which supplies its own per-example inner
     product and weighted sum (e.g. ``routed.RoutedOuterSum``: an expert-indexed parameter of a
@@ -74,7 +87,7 @@ class ExtensionGrad:
         raise NotImplementedError
 
 
-PerExampleGrad = OuterSum | Materialized | ExtensionGrad
+PerExampleGrad = OuterSum | Materialized | Replayed | ExtensionGrad
 
 
 def compute_dtype(*tensors: Tensor) -> torch.dtype:
@@ -261,6 +274,46 @@ def drop_zero_steps(g: PerExampleGrad) -> PerExampleGrad:
     return OuterSum(_take_steps(g.row, index), _take_steps(g.col, index))
 
 
+def _take_examples(g: PerExampleGrad, rows: slice) -> PerExampleGrad:
+    """The per-example gradient of the examples ``rows`` only (a ``Replayed`` one is computed now)."""
+    if isinstance(g, Replayed):
+        return Materialized(g.compute(rows))
+    if isinstance(g, ExtensionGrad):  # e.g. an expert weight also used by a rule-less (replayed) layer
+        raise ValueError(
+            f"a parameter with a {type(g).__name__} use cannot also be used by a layer on the chunked "
+            "generic path: not supported"
+        )
+    if isinstance(g, Materialized):
+        return Materialized(g.values[rows])
+    return OuterSum(*(
+        DenseFactor(f.values[rows]) if isinstance(f, DenseFactor) else OneHotFactor(f.ids[rows], f.size)
+        for f in (g.row, g.col)
+    ))  # fmt: skip
+
+
+def chunked(uses: Sequence[PerExampleGrad]) -> _Chunks | None:
+    """None when no use is ``Replayed``; else the uses restricted to consecutive chunks of examples, as
+    (rows, uses) pairs, each chunk as small as the smallest ``Replayed.rows``."""
+    replayed = [u for u in uses if isinstance(u, Replayed)]
+    if not replayed:
+        return None
+    step, batch = min(u.rows for u in replayed), replayed[0].batch
+    return _Chunks(list(uses), step, batch)
+
+
+class _Chunks:
+    """Iterates (rows, the uses of those examples), computing each chunk when it is reached, so that one
+    chunk's replayed gradients exist at a time."""
+
+    def __init__(self, uses: list[PerExampleGrad], step: int, batch: int) -> None:
+        self.uses, self.step, self.batch = uses, max(1, step), batch
+
+    def __iter__(self):
+        for start in range(0, self.batch, self.step):
+            rows = slice(start, min(start + self.step, self.batch))
+            yield rows, [_take_examples(u, rows) for u in self.uses]
+
+
 def squared_norm_of_sum(
     uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None
 ) -> Tensor:
@@ -274,6 +327,9 @@ def squared_norm_of_sum(
     """
     if not uses:
         raise ValueError("squared_norm_of_sum needs at least one use")
+    chunks = chunked(uses)
+    if chunks is not None:
+        return torch.cat([squared_norm_of_sum(part, never_materialize_dim) for _, part in chunks])
     uses = combine_uses(uses, never_materialize_dim)
     total: Tensor | None = None
     for u, g in enumerate(uses):
@@ -302,6 +358,13 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
     """
     if isinstance(g, ExtensionGrad):
         return g.weighted_sum(weights)
+    if isinstance(g, Replayed):
+        total: Tensor | None = None
+        for rows, (part,) in _Chunks([g], g.rows, g.batch):
+            term = weighted_sum(part, weights[rows])
+            total = term if total is None else total.add_(term)
+        assert total is not None
+        return total
     if isinstance(g, Materialized):
         dtype = compute_dtype(g.values)
         values = g.values.to(dtype)

@@ -50,8 +50,16 @@ class LayerRule:
     ``output_index``: the layer returns a tuple, and element ``output_index`` is the output its
     parameters act through (a router's logits; the other elements are computed from it inside the
     call): that element is the output whose gradient the rule gets (and a copy the engine makes of it,
-    ``protects_output``, goes back in its place). The first call's self-check refuses the layer if its
+    ``protects_output``, goes back in its place; under gradient checkpointing the element's own gradient
+    hook takes that gradient, see ``GhostClipper._tap``). The self-check refuses the layer if its
     parameters reach the loss another way.
+    ``owns``: which trainable parameters the rule covers when not just the module's own: dotted names
+    of submodule parameters (e.g. ``trainable_tokens_delta.default``) are then not hooked again on
+    their own; for layers that read their submodules' parameters directly (PEFT adapters kept in a
+    ``ParameterDict``).
+    ``injects``: the layer computes, from its own parameters, a tensor that the whole batch shares and
+    that the model passes back in as a keyword argument (T5's relative position bias): see
+    :class:`Injection`. The rule then gets the injection's ``x`` and the gradient of its batch-wide copy.
     """
 
     grads: GradRule
@@ -60,6 +68,30 @@ class LayerRule:
     records_call: bool = False
     protects_output: bool = False
     output_index: int | None = None
+    owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None
+    injects: Injector | None = None
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What an :data:`Injector` computed before a layer call: ``value`` (batch-first, one copy per
+    example, e.g. an ``expand`` of a tensor the batch shares) goes into the call as keyword ``key``;
+    the rule gets ``x`` and the gradient of ``sum_i loss_i`` w.r.t. ``value`` (row i: example i's own)."""
+
+    key: str
+    x: Tensor
+    value: Tensor
+
+
+@dataclass(frozen=True)
+class Injector:
+    """``params(module)``: the dotted names of the parameters the shared tensor is computed from (the
+    layer's rule covers them, and their own submodule is not hooked); ``inject(module, args, kwargs)``,
+    called before each call of the layer: the :class:`Injection`, or None when the call already
+    receives the shared tensor (an earlier layer computed it) or does not need it."""
+
+    params: Callable[[nn.Module], list[str]]
+    inject: Callable[[nn.Module, tuple, dict], Injection | None]
 
 
 @dataclass(frozen=True)
@@ -117,6 +149,8 @@ def register_norm_rule(
     protects_output: bool = False,
     records_call: bool = False,
     output_index: int | None = None,
+    owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None,
+    injects: Injector | None = None,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
 
@@ -130,6 +164,8 @@ def register_norm_rule(
             records_call=records_call,
             protects_output=protects_output,
             output_index=output_index,
+            owns=owns,
+            injects=injects,
         )
         for key in keys:
             _RULES[key] = rule

@@ -1,17 +1,21 @@
 """Per-example gradient rules for Hugging Face layers (transformers 5): GPT-2 ``Conv1D``, Gemma-2's
-scaled word embedding and RMSNorm, Falcon's Linear, BERT's MLM-head bias alias and OPT's folded
-feed-forward. Other models' norms and learned positions take the generic path (``rules_generic``);
-classes whose forward is a registered class's code share its rule (``registry.rule_for``).
+scaled word embedding and RMSNorm, Falcon's Linear, BERT's MLM-head bias alias, OPT's folded
+feed-forward and T5's relative position bias. Other models' norms and learned positions take the
+generic path (``rules_generic``); classes whose forward is a registered class's code share its rule
+(``registry.rule_for``: mT5's attention is T5's).
 
 Registered by qualified class name, so importing this module does not import transformers.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from hush_hf.clipping.factors import DenseFactor, Materialized, OuterSum, PerExampleGrad, compute_dtype
 from hush_hf.clipping.registry import (
+    Injection,
+    Injector,
     register_batch_fold,
     register_norm_rule,
     register_param_aliases,
@@ -91,23 +95,72 @@ def falcon_linear_grads(layer: nn.Linear, x: Tensor, g: Tensor) -> dict[str, Per
 register_batch_fold("transformers.models.opt.modeling_opt.OPTDecoderLayer")
 
 
-def t5_relative_bias_problem(attention: nn.Module) -> str | None:
-    """T5's relative_attention_bias is an Embedding looked up with (query, key) buckets that the whole
-    batch shares; its output has no batch dimension, so no per-example gradient is recoverable."""
+def _relative_bias_params(attention: nn.Module) -> list[str]:
+    bias = getattr(attention, "relative_attention_bias", None)
+    return ["relative_attention_bias.weight"] if isinstance(bias, nn.Embedding) else []
+
+
+def _t5_relative_bias(attention: nn.Module, args: tuple, kwargs: dict) -> Injection | None:
+    """T5's position bias, computed before the first attention of a stack calls ``compute_bias`` itself.
+
+    ``compute_bias(q, k)`` looks the (q, k) bucket matrix up in ``relative_attention_bias`` and returns
+    a (1, heads, q, k) bias that this attention and every later one of the stack add to their scores
+    (the stack passes it on as ``position_bias``). Given as an ``expand`` to (batch, heads, q, k), the
+    model computes the same, and row i of its gradient is example i's own. None when the call receives
+    the bias already, or continues from cached tokens (generation, never a training step).
+    """
+    if kwargs.get("position_bias") is not None:
+        return None
+    cache = kwargs.get("cache")
+    if cache is not None and int(cache.get_seq_length(attention.layer_idx)) != 0:
+        return None
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if not isinstance(hidden, Tensor) or hidden.dim() != 3:
+        return None
+    other = kwargs.get("key_value_states")
+    key_length = hidden.shape[1] if other is None else other.shape[1]
+    buckets: list[Tensor] = []
+    handle = attention.relative_attention_bias.register_forward_hook(lambda m, a, out: buckets.append(a[0]))
+    try:
+        bias = attention.compute_bias(hidden.shape[1], key_length, device=hidden.device)
+    finally:
+        handle.remove()
+    (ids,) = buckets
+    batch = hidden.shape[0]
+    return Injection("position_bias", ids.expand(batch, *ids.shape), bias.expand(batch, *bias.shape[1:]))
+
+
+@register_norm_rule(
+    "transformers.models.t5.modeling_t5.T5Attention",
+    check=lambda attention: embedding_config_problem(attention.relative_attention_bias),
+    injects=Injector(_relative_bias_params, _t5_relative_bias),
+)
+def t5_relative_bias_grads(attention: nn.Module, buckets: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
+    """T5's relative position bias: bias[h, q, k] = table[bucket(q, k), h], shared by every attention of
+    the stack. With g_i (heads, q, k) example i's gradient of the (expanded) bias, summed over the
+    attentions that add it, the table's gradient is a gather-sum by bucket:
+    G_i[n, h] = sum_{q, k: bucket(q, k) = n} g_i[h, q, k]; materialised, (b, buckets, heads)."""
+    table = attention.relative_attention_bias.weight
+    dtype = compute_dtype(g)
+    b, heads = g.shape[:2]
+    per_step = g.to(dtype).permute(0, 2, 3, 1).reshape(b, -1, heads)  # (b, q*k, heads)
+    index = buckets.reshape(b, -1, 1).expand(-1, -1, heads).long()
+    grad = torch.zeros(b, table.shape[0], heads, dtype=dtype, device=g.device)
+    return {"relative_attention_bias.weight": Materialized(grad.scatter_add_(1, index, per_step))}
+
+
+def umt5_relative_bias_problem(attention: nn.Module) -> str | None:
+    """UMT5 computes its relative position bias inside every attention from a (query, key) bucket matrix
+    that the whole batch shares; no per-example gradient of it is recorded (T5 and mT5 have a rule)."""
     bias = getattr(attention, "relative_attention_bias", None)
     if bias is None or not any(p.requires_grad for p in bias.parameters()):
         return None
     return (
         "its relative_attention_bias is looked up with (query, key) position buckets shared by the whole "
-        "batch, so its per-example gradients cannot be separated; freeze it before training "
+        "batch, so its per-example gradients are not recorded; freeze it before training "
         "(`attention.relative_attention_bias.requires_grad_(False)` on every attention that has one); "
         "the rest of the model trains with exact clipping"
     )
 
 
-for _t5_like in (
-    "t5.modeling_t5.T5Attention",
-    "mt5.modeling_mt5.MT5Attention",
-    "umt5.modeling_umt5.UMT5Attention",
-):
-    register_refusal(f"transformers.models.{_t5_like}", t5_relative_bias_problem)
+register_refusal("transformers.models.umt5.modeling_umt5.UMT5Attention", umt5_relative_bias_problem)

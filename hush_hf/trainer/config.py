@@ -98,9 +98,10 @@ class SecretProtectionConfig(TrainingArguments):
     Meaning of inherited fields: `max_steps` (>= 1, required) is T, the number of DP steps the noise is
     calibrated for (`num_train_epochs` is not used); `per_device_train_batch_size` caps the physical
     micro-batch, not the logical batch B; `gradient_accumulation_steps` must stay 1 (micro-batches are
-    accumulated inside the DP step). Checked when the config is built: `fp16`, activation
-    checkpointing, `torch_compile`, DeepSpeed, FSDP1 and FSDP2 with offloading or fp16,
-    `auto_find_batch_size`, `ignore_data_skip`,
+    accumulated inside the DP step). `gradient_checkpointing` (`activation_checkpointing`) is supported
+    (two backward passes per micro-batch, see `hush_hf.clipping.recompute`), except under FSDP. Checked
+    when the config is built: `fp16`, `torch_compile`, DeepSpeed, FSDP1 and FSDP2 with offloading, fp16
+    or activation checkpointing, `auto_find_batch_size`, `ignore_data_skip`,
     `label_smoothing_factor`, a `train_sampling_strategy` other than `"random"`, pushing checkpoints
     to the Hub, `include_num_input_tokens_seen` and `WANDB_WATCH=gradients|all` with wandb reporting
     (they log statistics of the pre-noise step) are refused. The training loss and `dp_batch_size` that

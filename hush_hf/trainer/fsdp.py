@@ -40,7 +40,8 @@ def check_fsdp_plugin(plugin: Any) -> None:
     - ``mixed_precision_policy`` with a ``param_dtype`` other than float32 or bfloat16, or a float16
       ``reduce_dtype`` (fp16 is refused everywhere: its loss scaler does not see the DP step). bf16 is
       exact in the sense of the DDP bf16 path, see :func:`check_fsdp_precision`.
-    - ``activation_checkpointing``: re-runs layers in backward, which ghost clipping does not support.
+    - ``activation_checkpointing``: checkpointed clipping takes two backward passes per micro-batch, and
+      FSDP would reduce-scatter the gradients in each (not verified).
     - ``ignored_modules``: their parameters stay unsharded replicas beside sharded ones (not verified).
     """
     from torch.distributed.fsdp import CPUOffloadPolicy
@@ -60,8 +61,9 @@ def check_fsdp_plugin(plugin: Any) -> None:
     check_fsdp_precision(getattr(plugin, "mixed_precision_policy", None))
     if getattr(plugin, "activation_checkpointing", False):
         raise ValueError(
-            "fsdp_activation_checkpointing=True is not supported with DP training: ghost clipping records "
-            "each layer's forward once and cannot follow layers re-run in backward"
+            "fsdp_activation_checkpointing=True is not supported with DP training: checkpointed clipping "
+            "runs two backward passes per micro-batch and FSDP would reduce-scatter the gradients in each "
+            "(not verified); turn checkpointing off under FSDP, or use DDP with gradient_checkpointing=True"
         )
     if getattr(plugin, "ignored_modules", None):
         raise ValueError(

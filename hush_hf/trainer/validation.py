@@ -43,10 +43,14 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
     - ``max_grad_norm`` must be 0: per-example clipping replaces batch clipping, and Trainer's norm
       of the pre-noise gradient would be logged.
     - ``max_steps`` is the T the noise is calibrated for.
-    - ``fp16`` (its loss scaler does not see the DP step's backward passes), activation
-      checkpointing (re-runs layers in backward), ``torch_compile``, DeepSpeed (it owns the backward and
-      the gradient reduction), several GPUs in one process (DataParallel). FSDP: only FSDP2 in float32
-      or bf16 without offloading (:func:`hush_hf.trainer.fsdp.check_fsdp_arguments`).
+    - ``fp16`` (its loss scaler does not see the DP step's backward passes), ``torch_compile``,
+      DeepSpeed (it owns the backward and the gradient reduction), several GPUs in one process
+      (DataParallel). FSDP: only FSDP2 in float32 or bf16 without offloading
+      (:func:`hush_hf.trainer.fsdp.check_fsdp_arguments`), and without activation checkpointing.
+    - ``activation_checkpointing`` (``gradient_checkpointing``, on by default in TRL's ``SFTConfig``) is
+      supported: the clipping engine then takes each micro-batch in two backward passes, norms then
+      clipped sum, recomputing the checkpointed layers in each (:mod:`hush_hf.clipping.recompute`).
+      Under FSDP each of those passes would run FSDP's gradient reduce-scatter: not verified, refused.
     - ``auto_find_batch_size`` restarts training after an out-of-memory error and
       ``ignore_data_skip`` replays batches after a resume: both would reuse batches the accounting
       counts once. Pushing checkpoints to the Hub would publish their un-noised training logs
@@ -81,7 +85,6 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
     check_positive("per_device_train_batch_size", args.per_device_train_batch_size)
     unsupported = {
         "fp16": (args.fp16, "use bf16 or float32"),
-        "activation_checkpointing": (args.activation_checkpointing, "ghost clipping records each layer once"),
         "torch_compile": (args.torch_compile, "the clipping hooks are not verified under torch.compile"),
         "deepspeed": (args.deepspeed, "DeepSpeed owns the backward and gradient reduction"),
         "auto_find_batch_size": (args.auto_find_batch_size, "it restarts training and would reuse batches"),
@@ -103,6 +106,12 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
     for field, (value, why) in unsupported.items():
         if value:
             raise ValueError(f"{field}={value!r} is not supported with DP training: {why}")
+    if args.fsdp and args.activation_checkpointing:
+        raise ValueError(
+            f"activation_checkpointing=True with fsdp={args.fsdp!r} is not supported with DP training: "
+            "checkpointed clipping runs two backward passes per micro-batch and FSDP would reduce-scatter "
+            "the gradients in each (not verified); turn checkpointing off under FSDP, or use DDP"
+        )
     if args.fsdp:
         from hush_hf.trainer.fsdp import check_fsdp_arguments
 
