@@ -15,9 +15,9 @@ from hush_hf.accounting.blowup import (
     _hockey_stick_from_pmf,
     composed_hockey_stick,
     loss_grid_step,
-    noiseless_bounds,
 )
 from hush_hf.accounting.connect_dots import one_step_pmf
+from hush_hf.accounting.noiseless import noiseless_bounds
 
 PMF = np.array([0.7, 0.25, 0.05])  # S on {0, 1, 2}
 
@@ -61,10 +61,10 @@ def test_hockey_stick_read_from_pmf_matches_library_method():
     _, pmf = _one_step_dense(PMF, 1e-12, 2.0, 1e-3)
     composed = pmf.self_compose(30)
     lower, probs, infinity = composed._lower_loss, composed._probs, composed._infinity_mass
-    curve = _hockey_stick_from_pmf(lower, probs, infinity, 1e-3, 30)
+    curve = _hockey_stick_from_pmf(lower, probs, infinity, 1e-3)
     picks = np.linspace(0, curve.losses.size - 1, 25).astype(int)
     reference = composed.get_delta_for_epsilon(curve.losses[picks])
-    assert np.all(curve.deltas[picks] >= reference)  # the FFT allowance only adds
+    assert np.all(curve.deltas[picks] >= reference * (1 - 1e-12))  # the same sums
     np.testing.assert_allclose(curve.deltas[picks], reference, rtol=1e-9, atol=1e-10)
 
 
