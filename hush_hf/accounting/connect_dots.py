@@ -441,7 +441,9 @@ class _ThresholdTerms:
 #: A cell takes the series route (``gaussian_cells.narrow_moments``) when its moments come out to this
 #: relative accuracy and c_max h <= SERIES_MAX_CH; the closed-form route otherwise.
 SERIES_ACCURACY = 1e-11
-SERIES_MAX_CH = 2.0
+SERIES_MAX_CH = 0.5
+#: Cells with c_max h and h (|y| + h) below this (the bulk) share a short series (``_cell_numerators``).
+EASY_CELL = 0.02
 _MAX_ORDER = 30
 #: The expm1 series of the integrands is cut where its remainder (added to the error) is below this,
 #: relative.
@@ -496,35 +498,15 @@ def _cell_numerators(mix: _Mixture, y: np.ndarray, terms: _ThresholdTerms):
     spread = width * (np.maximum(np.abs(lo), np.abs(hi)) + width)
     candidate &= spread <= 2.0
     series = np.zeros(cells, dtype=bool)
-    if candidate.any():
-        k = np.flatnonzero(candidate)
-        order = _series_order(c_max * float(width[k].max()))
-        # both ends in one call: the forward moments from y_k, the backward ones from y_{k+1}
-        directions = np.concatenate([np.ones(k.size), -np.ones(k.size)])
-        ends = np.concatenate([lo[k], hi[k]])
-        both, err_both = narrow_moments(ends, np.tile(width[k], 2), directions, order)
-        forward, backward = both[: k.size], both[k.size :]
-        err_forward, err_backward = err_both[: k.size], err_both[k.size :]
-        good = np.all(err_forward <= SERIES_ACCURACY * forward, axis=1)
-        good &= np.all(err_backward <= SERIES_ACCURACY * backward, axis=1)
-        series[k] = good  # the others are overwritten by the closed-form route below
-        j = np.arange(1, order + 1)
-        inverse_factorial = np.exp(-special.gammaln(j + 1.0))
-        coefficients = mix.c[:, None] ** j[None, :] * inverse_factorial  # c_s^j / j!
-        moments_p = np.einsum("ns,sj->nj", terms.w, coefficients)  # P_j(y) / j! at every threshold
-        p_lo, p_hi = moments_p[k], moments_p[k + 1]
-        signed = backward[:, 1:] * np.where(j % 2 == 1, 1.0, -1.0)
-        beta[k] = _row_sums(forward[:, 1:], p_lo)
-        alpha[k] = _row_sums(signed, p_hi)
-        x = c_max * width[k]
-        cut = x**order * np.exp(x) * inverse_factorial[-1] / (order + 1)  # x^J e^x / (J + 1)!
-        rounding = (order + mix.c.size + 4) * _ULP
-        err_b[k] = _row_sums(err_forward[:, 1:], p_lo) + (rounding + terms.w_error[k]) * beta[k]
-        err_b[k] += forward[:, 1] * p_lo[:, 0] * cut
-        size = _row_sums(backward[:, 1:], p_hi)  # sum of the |terms| of alpha
-        err_a[k] = _row_sums(err_backward[:, 1:], p_hi) + (rounding + terms.w_error[k + 1]) * size
-        err_a[k] += backward[:, 1] * p_hi[:, 0] * cut
-        q_mass[k], err_q[k] = forward[:, 0], err_forward[:, 0]
+    # Narrow cells need few terms: the bulk is done with the orders and terms its widest cell needs,
+    # the few wider ones (near the grid's ends) separately.
+    easy = candidate & (c_max * width <= EASY_CELL) & (spread <= EASY_CELL)
+    for group in (easy, candidate & ~easy):
+        if group.any():
+            k = np.flatnonzero(group)
+            values = _series_numerators(mix, terms, lo[k], hi[k], width[k], k)
+            series[k] = values[0]  # the others are overwritten by the closed-form route below
+            beta[k], alpha[k], q_mass[k], err_b[k], err_a[k], err_q[k] = values[1:]
     rest = finite & ~series
     if rest.any():
         k = np.flatnonzero(rest)
@@ -539,6 +521,39 @@ def _cell_numerators(mix: _Mixture, y: np.ndarray, terms: _ThresholdTerms):
         err_a[k] = common + w_hi.sum(axis=1) * (eq + (terms.w_error[k + 1] + 4 * _ULP) * q)
         q_mass[k], err_q[k] = q, eq
     return beta, alpha, q_mass, err_b, err_a, err_q
+
+
+def _series_numerators(
+    mix: _Mixture, terms: _ThresholdTerms, lo: np.ndarray, hi: np.ndarray, width: np.ndarray, k: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """The series route of ``_cell_numerators`` for cells k (between thresholds lo = y_k and hi =
+    y_{k+1}): whether each is accurate enough, then beta, alpha, B and their error bounds."""
+    c_max = float(mix.c.max())
+    order = _series_order(c_max * float(width.max()))
+    # both ends in one call: the forward moments from y_k, the backward ones from y_{k+1}
+    directions = np.concatenate([np.ones(k.size), -np.ones(k.size)])
+    both, err_both = narrow_moments(np.concatenate([lo, hi]), np.tile(width, 2), directions, order)
+    forward, backward = both[: k.size], both[k.size :]
+    err_forward, err_backward = err_both[: k.size], err_both[k.size :]
+    good = np.all(err_forward <= SERIES_ACCURACY * forward, axis=1)
+    good &= np.all(err_backward <= SERIES_ACCURACY * backward, axis=1)
+    j = np.arange(1, order + 1)
+    inverse_factorial = np.exp(-special.gammaln(j + 1.0))
+    coefficients = mix.c[:, None] ** j[None, :] * inverse_factorial  # c_s^j / j!
+    p_lo = np.einsum("ns,sj->nj", terms.w[k], coefficients)  # P_j(y_k) / j!
+    p_hi = np.einsum("ns,sj->nj", terms.w[k + 1], coefficients)
+    signed = backward[:, 1:] * np.where(j % 2 == 1, 1.0, -1.0)
+    beta = _row_sums(forward[:, 1:], p_lo)
+    alpha = _row_sums(signed, p_hi)
+    x = c_max * width
+    cut = x**order * np.exp(x) * inverse_factorial[-1] / (order + 1)  # x^J e^x / (J + 1)!
+    rounding = (order + mix.c.size + 4) * _ULP
+    err_b = _row_sums(err_forward[:, 1:], p_lo) + (rounding + terms.w_error[k]) * beta
+    err_b += forward[:, 1] * p_lo[:, 0] * cut
+    size = _row_sums(backward[:, 1:], p_hi)  # sum of the |terms| of alpha
+    err_a = _row_sums(err_backward[:, 1:], p_hi) + (rounding + terms.w_error[k + 1]) * size
+    err_a += backward[:, 1] * p_hi[:, 0] * cut
+    return good, beta, alpha, forward[:, 0], err_b, err_a, err_forward[:, 0]
 
 
 def _row_sums(a: np.ndarray, b: np.ndarray) -> np.ndarray:
