@@ -417,12 +417,17 @@ class _Search:
             closed = (state.hi <= state.lo * (1.0 + self.tolerance)) | (state.hi <= floor)
             open_ = np.flatnonzero(~(np.isfinite(state.hi) & closed))
             probes = [(int(j), t) for j in open_ for t in self._next_probes(state, int(j), floor)]
-            for j, t in probes:
-                if t > MAX_SIGMA:  # only where no sigma has passed yet
-                    raise ValueError(
-                        f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
-                        f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g}"
-                    )
+            if any(t > MAX_SIGMA for _, t in probes):  # only where no sigma has passed yet
+                # Name the secret failing at the largest sigma: a probe exceeds MAX_SIGMA only through
+                # its own extrapolation or because that failure raised the floor every open bracket
+                # starts from (issue 22: the first open bracket was named, a feasible secret).
+                unmet = np.flatnonzero(~np.isfinite(state.hi))
+                j = int(unmet[np.argmax(state.lo[unmet])])
+                raise ValueError(
+                    f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
+                    f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g} (its bound "
+                    f"still exceeds it at sigma = {float(state.lo[j]):.4g})"
+                )
         slopes = state.slopes()
         if slopes.size:
             self._slope = float(np.median(slopes))
