@@ -67,8 +67,8 @@ COMPOSITION_TAIL_MASS = 1e-15
 _SEARCH_WINDOW = 16
 #: Up to this many distinct priors per law, each gets its own bisection (``ComposedHockeyStick.blowup``).
 _SCALAR_SEARCHES = 32
-#: Priors below this also get the Renyi bound, and so do bounds of which the PLD's floor (mass at
-#: +infinity and FFT allowance) is more than FLOOR_SHARE (see ``tight_bounds``).
+#: Priors below this also get the Renyi bound; bounds of which the rounding allowance and the truncated
+#: mass cost more than FLOOR_SHARE are composed again, tilted (see ``tight_bounds``).
 PLD_FLOOR_PRIOR = 1e-12
 FLOOR_SHARE = 1e-3
 
@@ -144,15 +144,12 @@ class ComposedHockeyStick:
         search = self._few_priors if unique.size <= _SCALAR_SEARCHES else self._many_priors
         return np.minimum(search(unique, a, b), 1.0)[inverse.ravel()]
 
-    def optimum(self, prior: float) -> tuple[float, float]:
-        """eps_k at the first k with s_k <= p (where min_k [e^{eps_k} p + delta_k] is attained), and
-        what the floor and ``extra`` add to delta_k there."""
+    def optimal_loss(self, prior: float) -> float:
+        """eps_k at the first k with s_k <= p: where min_k [e^{eps_k} p + delta_k] is attained."""
         a, b = self._usable
         if b - a < 2:
-            return 0.0, self.floor
-        k = self._first_index(prior, a, b)
-        extra = 0.0 if self.extra is None else float(self.extra[k])
-        return (self.lower + k) * self.step, self.floor + extra
+            return 0.0
+        return (self.lower + self._first_index(prior, a, b)) * self.step
 
     def _slope(self, k: int) -> float:
         """s_k = v_k e^{-eps_{k+1}}, plus (extra_k - extra_{k+1}) e^{-eps_k} / (e^d - 1) with ``extra``."""
@@ -324,7 +321,7 @@ def tight_bounds(
             costly &= (out[queries] > targets[queries]) & (out[queries] - cost <= targets[queries])
         if costly.any():  # compose again, tilted towards the loss where the costliest bound is attained
             low = int(queries[costly][np.argmin(priors[queries][costly])])
-            lam = tilt_for(one.losses, one.masses, steps, bare.optimum(float(priors[low]))[0])
+            lam = tilt_for(one.losses, one.masses, steps, bare.optimal_loss(float(priors[low])))
             increments = tilted_increments(one, steps, lam) if lam > 0 else None
             if increments is not None:
                 lower, v, tilted_floor, extra = increments
