@@ -270,6 +270,22 @@ def _hockey_stick_from_pmf(lower: int, probs: np.ndarray, floor: float, step: fl
     return ComposedHockeyStick(lower, step, v, floor)
 
 
+def dominating_pmf(pi: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """``pi`` with every P(S = s), s >= 1, rounded up by 4 (n + K + 4) ulp (n = the support, K + 1 =
+    the pmf's width): a law the exact one is stochastically dominated by (``dominance``).
+
+    The pmf's entries carry the rounding of how they were computed (the Poisson-binomial DP: n
+    products and sums of non-negative numbers each, <= 2n ulp relative; the division by P(S <= K));
+    the one-step PMF reads P(S = 0) as 1 - sum_{s>=1} pi_s (``connect_dots._mixture``), so raising
+    each pi_s (s >= 1) by more than its rounding raises every P(S >= k) above the exact value. Its
+    allowances are relative, ~1e-14: they would not cover a perturbation of the law itself.
+    """
+    eta = 4.0 * (np.asarray(support, dtype=np.float64) + pi.shape[1] + 4.0) * np.finfo(np.float64).eps
+    out = pi.copy()
+    out[:, 1:] *= (1.0 + eta)[:, None]
+    return out
+
+
 def tight_bounds(
     dists: CountDistributions,
     sigma: np.ndarray,
@@ -293,7 +309,7 @@ def tight_bounds(
     priors = np.asarray(priors, dtype=np.float64)
     rows = np.asarray(rows, dtype=np.int64)
     out = np.empty(priors.size)
-    pi = conditional_pmf(dists.pmf, dists.tail_mass)
+    pi = dominating_pmf(conditional_pmf(dists.pmf, dists.tail_mass), dists.support)
     order = np.argsort(rows, kind="stable")
     bounds = np.searchsorted(rows[order], np.arange(dists.num_rows + 1))
     for r in range(dists.num_rows):
