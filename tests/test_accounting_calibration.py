@@ -41,17 +41,23 @@ def test_no_noise_needed():
     cal = calibrate_noise(groups, [0.1, 0.2], [0.3, 0.4], 100)
     assert cal.sigma == 0.0 and cal.evaluated_exactly == 0
     np.testing.assert_array_equal(cal.bounds, [0.1, 0.2])
-    # Tight: a secret seen with probability 1e-9 per step is safe even without noise.
+    # A secret seen with probability 1e-9 per step is safe even without noise, with every accountant:
+    # the noiseless bound 1 - (1 - rho)^T (1 - p) = 0.1 + 0.9 (1 - (1 - 1e-9)^100) <= 0.2.
     rare = SecretGroups.from_lists([[1e-9]])
-    cal = calibrate_noise(rare, [0.1], [0.2], 100)
-    assert cal.sigma == 0.0 and 0.1 < cal.bounds[0] <= 0.2
-    assert calibrate_noise(rare, [0.1], [0.2], 100, accountant="kl").sigma > 0  # KL is infinite at 0
+    exact = 1 - (1 - 1e-9) ** 100 * 0.9
+    for accountant in ACCOUNTANTS:
+        cal = calibrate_noise(rare, [0.1], [0.2], 100, accountant=accountant)
+        assert cal.sigma == 0.0 and cal.evaluated_exactly == 0
+        assert cal.bounds[0] == pytest.approx(exact, rel=1e-12) and cal.bounds[0] >= exact
 
 
 def test_sigma_zero_bounds():
+    # sigma = 0 reveals the counts: the best level-p test rejects when any S_t > 0, else with
+    # probability p: 1 - P(S=0)^T (1 - p), for every accountant; a secret never sampled keeps p.
     groups = SecretGroups.from_lists([[0.5], []])
-    np.testing.assert_array_equal(posterior_bounds(groups, [0.1, 0.1], 0.0, 3, "kl"), [1.0, 0.1])
-    assert posterior_bounds(groups, [0.1, 0.1], 0.0, 3, "tight")[0] == pytest.approx(1 - 0.5**3 * 0.9)
+    for accountant in ACCOUNTANTS:
+        bounds = posterior_bounds(groups, [0.1, 0.1], 0.0, 3, accountant)
+        assert bounds[0] == pytest.approx(1 - 0.5**3 * 0.9, rel=1e-12) and bounds[1] == 0.1
 
 
 instances = st.integers(min_value=0, max_value=2**32 - 1)

@@ -13,8 +13,11 @@ mpmath.mp.dps = 40
 
 
 def _exact_masses(pi: np.ndarray, sigma: float, k_lo: int, size: int, step: float):
-    """Exact connect-the-dots masses on eps_k = k step (k = k_lo..k_lo+size-1) and the mass above."""
+    """Exact connect-the-dots masses on eps_k = k step (k = k_lo..k_lo+size-1) and the mass above, for
+    the law P(S = s) = pi_s (s >= 1), P(S = 0) = 1 - sum_{s>=1} pi_s (how ``one_step_pmf`` reads pi)."""
     pi = [mpmath.mpf(float(v)) for v in pi]
+    if pi[0] > 0:
+        pi[0] = 1 - sum(pi[1:])
     c = [mpmath.mpf(s) / sigma for s in range(len(pi))]
 
     def ratio(y):

@@ -1,8 +1,8 @@
 """The three accountants behind one interface, keyed by name (``ACCOUNTANTS``).
 
-Each maps (laws of S, one sigma per law, steps T, queries (law index, prior)) to rigorous upper
-bounds on the posterior, and offers a cheap sigma estimate used only to decide what to evaluate
-first (never to certify anything).
+Each maps (laws of S, one sigma per law, steps T, queries (law index, prior), their targets or None)
+to rigorous upper bounds on the posterior, and offers a cheap sigma estimate used only to decide what
+to evaluate first (never to certify anything).
 """
 
 from __future__ import annotations
@@ -18,12 +18,16 @@ from hush_hf.accounting.counts import CountDistributions
 from hush_hf.accounting.kl import kl_bounds
 from hush_hf.accounting.renyi import rdp_bounds
 
-BoundFn = Callable[[CountDistributions, np.ndarray, int, np.ndarray, np.ndarray], np.ndarray]
+BoundFn = Callable[
+    [CountDistributions, np.ndarray, int, np.ndarray, np.ndarray, np.ndarray | None], np.ndarray
+]
 
 
 @dataclass(frozen=True)
 class Accountant:
-    """``bounds(laws, sigma_per_law, steps, priors, law_of_query)``; ``estimate_sigma`` ranks only."""
+    """``bounds(laws, sigma_per_law, steps, priors, law_of_query, targets)``; ``estimate_sigma`` ranks
+    only. ``targets`` (or None) is what each bound will be compared with: an accountant may skip work
+    that cannot change whether a bound meets it."""
 
     name: str
     bounds: BoundFn

@@ -37,10 +37,18 @@ import numpy as np
 from scipy import signal
 
 from hush_hf.accounting.composition import self_compose
-from hush_hf.accounting.connect_dots import MAX_LOSS, LossRange, loss_range, one_step_pmf
+from hush_hf.accounting.connect_dots import (
+    MAX_LOSS,
+    LossRange,
+    OneStepPmf,
+    UnresolvedLoss,
+    loss_range,
+    one_step_pmf,
+)
 from hush_hf.accounting.counts import CountDistributions
 from hush_hf.accounting.mixture import conditional_pmf
 from hush_hf.accounting.renyi import rdp_bounds
+from hush_hf.accounting.tilt import tilt_for, tilted_increments
 
 #: Width of the privacy-loss grid, relative to the one-step loss scale E[S] / sigma (the standard
 #: deviation of the privacy loss when it is nearly Gaussian). Connect-the-dots is exact at the grid
@@ -59,10 +67,10 @@ COMPOSITION_TAIL_MASS = 1e-15
 _SEARCH_WINDOW = 16
 #: Up to this many distinct priors per law, each gets its own bisection (``ComposedHockeyStick.blowup``).
 _SCALAR_SEARCHES = 32
-#: Safety factor on the FFT rounding allowance of ``_hockey_stick_from_pmf``.
-FFT_ROUNDING_FACTOR = 10.0
-#: Priors below this also get the Renyi bound (see ``tight_bounds``).
+#: Priors below this also get the Renyi bound; bounds of which the rounding allowance and the truncated
+#: mass cost more than FLOOR_SHARE are composed again, tilted (see ``tight_bounds``).
 PLD_FLOOR_PRIOR = 1e-12
+FLOOR_SHARE = 1e-3
 
 
 def loss_grid_step(pi: np.ndarray, sigma: float, span: LossRange | None = None) -> float:
@@ -77,16 +85,19 @@ def loss_grid_step(pi: np.ndarray, sigma: float, span: LossRange | None = None) 
 class ComposedHockeyStick:
     """delta_T(eps_k) >= H_{exp(eps_k)}(P^T || Q^T) on the loss grid eps_k = (lower + k) d, k < n.
 
-    Stored as its increments: delta_k = floor + (1 - e^{-d}) sum_{i >= k} v_i, with
-    v_k = sum_{i > k} p_i e^{-(i - k - 1) d} >= 0 (``_hockey_stick_from_pmf``) and ``floor`` the mass
-    at +infinity plus the FFT rounding allowance. ``losses``/``deltas`` list the usable grid
-    (|eps| < 700, where e^eps is finite); ``blowup`` reads only the few deltas it needs.
+    Stored as its increments: delta_k = floor + (1 - e^{-d}) sum_{i >= k} v_i (+ extra_k), with
+    v_k = sum_{i > k} p_i e^{-(i - k - 1) d} >= 0 (``_hockey_stick_from_pmf``), ``floor`` the mass
+    at +infinity plus the FFT rounding allowance, and ``extra`` (optional, non-increasing in k) an
+    allowance that depends on the loss (the tilted composition's, ``tilt``). ``losses``/``deltas``
+    list the usable grid (|eps| < 700, where e^eps is finite); ``blowup`` reads only the few deltas
+    it needs.
     """
 
     lower: int
     step: float
     v: np.ndarray
     floor: float
+    extra: np.ndarray | None = None
 
     @property
     def _usable(self) -> tuple[int, int]:
@@ -111,16 +122,19 @@ class ComposedHockeyStick:
 
     def _all_deltas(self) -> np.ndarray:
         """delta_k for every k of the grid (suffix sums of v)."""
-        return self.floor + -math.expm1(-self.step) * np.cumsum(self.v[::-1])[::-1]
+        deltas = self.floor + -math.expm1(-self.step) * np.cumsum(self.v[::-1])[::-1]
+        return deltas if self.extra is None else deltas + self.extra
 
     def blowup(self, priors: np.ndarray) -> np.ndarray:
         """min_k [exp(eps_k) p + delta_T(eps_k)], capped at 1, for every prior p.
 
         f_k = e^{eps_k} p + delta_k has f_{k+1} - f_k = e^{eps_k} (e^d - 1) (p - s_k) with
         s_k = v_k e^{-eps_{k+1}} = sum_{i > k} p_i e^{-eps_i}, non-increasing in k: f is smallest at
-        the first k with s_k <= p, and the neighbours are checked too, against rounding. Any index
-        gives a valid bound. A few distinct priors: a bisection on s each (~log2 n scalar reads);
-        many: s and delta on the whole grid, then one binary search per prior.
+        the first k with s_k <= p, and the neighbours are checked too, against rounding. With
+        ``extra``, s_k gains (extra_k - extra_{k+1}) e^{-eps_k} / (e^d - 1), also non-increasing where
+        extra's drops fall faster than e^{eps} grows (the tilted rounding: like e^{-lam L}, lam > 1).
+        Any index gives a valid bound. A few distinct priors: a bisection on s each (~log2 n scalar
+        reads); many: s and delta on the whole grid, then one binary search per prior.
         """
         priors = np.asarray(priors, dtype=np.float64)
         a, b = self._usable
@@ -130,27 +144,53 @@ class ComposedHockeyStick:
         search = self._few_priors if unique.size <= _SCALAR_SEARCHES else self._many_priors
         return np.minimum(search(unique, a, b), 1.0)[inverse.ravel()]
 
+    def optimal_loss(self, prior: float) -> float:
+        """eps_k at the first k with s_k <= p: where min_k [e^{eps_k} p + delta_k] is attained."""
+        a, b = self._usable
+        if b - a < 2:
+            return 0.0
+        return (self.lower + self._first_index(prior, a, b)) * self.step
+
+    def _slope(self, k: int) -> float:
+        """s_k = v_k e^{-eps_{k+1}}, plus (extra_k - extra_{k+1}) e^{-eps_k} / (e^d - 1) with ``extra``."""
+        s_k = float(self.v[k]) * math.exp(-(self.lower + k + 1) * self.step)
+        if self.extra is None:
+            return s_k
+        drop = float(self.extra[k]) - float(self.extra[k + 1])
+        if not math.isfinite(drop):
+            return math.inf
+        return s_k + drop * math.exp(-(self.lower + k) * self.step) / math.expm1(self.step)
+
+    def _drop(self, k: np.ndarray) -> np.ndarray | float:
+        """The ``extra`` part of ``_slope`` on an index array (0 without it)."""
+        if self.extra is None:
+            return 0.0
+        with np.errstate(invalid="ignore", over="ignore"):
+            drop = (self.extra[k] - self.extra[k + 1]) * np.exp(-(self.lower + k) * self.step)
+            return np.nan_to_num(drop / math.expm1(self.step), nan=np.inf)
+
+    def _first_index(self, prior: float, a: int, b: int) -> int:
+        """The first k in [a, b - 1) with slope_k <= p, else b - 1 (a bisection: slope decreases)."""
+        return bisect.bisect_left(range(a, b - 1), -prior, key=lambda k: -self._slope(k)) + a
+
     def _few_priors(self, priors: np.ndarray, a: int, b: int) -> np.ndarray:
         v, lower, step = self.v, self.lower, self.step
-
-        def slope(k: int) -> float:  # s_k, for a <= k < b - 1
-            return float(v[k]) * math.exp(-(lower + k + 1) * step)
-
-        descent = range(a, b - 1)  # the first k there with s_k <= p, else b - 1
         best = np.empty(priors.size)
         for i, p in enumerate(priors):
-            k = bisect.bisect_left(descent, -p, key=lambda k: -slope(k)) + a
+            k = self._first_index(float(p), a, b)
             first, last = max(a, k - _SEARCH_WINDOW), min(b - 1, k + _SEARCH_WINDOW)
             # delta at the window: v summed past it, plus the window's own suffix sums
             suffix = np.cumsum(v[first : last + 1][::-1])[::-1] + float(np.sum(v[last + 1 :]))
             deltas = self.floor + -math.expm1(-step) * suffix
+            if self.extra is not None:
+                deltas = deltas + self.extra[first : last + 1]
             gamma = np.exp((lower + np.arange(first, last + 1)) * step)
             best[i] = float(np.min(gamma * p + deltas))
         return best
 
     def _many_priors(self, priors: np.ndarray, a: int, b: int) -> np.ndarray:
         k = np.arange(a, b - 1)
-        slope = self.v[k] * np.exp(-(self.lower + k + 1) * self.step)
+        slope = self.v[k] * np.exp(-(self.lower + k + 1) * self.step) + self._drop(k)
         slope = np.maximum.accumulate(slope[::-1])[::-1]  # non-increasing; rounding smoothed upwards
         first = a + np.searchsorted(-slope, -priors, side="left")
         window = np.arange(-_SEARCH_WINDOW, _SEARCH_WINDOW + 1)
@@ -173,14 +213,31 @@ def composed_hockey_stick(
     its T-fold convolution (``composition``: FFT self-composition, truncated tails sent to +inf)
     over-estimates every hockey-stick value of the T-fold product pair. ``smallest_prior``: the grid
     stops at the loss ``relevant_loss_cap`` for it, the one-step mass above goes to +infinity.
+
+    Raises ``connect_dots.UnresolvedLoss`` at sigma too small for the grid (c_max = K / sigma in the
+    thousands); no PMF is built there.
     """
+    return _one_step_and_curve(pi, tail_mass, sigma, steps, step, smallest_prior)[1]
+
+
+def _one_step_and_curve(
+    pi: np.ndarray,
+    tail_mass: float,
+    sigma: float,
+    steps: int,
+    step: float | None = None,
+    smallest_prior: float | None = None,
+) -> tuple[OneStepPmf, ComposedHockeyStick]:
     cap = MAX_LOSS if smallest_prior is None else relevant_loss_cap(steps, smallest_prior)
     span = loss_range(pi, sigma, cap)
     step = loss_grid_step(pi, sigma, span) if step is None else step
     one = one_step_pmf(pi, tail_mass, sigma, step, span)
     composed = self_compose(one.masses, one.infinity, steps, COMPOSITION_TAIL_MASS)
     lower = one.k_lo * steps + composed.lower
-    return _hockey_stick_from_pmf(lower, composed.probs, composed.infinity, step, steps)
+    curve = _hockey_stick_from_pmf(lower, composed.probs, composed.infinity, step)
+    # delta_k sums the entries above k: their rounding is bounded by tail_error(entries above k)
+    above = np.arange(composed.probs.size - 1, -1, -1)
+    return one, ComposedHockeyStick(curve.lower, step, curve.v, curve.floor, composed.tail_error(above))
 
 
 def relevant_loss_cap(steps: int, prior: float) -> float:
@@ -196,57 +253,63 @@ def relevant_loss_cap(steps: int, prior: float) -> float:
     return math.log(steps) - math.log(prior) + LOSS_CUT_MARGIN
 
 
-def _hockey_stick_from_pmf(
-    lower: int, probs: np.ndarray, infinity_mass: float, step: float, steps: int
-) -> ComposedHockeyStick:
-    """delta(l_k) = inf + sum_{i>k} p_i (1 - e^{-(i-k) step}) on the PMF's own grid, stably.
+def _hockey_stick_from_pmf(lower: int, probs: np.ndarray, floor: float, step: float) -> ComposedHockeyStick:
+    """delta(l_k) = floor + sum_{i>k} p_i (1 - e^{-(i-k) step}) on the PMF's own grid, stably.
 
     delta_k - delta_{k+1} = (1 - e^{-step}) V_k with V_k = p_{k+1} + e^{-step} V_{k+1}: sums of
-    non-negative terms only. FFT rounding in the composition can leave entries of order 1e-18 of
-    either sign: negative ones are set to 0 (adds mass: pessimistic) and an allowance bounding the
-    L1 rounding error of the FFT power (sqrt(n) (T + 10 log2 n) eps ||p||_2, x10) is added.
+    non-negative terms only. ``floor``: the mass at +infinity; the bound on the FFT composition's
+    rounding error (``composition.rounding_error``), which covers the entries of order 1e-18 of either
+    sign it leaves, is added by the caller; negative entries are set to 0 (adds mass: pessimistic).
     """
     n = probs.size
     if n == 0:
-        return ComposedHockeyStick(lower, step, np.zeros(0), infinity_mass)
+        return ComposedHockeyStick(lower, step, np.zeros(0), floor)
     backwards = np.zeros(n)  # 0, p_{n-1}, ..., p_1 clipped at 0: v_k runs from the top down
     np.maximum(probs[:0:-1], 0.0, out=backwards[1:])
-    norm = math.sqrt(float(np.einsum("i,i->", backwards, backwards)) + max(float(probs[0]), 0.0) ** 2)
-    fft_allowance = FFT_ROUNDING_FACTOR * math.sqrt(n) * (steps + 10.0 * math.log2(n + 1))
-    fft_allowance *= np.finfo(float).eps * norm
     v = signal.lfilter([1.0], [1.0, -math.exp(-step)], backwards)[::-1]
-    return ComposedHockeyStick(lower, step, v, infinity_mass + fft_allowance)
+    return ComposedHockeyStick(lower, step, v, floor)
 
 
-def noiseless_bounds(rates: np.ndarray, steps: int, priors: np.ndarray) -> np.ndarray:
-    """The exact blow-up function at sigma = 0: B(p) = 1 - P(S=0)^T (1 - p).
+def dominating_pmf(pi: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """``pi`` with every P(S = s), s >= 1, rounded up by 4 (n + K + 4) ulp (n = the support, K + 1 =
+    the pmf's width): a law the exact one is stochastically dominated by (``dominance``).
 
-    Without noise the run reveals (S_1, ..., S_T) and Q is the point mass at 0: the best test of
-    level p rejects whenever some S_t > 0 and otherwise with probability p. With P(S=0) >=
-    exp(-rate), rate = -sum log(1 - rho_i) (rounded up), this is an upper bound; it holds at
-    every sigma >= 0 because noise is post-processing.
+    The pmf's entries carry the rounding of how they were computed (the Poisson-binomial DP: n
+    products and sums of non-negative numbers each, <= 2n ulp relative; the division by P(S <= K));
+    the one-step PMF reads P(S = 0) as 1 - sum_{s>=1} pi_s (``connect_dots._mixture``), so raising
+    each pi_s (s >= 1) by more than its rounding raises every P(S >= k) above the exact value. Its
+    allowances are relative, ~1e-14: they would not cover a perturbation of the law itself.
     """
-    rates = np.asarray(rates, dtype=np.float64)
-    keep = np.exp(-steps * rates)
-    return np.minimum(-np.expm1(-steps * rates) + keep * np.asarray(priors, dtype=np.float64), 1.0)
+    eta = 4.0 * (np.asarray(support, dtype=np.float64) + pi.shape[1] + 4.0) * np.finfo(np.float64).eps
+    out = pi.copy()
+    out[:, 1:] *= (1.0 + eta)[:, None]
+    return out
 
 
 def tight_bounds(
-    dists: CountDistributions, sigma: np.ndarray, steps: int, priors: np.ndarray, rows: np.ndarray
+    dists: CountDistributions,
+    sigma: np.ndarray,
+    steps: int,
+    priors: np.ndarray,
+    rows: np.ndarray,
+    targets: np.ndarray | None = None,
 ) -> np.ndarray:
     """Posterior bounds for queries (row, prior) at each row's sigma.
 
-    Below priors of PLD_FLOOR_PRIOR the PLD cannot resolve the bound: its truncated composition
-    mass (1e-15) and FFT rounding put a floor near 1e-15 under every delta_T. There the Renyi bound
-    (``renyi``, log space throughout, valid for any prior in (0, 1)) is evaluated too and the
-    smaller of the two valid bounds kept, so that astronomically small priors (long random keys)
-    still calibrate; at such priors ``tight`` is as tight as ``rdp``, not tighter.
+    The PLD cannot resolve what lies below its floor: the truncated composition mass (1e-15), the
+    one-step mass at +infinity and the FFT rounding allowance add to every delta_T. Where that floor
+    is more than FLOOR_SHARE of a bound, the law is composed again tilted towards the loss where the
+    bound is attained (``tilt``: rounding relative to the masses there) and the smaller of the two
+    valid bounds kept; with ``targets``, only for laws where that could decide whether a bound meets
+    its target (one exceeds it by less than the floor). Below priors of PLD_FLOOR_PRIOR the Renyi
+    bound (``renyi``, log space throughout) is evaluated too, so that astronomically small priors
+    (long random keys) calibrate at least as well as with ``rdp``.
     """
     sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (dists.num_rows,))
     priors = np.asarray(priors, dtype=np.float64)
     rows = np.asarray(rows, dtype=np.int64)
     out = np.empty(priors.size)
-    pi = conditional_pmf(dists.pmf, dists.tail_mass)
+    pi = dominating_pmf(conditional_pmf(dists.pmf, dists.tail_mass), dists.support)
     order = np.argsort(rows, kind="stable")
     bounds = np.searchsorted(rows[order], np.arange(dists.num_rows + 1))
     for r in range(dists.num_rows):
@@ -257,13 +320,29 @@ def tight_bounds(
             out[queries] = priors[queries]
             continue
         smallest = float(priors[queries].min())
-        curve = composed_hockey_stick(
-            pi[r], float(dists.tail_mass[r]), float(sigma[r]), steps, smallest_prior=smallest
-        )
-        # The noiseless bound is valid at every sigma and is the tighter one as sigma -> 0.
-        rate = -math.log(max(float(dists.pmf[r, 0]), 1e-300)) * (1.0 + 1e-12)
-        noiseless = noiseless_bounds(rate, steps, priors[queries])
-        out[queries] = np.minimum(curve.blowup(priors[queries]), noiseless)
+        try:
+            one, curve = _one_step_and_curve(
+                pi[r], float(dists.tail_mass[r]), float(sigma[r]), steps, smallest_prior=smallest
+            )
+        except UnresolvedLoss:  # tiny sigma: the trivial bound here, the noiseless one by the caller
+            out[queries] = 1.0
+            continue
+        out[queries] = curve.blowup(priors[queries])
+        # What the rounding allowance and the truncated mass cost: the same curve without them (not a
+        # bound, a yardstick); the tilted composition has neither at the losses that matter.
+        bare = ComposedHockeyStick(curve.lower, curve.step, curve.v, 0.0)
+        cost = out[queries] - bare.blowup(priors[queries])
+        costly = cost > FLOOR_SHARE * out[queries]
+        if targets is not None:  # only where the allowance may decide a comparison with the target
+            costly &= (out[queries] > targets[queries]) & (out[queries] - cost <= targets[queries])
+        if costly.any():  # compose again, tilted towards the loss where the costliest bound is attained
+            low = int(queries[costly][np.argmin(priors[queries][costly])])
+            lam = tilt_for(one.losses, one.masses, steps, bare.optimal_loss(float(priors[low])))
+            increments = tilted_increments(one, steps, lam) if lam > 0 else None
+            if increments is not None:
+                lower, v, tilted_floor, extra = increments
+                tilted = ComposedHockeyStick(lower, one.step, v, tilted_floor, extra)
+                out[queries] = np.minimum(out[queries], tilted.blowup(priors[queries]))
     tiny = np.flatnonzero(priors < PLD_FLOOR_PRIOR)
     if tiny.size:
         out[tiny] = np.minimum(out[tiny], rdp_bounds(dists, sigma, steps, priors[tiny], rows[tiny]))

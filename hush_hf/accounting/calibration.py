@@ -30,7 +30,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hush_hf.accounting.accountants import ACCOUNTANT_IMPLEMENTATIONS, Accountant
-from hush_hf.accounting.blowup import noiseless_bounds
 from hush_hf.accounting.counts import (
     CountDistributions,
     poisson_binomial,
@@ -39,6 +38,7 @@ from hush_hf.accounting.counts import (
 )
 from hush_hf.accounting.dominance import Cover, envelope_cover, poisson_cover
 from hush_hf.accounting.groups import SecretGroups
+from hush_hf.accounting.noiseless import noiseless_bounds
 from hush_hf.accounting.validation import (
     validate_accountant,
     validate_num_secrets,
@@ -89,14 +89,42 @@ class _Evaluations:
         self.steps = steps
         self.bar = tqdm(desc=f"{accountant.name} evaluations", unit="law", disable=not progress)
 
-    def __call__(self, laws: CountDistributions, sigma, priors: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def __call__(
+        self,
+        laws: CountDistributions,
+        sigma: np.ndarray | float,
+        priors: np.ndarray,
+        rows: np.ndarray,
+        targets: np.ndarray | None,
+    ) -> np.ndarray:
+        """Bounds for queries (row, prior); ``targets``: what each is compared with (only lets ``tight``
+        skip refinements that cannot change whether a bound meets it)."""
         sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (laws.num_rows,))
-        out = self.accountant.bounds(laws, sigma, self.steps, priors, rows)
+        out = self.accountant.bounds(laws, sigma, self.steps, priors, rows, targets)
         self.bar.update(laws.num_rows)
-        return out
+        return checked_bounds(out, priors, self.accountant.name, sigma[rows])
 
     def close(self) -> None:
         self.bar.close()
+
+
+def checked_bounds(bounds: np.ndarray, priors: np.ndarray, accountant: str, sigma: np.ndarray) -> np.ndarray:
+    """``bounds`` if every one is a number in [prior, 1], else a one-line RuntimeError.
+
+    A posterior bound below its prior, or NaN, is a failed computation (the true posterior is at
+    least the prior): it must stop the run, never be compared with a target (NaN <= r is False, but
+    NaN > r is False too, and a report counting the latter would count it as held).
+    """
+    bounds = np.asarray(bounds, dtype=np.float64)
+    bad = ~((bounds >= priors) & (bounds <= 1.0))
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise RuntimeError(
+            f"the {accountant!r} accountant computed the bound {float(bounds[k])!r} for prior "
+            f"{float(priors[k])!r} at sigma={float(np.broadcast_to(sigma, bounds.shape)[k])!r}; "
+            "no bound is reported (a bug: please report it)"
+        )
+    return bounds
 
 
 def posterior_bounds(
@@ -114,8 +142,9 @@ def posterior_bounds(
     accountant evaluation per distinct law, ~20-50 ms each for ``tight``. ``resolution > 0`` trades
     tightness for speed: secrets whose laws agree to about that relative precision share the law
     of their envelope (a valid, slightly larger bound; see ``dominance``). Secrets whose examples
-    are never sampled keep their prior; at sigma = 0 the others get 1 (``kl``, ``rdp``) or the
-    exact noiseless blow-up function (``tight``).
+    are never sampled keep their prior. Every bound is the smaller of the accountant's and the
+    noiseless blow-up function 1 - P(S=0)^T (1 - p) (``noiseless``: valid at every sigma, exact
+    at sigma = 0, the limit of every accountant as sigma -> 0).
     """
     name = validate_accountant(accountant)
     p = validate_priors(priors)
@@ -128,14 +157,14 @@ def posterior_bounds(
     active = np.flatnonzero(segment_sums(groups, groups.rho) > 0)
     if active.size == 0:
         return out
-    if sigma == 0:  # KL and Renyi are infinite without noise; the blow-up function is not
-        rates = poisson_dominating_rate(groups)[active]
-        out[active] = noiseless_bounds(rates, steps, p[active]) if name == "tight" else 1.0
+    noiseless = noiseless_bounds(poisson_dominating_rate(groups)[active], steps, p[active])
+    if sigma == 0:  # the exact bound: every accountant's divergence is infinite here
+        out[active] = noiseless
         return out
     laws = poisson_binomial(groups, active)
     cover = envelope_cover(laws, float(resolution))
     evaluate = _Evaluations(ACCOUNTANT_IMPLEMENTATIONS[name], steps, False)
-    out[active] = evaluate(cover.laws, sigma, p[active], cover.row_of)
+    out[active] = np.minimum(evaluate(cover.laws, sigma, p[active], cover.row_of, None), noiseless)
     return out
 
 
@@ -150,7 +179,9 @@ def calibrate_noise(
 ) -> NoiseCalibration:
     """Smallest sigma (to relative precision ``rtol``) with every posterior bound <= its target.
 
-    Returns sigma = 0 when no secret needs noise (no secret has a sampled example).
+    Returns sigma = 0 when no secret needs noise: each has no sampled example, or its noiseless
+    bound 1 - P(S=0)^T (1 - p) already meets its target (examples so rarely sampled that
+    P(ever sampled) <= (r - p) / (1 - p)); with any accountant.
     """
     name = validate_accountant(accountant)
     validate_targets(priors, targets)
@@ -239,11 +270,13 @@ class _Search:
         active = self.mean > 0
         self.bounds[~active] = self.priors[~active]
         self.certified[~active] = True
-        if self.accountant.name == "tight":  # secrets safe even without noise need none
-            noiseless = noiseless_bounds(self.rates, self.steps, self.priors)
-            safe = active & (noiseless <= self.targets)
-            self._accept(np.flatnonzero(safe), noiseless[safe])
-            active &= ~safe
+        # Secrets safe even without noise need none (any accountant: the noiseless bound is exact at
+        # sigma = 0 and holds at every sigma). The others have it above their target, so taking the
+        # minimum with it below changes no pass or fail, only the reported bounds.
+        noiseless = noiseless_bounds(self.rates, self.steps, self.priors)
+        safe = active & (noiseless <= self.targets)
+        self._accept(np.flatnonzero(safe), noiseless[safe])
+        active &= ~safe
         if not active.any():
             return NoiseCalibration(0.0, self.bounds, self.accountant.name, 0)
         estimate = self.accountant.estimate_sigma(self.mean, self.priors, self.targets, self.steps)
@@ -265,6 +298,7 @@ class _Search:
             worst = np.argsort(-fail_excess, kind="stable")[:CANDIDATES_PER_ROUND]
             sigma = max(sigma, self._bracket(failing[worst], floor=sigma, excess=fail_excess[worst]))
         self._refresh(sigma)
+        self.bounds = np.where(active, np.minimum(self.bounds, noiseless), self.bounds)
         self._check(sigma)
         return NoiseCalibration(float(sigma), self.bounds.copy(), self.accountant.name, int(self.exact.sum()))
 
@@ -283,7 +317,7 @@ class _Search:
             self._certify_shared(shared, sigma, refresh=True)
         if own.size:
             cover = envelope_cover(poisson_binomial(self.groups, own, self.mean), 0.0)
-            fresh = self.evaluate(cover.laws, sigma, self.priors[own], cover.row_of)
+            fresh = self.evaluate(cover.laws, sigma, self.priors[own], cover.row_of, None)
             self.bounds[own] = np.minimum(self.bounds[own], fresh)
         self.bounds[stale] = np.minimum(self.bounds[stale], old)
         self.certified_at[stale] = sigma
@@ -377,18 +411,23 @@ class _Search:
         while probes:
             rows = np.array([j for j, _ in probes])
             sigmas = np.array([t for _, t in probes])
-            b = self.evaluate(laws.rows(rows), sigmas, priors[rows], np.arange(rows.size))
+            b = self.evaluate(laws.rows(rows), sigmas, priors[rows], np.arange(rows.size), targets[rows])
             state.record(rows, sigmas, np.log(b) - np.log(targets[rows]), b)
             floor = max(floor, float(state.lo.max()))
             closed = (state.hi <= state.lo * (1.0 + self.tolerance)) | (state.hi <= floor)
             open_ = np.flatnonzero(~(np.isfinite(state.hi) & closed))
             probes = [(int(j), t) for j in open_ for t in self._next_probes(state, int(j), floor)]
-            for j, t in probes:
-                if t > MAX_SIGMA:  # only where no sigma has passed yet
-                    raise ValueError(
-                        f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
-                        f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g}"
-                    )
+            if any(t > MAX_SIGMA for _, t in probes):  # only where no sigma has passed yet
+                # Name the secret failing at the largest sigma: a probe exceeds MAX_SIGMA only through
+                # its own extrapolation or because that failure raised the floor every open bracket
+                # starts from (issue 22: the first open bracket was named, a feasible secret).
+                unmet = np.flatnonzero(~np.isfinite(state.hi))
+                j = int(unmet[np.argmax(state.lo[unmet])])
+                raise ValueError(
+                    f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
+                    f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g} (its bound "
+                    f"still exceeds it at sigma = {float(state.lo[j]):.4g})"
+                )
         slopes = state.slopes()
         if slopes.size:
             self._slope = float(np.median(slopes))
@@ -453,7 +492,7 @@ class _Search:
             return secrets, np.zeros(0)
         cover = envelope_cover(poisson_binomial(self.groups, secrets, self.mean), 0.0)
         self.exact[secrets] = True
-        bounds = self.evaluate(cover.laws, sigma, self.priors[secrets], cover.row_of)
+        bounds = self.evaluate(cover.laws, sigma, self.priors[secrets], cover.row_of, self.targets[secrets])
         ok = bounds <= self.targets[secrets]
         self._accept(secrets[ok], bounds[ok], sigma)
         fail = ~ok
@@ -481,7 +520,8 @@ class _Search:
         if cover.laws.num_rows == 0 or not covered.any():
             return pending, excess, np.ones(pending.size, dtype=bool)
         members = pending[covered]
-        bounds = self.evaluate(cover.laws, sigma, self.priors[members], cover.row_of[covered])
+        targets = self.targets[members]
+        bounds = self.evaluate(cover.laws, sigma, self.priors[members], cover.row_of[covered], targets)
         ok = bounds <= self.targets[members]
         if keep_smaller:
             bounds = np.minimum(bounds, self.bounds[members])

@@ -252,8 +252,10 @@ def poisson_dominating_rate(groups: SecretGroups) -> np.ndarray:
     """Lambda_j = -sum log(1 - rho_i): Bern(rho) <=_st Poisson(-log(1-rho)), summed over D_j.
 
     P(Poisson(-log(1-rho)) >= 1) = rho and Bern(rho) <= 1, so each Bernoulli is dominated;
-    independent sums preserve FOSD. Infinite when some rho_i = 1. Rounded up by 1e-12 (relative)
-    so that floating-point summation cannot leave it below the exact sum.
+    independent sums preserve FOSD. Infinite when some rho_i = 1. It is also -log P(S_j = 0), the
+    rate of the noiseless bound (``noiseless``). Rounded up by max(1e-12, 2 (n + 2) eps) relative for
+    n = |D_j| terms: each log1p is within an ulp or two, and a floating-point sum of n non-negative
+    terms is within (n - 1) eps of the exact one, so the result is never below the exact sum.
 
     Computed over runs of whole secrets of ~_CHUNK_ENTRIES entries in one reused buffer: a fresh
     temporary as long as rho (60 MB for 7.5M memberships) costs more in page faults than the log1p.
@@ -274,4 +276,5 @@ def poisson_dominating_rate(groups: SecretGroups) -> np.ndarray:
             np.log1p(values, out=values)
             out[first:last] = -_segment_sums(groups.indptr[first : last + 1] - start, values)
             first = last
-    return out * (1.0 + 1e-12)
+    ulp = np.finfo(np.float64).eps
+    return out * (1.0 + np.maximum(1e-12, 2.0 * (groups.sizes + 2) * ulp))

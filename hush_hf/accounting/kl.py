@@ -50,10 +50,18 @@ def mixture_kl(dists: CountDistributions, sigma: np.ndarray) -> np.ndarray:
             idx = order[block]
             grid = evaluate_grid(pi[idx], sigma[idx], 1.0, int(sorted_points[block].max()))
             body[idx] = grid.step * _weighted_kernel(grid).sum(axis=1)
-    tail = tail_second / (2.0 * sigma**2)
+    tail = _over_two_sigma_squared(tail_second, sigma)
     out = (1.0 - dists.tail_mass) * body * (1.0 + QUADRATURE_ALLOWANCE) + tail
-    out = np.where(body_is_bound, second / (2.0 * sigma**2), out)
+    out = np.where(body_is_bound, _over_two_sigma_squared(second, sigma), out)
     return np.where(has_signal, out, 0.0)
+
+
+def _over_two_sigma_squared(moment: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """moment / (2 sigma^2), divided twice by sigma: sigma^2 underflows to 0 below ~1e-162, and
+    moment / 0 would be NaN for a zero moment; here it is 0 for a zero moment and +inf (KL infinite,
+    the bound 1) for a positive one."""
+    with np.errstate(over="ignore"):
+        return 0.5 * (moment / sigma / sigma)
 
 
 def _weighted_kernel(grid: MixtureGrid) -> np.ndarray:
@@ -68,7 +76,12 @@ def _weighted_kernel(grid: MixtureGrid) -> np.ndarray:
 
 
 def kl_bounds(
-    dists: CountDistributions, sigma: np.ndarray, steps: int, priors: np.ndarray, rows: np.ndarray
+    dists: CountDistributions,
+    sigma: np.ndarray,
+    steps: int,
+    priors: np.ndarray,
+    rows: np.ndarray,
+    targets: np.ndarray | None = None,
 ) -> np.ndarray:
     """Posterior bounds for queries (row, prior): q >= p with KL(Bern(q)||Bern(p)) = T KL_row."""
     kl = mixture_kl(dists, sigma)

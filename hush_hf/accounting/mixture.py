@@ -47,12 +47,24 @@ def largest_count(pi: np.ndarray) -> np.ndarray:
     return np.where(pi > 0, counts[None, :], 0.0).max(axis=1)
 
 
+#: ``grid_size`` saturates here: callers fall back to a closed-form bound far below it, and the
+#: count stays a valid int64 for any sigma > 0 (at sigma ~1e-10 the exact count overflows int64).
+POINTS_CAP = 1 << 40
+
+
 def grid_size(pi: np.ndarray, sigma: np.ndarray, alpha_max: np.ndarray | float) -> np.ndarray:
-    """Number of grid points per row for orders up to alpha_max (alpha = 1 for KL)."""
-    c_max = largest_count(pi) / sigma
-    step = np.minimum(MAX_GRID_STEP, GRID_STEP_SCALE / np.maximum(c_max, 1e-300))
-    width = alpha_max * c_max + 2 * GRID_MARGIN
-    return np.ceil(width / step).astype(np.int64) + 1
+    """Number of grid points per row for orders up to alpha_max (alpha = 1 for KL), at most POINTS_CAP.
+
+    Counted in floating point (width / step ~ alpha c_max^2 / GRID_STEP_SCALE grows like sigma^-2)
+    and capped before the cast: an overflowing cast wrapped to a negative count, which once sent
+    sigma = 1e-10 to the fine-grid route with a grid of nothing (KL = 0, the bound = the prior).
+    """
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        c_max = largest_count(pi) / sigma
+        step = np.minimum(MAX_GRID_STEP, GRID_STEP_SCALE / np.maximum(c_max, 1e-300))
+        points = np.ceil((alpha_max * c_max + 2 * GRID_MARGIN) / step)
+    points = np.where(np.isnan(points), POINTS_CAP, np.minimum(points, POINTS_CAP))
+    return points.astype(np.int64) + 1
 
 
 def evaluate_grid(pi: np.ndarray, sigma: np.ndarray, alpha_max: float, points: int) -> MixtureGrid:

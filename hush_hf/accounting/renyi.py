@@ -54,6 +54,7 @@ ALPHA_REACH = 40.0
 MAX_ALPHA = 1e6
 GOLDEN_ITERATIONS = 40
 MAX_GRID_POINTS = 60_000
+_ULP = float(np.finfo(np.float64).eps)
 _QUERY_BLOCK_CELLS = 4_000_000
 _ROW_BLOCK_CELLS = 4_000_000
 
@@ -70,7 +71,12 @@ TV_SHARE = 1e-3
 
 
 def rdp_bounds(
-    dists: CountDistributions, sigma: np.ndarray, steps: int, priors: np.ndarray, rows: np.ndarray
+    dists: CountDistributions,
+    sigma: np.ndarray,
+    steps: int,
+    priors: np.ndarray,
+    rows: np.ndarray,
+    targets: np.ndarray | None = None,
 ) -> np.ndarray:
     """Posterior bounds for queries (row, prior) at each row's sigma (Stock et al. Eq. 3): the smaller
     of the Minkowski route on the law as given and the total-variation route on the law re-truncated
@@ -129,8 +135,8 @@ def _route_bounds(
     start = 0
     while start < live.size:  # blocks of rows with similar grid sizes
         stop = start + 1
-        while stop < live.size and points[order[stop]] <= 2 * points[order[start]] and (
-            (stop - start + 1) * points[order[stop]] * pi.shape[1] <= _ROW_BLOCK_CELLS
+        while stop < live.size and int(points[order[stop]]) <= 2 * int(points[order[start]]) and (
+            (stop - start + 1) * int(points[order[stop]]) * pi.shape[1] <= _ROW_BLOCK_CELLS
         ):
             stop += 1
         block = order[start:stop]
@@ -202,11 +208,14 @@ class _BlockModel:
             return body
         log_g = self.tail_log_g[law]
         # sum_{s>K} pi_s w_s <= sum_s (w_s - w_{s-1}) G_s with w_K := 0 (Abel summation).
-        log_w = 0.5 * (alpha[:, None] - 1.0) * (self.tail_counts[None, :] / self.sigma[law][:, None]) ** 2
+        with np.errstate(over="ignore"):  # +inf at tiny sigma: the moment is infinite
+            c = self.tail_counts[None, :] / self.sigma[law][:, None]
+            log_w = 0.5 * (alpha[:, None] - 1.0) * c**2
         previous = np.concatenate([np.full((alpha.size, 1), -np.inf), log_w[:, :-1]], axis=1)
-        with np.errstate(divide="ignore"):
-            log_dw = log_w + np.log(-np.expm1(previous - log_w))
-            log_tail = _logsumexp(log_dw + log_g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # w_s - w_{s-1} = w_s (1 - w_{s-1} / w_s); +inf where w_s overflows (tiny sigma), not NaN
+            log_dw = np.where(np.isinf(log_w), np.inf, log_w + np.log(-np.expm1(previous - log_w)))
+            log_tail = _logsumexp(np.where(np.isneginf(log_g), -np.inf, log_dw + log_g))  # no inf - inf
             log_norm = np.logaddexp(np.log1p(-tau) + body / alpha, log_tail)
         return np.where(tau > 0, alpha * log_norm, body)
 
@@ -216,7 +225,11 @@ class _BlockModel:
         pairs, inverse = np.unique(np.stack([law.astype(np.float64), priors]), axis=1, return_inverse=True)
         law, priors = pairs[0].astype(np.int64), pairs[1]
         exponent = self._best_exponent(steps, priors, law, with_tail=not conditioned)
-        result = np.exp(np.minimum(exponent, 0.0))
+        # Rounded up: the exponent's terms T log M >= 0 and (alpha - 1) log p <= 0 are each at most
+        # |exponent| + |log p| in size after dividing by alpha, so a few ulp of that bound its
+        # rounding; exp adds an ulp. (At large sigma the bound is within ulps of the prior.)
+        exponent = exponent + 8 * _ULP * (np.abs(exponent) + 2.0 * np.abs(np.log(priors)) + 1.0)
+        result = np.exp(np.minimum(exponent, 0.0)) * (1.0 + 4 * _ULP)
         if conditioned:
             tau = self.tail_mass[law]
             result = result + (-np.expm1(steps * np.log1p(-tau))) * (1.0 + 1e-12)
@@ -342,7 +355,11 @@ def _grid_log_moment(grid: MixtureGrid, law: np.ndarray, alpha: np.ndarray) -> n
 
 def _convexity_log_moment(pi: np.ndarray, sigma: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     """Minkowski over all components: log M <= alpha log sum_s pi_s exp((alpha-1) c_s^2 / 2)."""
-    c2 = (np.arange(pi.shape[1])[None, :] / sigma[:, None]) ** 2
+    with np.errstate(over="ignore"):
+        c2 = (np.arange(pi.shape[1])[None, :] / sigma[:, None]) ** 2  # +inf at tiny sigma
     with np.errstate(divide="ignore"):
         log_pi = np.log(pi)
-    return alpha * _logsumexp(log_pi + 0.5 * (alpha[:, None] - 1.0) * c2)
+    # absent counts contribute nothing (-inf), also where c^2 overflowed (-inf + inf would be NaN)
+    with np.errstate(invalid="ignore"):
+        terms = np.where(pi > 0, log_pi + 0.5 * (alpha[:, None] - 1.0) * c2, -np.inf)
+    return alpha * _logsumexp(terms)
