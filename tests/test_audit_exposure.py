@@ -222,3 +222,32 @@ def test_masked_lm_exposure_ranks_candidates_by_their_fill_in_likelihood(tmp_pat
     assert len({round(s, 6) for s in scores.values()}) > 50  # the model tells the candidates apart
     with pytest.raises(ValueError, match="kind must be 'causal' or 'masked', got 'seq2seq'"):
         canary_exposures(model, tokenizer, canaries, kind="seq2seq")
+
+
+def test_sampled_candidates_leave_the_canaries_out_even_with_the_canaries_seed():
+    """make_canaries(seed=s) draws the first values of default_rng(s); a sample drawn with the same seed
+    would rank each canary against itself and its siblings. The candidates must be R minus the canaries."""
+    from hush_hf.audit.canaries import make_canaries
+
+    canaries = make_canaries(3, 1, space=SPACE, seed=11)
+    scored: list[str] = []
+
+    class Recording:
+        def __init__(self):
+            self.inner = char_tokenizer()
+
+        def __call__(self, texts, **kwargs):
+            scored.extend(texts)
+            return self.inner(texts, **kwargs)
+
+    table = np.zeros((len(CHARS), len(CHARS)))
+    found = canary_exposures(BigramLM(table), Recording(), canaries, method="empirical", num_samples=40,
+                             seed=11)
+    texts = {c.text for c in canaries}
+    assert scored[:3] == [c.text for c in canaries]  # the canaries first, then the candidates
+    candidates = scored[3:]
+    assert len(candidates) == 40 == found[0].num_candidates_scored and not texts & set(candidates)
+    rng = np.random.default_rng(11)
+    drawn = [SPACE.text(v) for v in SPACE.random_values(40, rng)]
+    assert drawn[:3] == [c.text for c in canaries]  # what the same seed draws first: the canaries
+    assert candidates[:37] == drawn[3:]  # the rest of that draw, then fresh draws to make up 40

@@ -137,8 +137,8 @@ def canary_exposures(model: Any, tokenizer: Any, canaries: Sequence[Canary], *,
     scoring of the candidates).
 
     ``method="auto"`` enumerates R exactly when |R| <= ``max_exact`` and otherwise fits a skew-normal
-    to ``num_samples`` candidates drawn uniformly from R (seeded). Each candidate text is tokenized
-    whole, as in training, and scored by its log-perplexity.
+    to ``num_samples`` candidates drawn uniformly from R without the canaries (seeded). Each candidate
+    text is tokenized whole, as in training, and scored by its log-perplexity.
     """
     if not canaries:
         raise ValueError("canaries must hold at least one canary, got none")
@@ -176,8 +176,15 @@ def canary_exposures(model: Any, tokenizer: Any, canaries: Sequence[Canary], *,
                                           canary.repetitions))
         return results
     canary_scores = log_perplexity([c.value for c in canaries])
-    rng = np.random.default_rng(seed)
-    sample = log_perplexity(space.random_values(check_positive_int("num_samples", num_samples), rng))
+    # The other candidates, uniform on R minus the canaries: a canary in its own reference sample would
+    # rank it against itself, and make_canaries with the same seed draws exactly the first values here.
+    rng, inserted = np.random.default_rng(seed), {c.value for c in canaries}
+    if len(inserted) >= space.size:
+        raise ValueError(f"the canaries take all {space.size} values of R: no other candidate to rank")
+    others: list[str] = []
+    while len(others) < check_positive_int("num_samples", num_samples):
+        others += [v for v in space.random_values(num_samples - len(others), rng) if v not in inserted]
+    sample = log_perplexity(others)
     estimates = estimated_exposures(canary_scores, sample, space.size, method)
     return [
         CanaryExposure(canary.index, exposure, rank, space.size, method, sample.size, canary.repetitions)
