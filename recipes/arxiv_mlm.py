@@ -267,8 +267,8 @@ def gap_closed(arms: list[dict[str, Any]]) -> float | None:
     """(L_paper_no_lp - L_hush_hf) / (L_paper_no_lp - L_non_private): the share of the paper baseline's
     test-loss gap to non-private training that hush_hf closes."""
     loss = {a["arm"]: a["test_loss"] for a in arms}
-    if not {"non_private", "paper_no_lp", "hush_hf"} <= set(loss):
-        return None
+    if {"non_private", "paper_no_lp", "hush_hf"} - set(loss) or loss["paper_no_lp"] == loss["non_private"]:
+        return None  # an arm was not trained, or there is no gap
     return (loss["paper_no_lp"] - loss["hush_hf"]) / (loss["paper_no_lp"] - loss["non_private"])
 
 

@@ -15,8 +15,8 @@ on the rows pi_c = "any six-digit number" leaves public, DP steps at ``uniform_d
 ``hush_hf_crt`` (hush_hf's CRT mode, the LP for the canaries pi missed). Per model: test perplexity,
 canary exposure (extrapolated from ``--exposure_samples`` candidates) and two membership attacks.
 Offline: Chit Chat dialogues, a 2-layer width-64 GPT-2 with the GPT-2 vocabulary built from its config (no
-GPT-2 weights exist offline), B = 16, T = 100; docs/benchmarks.md has the runs behind it. Canary values are
-written only to ``canaries_PRIVATE.json``, with ``--save_canaries``.
+GPT-2 weights exist offline), B = 16, T = 100, LP c = 1e-5, gamma in {0, 0.3, 0.5} (docs/benchmarks.md
+has the runs behind it). Canary values are written only to ``canaries_PRIVATE.json`` (``--save_canaries``).
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "offline": {
         **COMMON, "max_steps": 100, "expected_batch_size": 16.0, "per_device_train_batch_size": 16,
         "logging_steps": 20, "max_seq_length": 20, "max_train_examples": 200, "max_test_examples": 64,
-        "exposure_samples": 200, "canary_nonmembers": 50, "mia_examples": 32, "lp_c": 0.05,
+        "exposure_samples": 200, "canary_nonmembers": 50, "mia_examples": 32,
+        "lp_c": 1e-5,  # the LP samples a canary's copies so rarely that its target needs (almost) no noise
+        "gammas": [0.0, 0.3, 0.5],  # 3 + 3 x 3 = 12 models within 10 minutes on 2 cores
     },
     "smoke": {  # uniform_dp is planned (the CRT arm's noise), not trained; KL calibrates in ms
         **COMMON, "methods": ["non_private", "hush_hf", *CRT_METHODS], "accountant": "kl", "max_steps": 3,

@@ -103,5 +103,5 @@ def sweep_figure(rows: Sequence[Mapping[str, Any]], path: Path, *, init_loss: fl
                                ("test_loss_noise", "test loss", "(d) test loss, trained with sigma")):
         panels.append({"title": panel, "xlabel": "LP constant c", "ylabel": ylabel, "logx": 2,
                        "series": series_by(rows, "setting", "c", key), "logy": key == "noise_multiplier",
-                       "hline": (init_loss, "at initialisation") if "loss" in key else None})
+                       "hline": (init_loss, "at initialisation") if key == "test_loss_noise" else None})
     return line_panels(path, panels, title=title)
