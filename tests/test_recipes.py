@@ -361,6 +361,30 @@ def test_markdown_and_json_helpers():
     }
 
 
+def test_pivot_table_and_series_follow_the_rows():
+    rows = [{"c": 1, "s": "a", "x": 0.5}, {"c": 2, "s": "a", "x": 0.25}, {"c": 1, "s": "b", "x": 3}]
+    table = common.pivot_table(rows, row="c", column="s", values={"x": "loss"}, row_format="2^{}")
+    assert table.splitlines() == [
+        "| c | loss [a] | loss [b] |", "|---|---|---|", "| 2^1 | 0.5 | 3 |", "| 2^2 | 0.25 | — |"]
+    assert common.series_by(rows, "s", "c", "x") == {"a": ([1, 2], [0.5, 0.25]), "b": ([1], [3])}
+    unscored = {"c": 3, "s": "a", "x": None}  # a run that was not trained: no point
+    assert common.series_by([*rows, unscored], "s", "c", "x")["a"] == ([1, 2], [0.5, 0.25])
+
+
+def test_split_holds_out_whole_groups_and_keeps_the_order():
+    import datasets
+
+    corpus = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(10)], "doc": list("aabbbcdddd")})
+    train, test = common.split_held_out(corpus, 0.5, seed=3, group_column="doc")
+    assert len(train) + len(test) == 10 and not set(train["doc"]) & set(test["doc"])
+    assert len(set(test["doc"])) == 2  # half of the 4 groups
+    for part in (train, test):
+        assert part["text"] == sorted(part["text"], key=lambda t: int(t.split()[1]))
+    rows_train, rows_test = common.split_held_out(corpus, 0.3, seed=3, max_train=4)
+    assert (len(rows_train), len(rows_test)) == (4, 3)
+    assert not set(rows_train["text"]) & set(rows_test["text"])
+
+
 # ------------------------------------------------------------------------------ launch configurations
 @pytest.mark.parametrize(
     ("environ", "match"),

@@ -9,9 +9,6 @@ What users need outside the recipes lives in ``hush_hf``.
 """
 
 from common.arguments import (
-    BASE_TRAINING_DEFAULTS,
-    OUTPUT_ROOT,
-    PRESETS,
     RecipeArguments,
     TextRecipeArguments,
     check_choice,
@@ -33,9 +30,6 @@ from common.evaluation import collate_batches, mean_token_loss
 from common.logs import Stopwatch, loud, recipe_logging
 from common.models import causal_model, causal_tokenizer
 from common.outputs import (
-    RESULTS_JSON,
-    RESULTS_MARKDOWN,
-    bar_panels,
     comparison,
     finish,
     fmt,
@@ -48,23 +42,15 @@ from common.outputs import (
     run_choices,
     save_figure,
     series_by,
-    timings_line,
-    write_json,
 )
 from common.planning import no_preprocessing_lp_c, plan_many
 from common.sweep import c_unit_for, plan_sweep, same_run, sweep_figure, sweep_table
 from common.training import train_model
 
 __all__ = [
-    "BASE_TRAINING_DEFAULTS",
-    "OUTPUT_ROOT",
-    "PRESETS",
-    "RESULTS_JSON",
-    "RESULTS_MARKDOWN",
     "RecipeArguments",
     "TextRecipeArguments",
     "Stopwatch",
-    "bar_panels",
     "c_unit_for",
     "causal_model",
     "causal_tokenizer",
@@ -107,8 +93,6 @@ __all__ = [
     "split_held_out",
     "sweep_figure",
     "sweep_table",
-    "timings_line",
     "train_model",
     "uniform_targets",
-    "write_json",
 ]

@@ -23,7 +23,6 @@ import torch
 from common.logs import recipe_logging
 
 OUTPUT_ROOT = Path("outputs")
-PRESETS = ("offline", "smoke", "paper")
 
 # TrainingArguments defaults that suit every recipe (each preset may override them).
 BASE_TRAINING_DEFAULTS: dict[str, Any] = {
