@@ -27,7 +27,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check hush_hf tests bench recipes
+	$(VENV)/bin/ruff check hush_hf tests bench recipes scripts
 
 bench: $(STAMP)
 	$(PY) bench/plan_scale.py

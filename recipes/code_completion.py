@@ -4,109 +4,77 @@
     accelerate launch recipes/code_completion.py --smoke    # < 60 s (CI)
     accelerate launch recipes/code_completion.py --reveal-secret-names   # module names in the outputs
 
-The CPython standard library that ships with the interpreter stands in for a company's code. The
-secrets are modules: a file *contains* module M if it defines M (it is M's source) or imports M
-(``import M``, ``from M import x``, relative imports resolved against the file's package; found
-with ``ast``, so names in comments or strings do not count). An attacker who learns that the
-codebase uses M learns the secret. Every module imported by 1 to ``--max_importers`` files of the
-corpus is a secret, with prior ``--prior`` and target ``--target``; the ``--sensitive_modules`` get
-the stricter ``--sensitive_target`` whatever their frequency. Files are cut into sequences of
-``--block_size`` tokens (the first ``--chunks_per_file``); every sequence of a file counts as
-containing every module of the file (more protection, never less).
+The CPython standard library stands in for a company's code. The secrets are modules: a file contains
+module M if it defines or imports M (``code_imports.py``); an attacker who learns that the codebase uses
+M learns the secret. Every module imported by 1 to ``--max_importers`` files is a secret (prior
+``--prior``, target ``--target``); the ``--sensitive_modules`` get the stricter ``--sensitive_target``.
+Files are cut into sequences of ``--block_size`` tokens (the first ``--chunks_per_file``), each counted as
+containing every module of its file (more protection, never less).
 
-Two small causal LMs (GPT-2 config, GPT-2 tokenizer) are trained for the same T steps of expected
-batch B: ``non_private`` (plain ``transformers.Trainer``) and ``hush_hf`` (LP weights, tight
-accountant, calibrated noise). The report gives every module's certified posterior bound next to its
-target, and an extraction attack per model (Hush Def. 3.1 made concrete): for each probed module
-the attacker sees the code around an import of it with the name cut out and ranks the true name
-against ``--num_alternatives`` other module names of the same token length by the model's likelihood
-(so that short names do not win for their length alone); reported are the
-fraction ranked first and the attacker's posterior, sensitive modules apart.
+Two small GPT-2s are trained for the same T and B: ``non_private`` (plain ``Trainer``) and ``hush_hf`` (LP
+weights, tight accountant, calibrated noise). The report gives every module's certified posterior bound
+and an extraction attack per model (Hush Def. 3.1 made concrete): the attacker sees the code around an
+import with the name cut out and ranks the true name against ``--num_alternatives`` module names of the
+same token length. Module names are the secrets: outputs name modules by index (and keyed fingerprint
+with ``--fingerprint_key_file``), never by name unless ``--reveal-secret-names``; no file path is written.
 
-Module names are the secrets: outputs name modules by index (and by a keyed fingerprint with
-``--fingerprint_key_file``, see ``hush_hf.secrets.secret_fingerprint``), never by name, unless
-``--reveal-secret-names`` is given. File paths would reveal module names too and are never written.
-
-Presets: ``offline`` (default): the first 2 sequences of 48 tokens of each of the ~730 non-test stdlib
-files, a 2-layer GPT-2 of width 64, B = 32, T = 50, 20 ordinary modules attacked with 10 alternatives
-each, within 10 minutes on 2 CPU cores. ``smoke``: 60 files, T = 3. ``paper``: a larger run for a GPU
-(``--model_name_or_path`` for a pretrained code model, ``--dataset_name`` for your own code with
-``path`` and ``text`` columns), 20 alternatives per attacked module.
+Presets: ``offline``: the first 2 sequences of 48 tokens of the ~730 non-test stdlib files, a 2-layer
+GPT-2 of width 64, B = 32, T = 50, 20 ordinary modules attacked with 10 alternatives each. ``smoke``: 60
+files, T = 3. ``paper``: for a GPU (``--model_name_or_path``, ``--dataset_name`` with ``path`` and
+``text`` columns), 20 alternatives per attacked module.
 """
 
 from __future__ import annotations
 
-import ast
 import logging
-import re
-from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from code_imports import import_graph
 from common import (
-    RESULTS_JSON,
-    RESULTS_MARKDOWN,
     RecipeArguments,
     Stopwatch,
+    causal_model,
+    causal_tokenizer,
     check_int,
+    check_names,
     check_number,
     describe_counts,
+    finish,
+    load_corpus,
     markdown_table,
     new_figure,
-    non_private_config,
     recipe_main,
     refuse_recipe_owned_fields,
-    run_config,
+    results_page,
+    run_choices,
     save_figure,
-    write_json,
+    train_model,
 )
 from tqdm.auto import tqdm
 
 RECIPE = "code_completion"
 METHODS = ("non_private", "hush_hf")
 DEFAULT_SENSITIVE = ["hashlib", "hmac", "secrets", "ssl", "getpass", "base64"]
-# Import statements, for files ast cannot parse (another Python version's syntax): over-matching is safe.
-IMPORT_LINE = re.compile(r"^\s*(?:from\s+([.\w]+)\s+import\s+(.+)|import\s+(.+))$", re.MULTILINE)
 
+COMMON = {"learning_rate": 3e-3}
 PRESETS: dict[str, dict[str, Any]] = {
     "offline": {
-        "max_steps": 50,
-        "expected_batch_size": 32.0,
-        "per_device_train_batch_size": 32,
-        "learning_rate": 3e-3,
-        "logging_steps": 10,
-        "block_size": 48,
-        "chunks_per_file": 2,
-        "num_probed_modules": 20,
+        **COMMON, "max_steps": 50, "expected_batch_size": 32.0, "per_device_train_batch_size": 32,
+        "logging_steps": 10, "block_size": 48, "chunks_per_file": 2, "num_probed_modules": 20,
         "num_alternatives": 10,
     },
     "smoke": {
-        "max_steps": 3,
-        "expected_batch_size": 8.0,
-        "per_device_train_batch_size": 8,
-        "learning_rate": 3e-3,
-        "logging_steps": 1,
-        "block_size": 32,
-        "chunks_per_file": 1,
-        "max_files": 60,
-        "num_probed_modules": 4,
-        "num_alternatives": 5,
-        "model_width": 32,
-        "sensitive_modules": ["base64"],
+        **COMMON, "max_steps": 3, "expected_batch_size": 8.0, "per_device_train_batch_size": 8,
+        "logging_steps": 1, "block_size": 32, "chunks_per_file": 1, "max_files": 60, "num_probed_modules": 4,
+        "num_alternatives": 5, "model_width": 32, "sensitive_modules": ["base64"],
     },
     "paper": {
-        "max_steps": 1000,
-        "expected_batch_size": 256.0,
-        "per_device_train_batch_size": 32,
-        "learning_rate": 5e-4,
-        "logging_steps": 50,
-        "block_size": 256,
-        "chunks_per_file": 16,
-        "num_probed_modules": 200,
-        "num_alternatives": 20,
-        "model_layers": 6,
-        "model_width": 512,
+        **COMMON, "max_steps": 1000, "expected_batch_size": 256.0, "per_device_train_batch_size": 32,
+        "learning_rate": 5e-4, "logging_steps": 50, "block_size": 256, "chunks_per_file": 16,
+        "num_probed_modules": 200, "num_alternatives": 20, "model_layers": 6, "model_width": 512,
     },
 }
 
@@ -117,56 +85,34 @@ logger = logging.getLogger("recipes.code_completion")
 class CodeCompletionArguments(RecipeArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
-    dataset_name: str | None = field(
-        default=None,
-        metadata={"help": "Your code: a dataset with 'path' and 'text' columns; default: stdlib."},
-    )
+    dataset_name: str | None = field(default=None, metadata={"help": "Your code: 'path', 'text' columns."})
     max_files: int | None = field(default=None, metadata={"help": "Keep the first N files."})
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A causal LM checkpoint; default: a small GPT-2 from its config."}
-    )
+    model_name_or_path: str | None = field(default=None, metadata={"help": "A causal LM; default: GPT-2."})
     model_layers: int = field(default=2, metadata={"help": "Layers of the GPT-2 built from its config."})
     model_width: int = field(default=64, metadata={"help": "Width of the GPT-2 built from its config."})
     block_size: int | None = field(default=None, metadata={"help": "Tokens per training sequence."})
     chunks_per_file: int | None = field(default=None, metadata={"help": "Sequences taken from each file."})
-    max_importers: int = field(
-        default=30, metadata={"help": "Modules imported by more files are not secrets."}
-    )
+    max_importers: int = field(default=30, metadata={"help": "Modules imported by more files: no secret."})
     prior: float = field(default=1e-4, metadata={"help": "p_j of every module secret."})
     target: float = field(default=1e-2, metadata={"help": "r_j of an ordinary module."})
     sensitive_target: float = field(default=1e-3, metadata={"help": "r_j of a sensitive module (stricter)."})
-    sensitive_modules: list[str] = field(
-        default_factory=lambda: list(DEFAULT_SENSITIVE),
-        metadata={"help": "Modules with the stricter target."},
-    )
+    sensitive_modules: list[str] = field(default_factory=lambda: list(DEFAULT_SENSITIVE),
+                                         metadata={"help": "Modules with the stricter target."})
     methods: list[str] = field(default_factory=lambda: list(METHODS), metadata={"help": "Models to train."})
-    num_probed_modules: int | None = field(
-        default=None, metadata={"help": "Ordinary modules attacked (besides every sensitive one)."}
-    )
-    num_alternatives: int | None = field(
-        default=None, metadata={"help": "Other module names each true name is ranked against."}
-    )
-    reveal_secret_names: bool = field(
-        default=False, metadata={"help": "Write module names into the outputs (they are the secrets)."}
-    )
+    num_probed_modules: int | None = field(default=None, metadata={"help": "Ordinary modules attacked."})
+    num_alternatives: int | None = field(default=None, metadata={"help": "Names ranked with each"})
+    reveal_secret_names: bool = field(default=False, metadata={"help": "Write module names in the outputs"})
     fingerprint_key_file: str | None = field(
-        default=None,
-        metadata={"help": "Key (>= 16 bytes; created if missing) for keyed fingerprints of module names."},
-    )
+        default=None, metadata={"help": "Key (>= 16 bytes; created if missing) for keyed fingerprints."})
     attack_seed: int = field(default=0, metadata={"help": "Seed of the probed modules and alternatives."})
     eval_batch_size: int = field(default=32, metadata={"help": "Batch size of the attack."})
 
 
 def validate(args: CodeCompletionArguments, config: Any) -> None:
     """ValueError naming the field and value for every bad choice, before any work (names by position)."""
-    refuse_recipe_owned_fields(
-        config,
-        {
-            "noise_multiplier": "hush_hf trains with its calibrated noise",
-            "secrets_file": "the modules are the secrets",
-            "plan_file": "the plan is computed from the import graph",
-        },
-    )
+    refuse_recipe_owned_fields(config, {"noise_multiplier": "hush_hf trains with its calibrated noise",
+                                        "secrets_file": "the modules are the secrets",
+                                        "plan_file": "the plan is computed from the import graph"})
     for name in ("model_layers", "model_width", "max_importers", "num_alternatives", "eval_batch_size"):
         check_int(name, getattr(args, name), minimum=1)
     check_int("block_size", args.block_size, minimum=8)
@@ -183,96 +129,21 @@ def validate(args: CodeCompletionArguments, config: Any) -> None:
     for k, module in enumerate(args.sensitive_modules):
         if not all(part.isidentifier() for part in module.split(".")):
             raise ValueError(f"sensitive_modules[{k}] is not a dotted module name")  # the name is not echoed
-    if not args.methods or len(set(args.methods)) != len(args.methods) or set(args.methods) - set(METHODS):
-        raise ValueError(f"methods must be distinct names from {list(METHODS)}, got {args.methods!r}")
+    check_names("methods", args.methods, METHODS)
     if config.expected_batch_size is None or config.expected_batch_size != int(config.expected_batch_size):
-        raise ValueError(
-            f"expected_batch_size must be a whole number here, got {config.expected_batch_size!r}"
-        )
-
-
-# ----------------------------------------------------------------------------------- import graph
-def module_of(path: str) -> tuple[str, bool]:
-    """(dotted module name, is a package) of a source path relative to the code root."""
-    parts = list(PurePosixPath(path).with_suffix("").parts)
-    is_package = parts[-1] == "__init__" and len(parts) > 1
-    if is_package:
-        parts.pop()
-    return ".".join(parts), is_package
-
-
-def _with_prefixes(name: str) -> list[str]:
-    """``a.b.c`` -> a, a.b, a.b.c: importing a submodule imports its packages."""
-    parts = name.split(".")
-    return [".".join(parts[: k + 1]) for k in range(len(parts))]
-
-
-def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str | None:
-    """The absolute name of ``from <level dots><target> import ...`` inside ``module``."""
-    if level == 0:
-        return target
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    if level - 1 > len(package) or (level - 1 == len(package) and not target):
-        return None  # beyond the top-level package: not importable
-    base = package[: len(package) - (level - 1)]
-    return ".".join(base + ([target] if target else [])) or None
-
-
-def referenced_modules(source: str, module: str, is_package: bool) -> tuple[set[str], bool]:
-    """(every module name the file defines or imports, with parent packages; whether ast parsed it).
-
-    ``from P import x`` also lists ``P.x`` (x may be a submodule: over-listing is safe, the caller
-    keeps only real modules). Files ast cannot parse fall back to a regex over import lines.
-    """
-    names = {module}
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return names | _regex_imports(source, module, is_package), False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = _resolve(module, is_package, node.level, node.module)
-            if base:
-                names.add(base)
-                names.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
-    return {prefix for name in names for prefix in _with_prefixes(name)}, True
-
-
-def _regex_imports(source: str, module: str, is_package: bool) -> set[str]:
-    names: set[str] = set()
-    for match in IMPORT_LINE.finditer(source):
-        if match.group(3):
-            names.update(part.split(" as ")[0].strip() for part in match.group(3).split(","))
-        else:
-            dots = len(match.group(1)) - len(match.group(1).lstrip("."))
-            base = _resolve(module, is_package, dots, match.group(1).lstrip(".") or None)
-            if base:
-                names.add(base)
-                names.update(f"{base}.{n.split(' as ')[0].strip(' ()')}" for n in match.group(2).split(","))
-    return {prefix for name in names if name for prefix in _with_prefixes(name)}
+        raise ValueError(f"expected_batch_size must be a whole number, got {config.expected_batch_size!r}")
 
 
 # ----------------------------------------------------------------------------------- data and secrets
 def load_code(args: CodeCompletionArguments) -> tuple[Any, str]:
-    """Files with ``path`` and ``text`` columns."""
-    if args.dataset_name is None:
-        from hush_hf.assets import stdlib_sources
+    """Files with ``path`` and ``text`` columns (the first ``--max_files``)."""
+    from hush_hf.assets import stdlib_sources
 
-        files, source = (
-            stdlib_sources(max_files=args.max_files),
-            "CPython standard library (this interpreter)",
-        )
-    else:
-        from hush_hf.data import load_text_dataset
-
-        files, source = load_text_dataset(args.dataset_name, split=args.dataset_split), args.dataset_name
-        missing = [c for c in ("path", "text") if c not in files.column_names]
-        if missing:
-            raise ValueError(f"dataset_name={args.dataset_name!r} lacks the column(s) {missing}")
-        if args.max_files is not None:
-            files = files.select(range(min(args.max_files, len(files))))
+    files, source = load_corpus(args.dataset_name, args.dataset_split, ["path", "text"],
+                                offline=lambda: stdlib_sources(max_files=args.max_files),
+                                offline_source="CPython standard library (this interpreter)")
+    if args.dataset_name is not None and args.max_files is not None:
+        files = files.select(range(min(args.max_files, len(files))))
     return files.select_columns(["path", "text"]), source
 
 
@@ -280,43 +151,24 @@ def module_secrets(args: CodeCompletionArguments, files: Any) -> tuple[Any, list
     """(SecretSet, secret ids per file, statistics): the modules that are secrets and who contains them."""
     from hush_hf.secrets import Secret, SecretSet
 
-    defined = [module_of(path) for path in files["path"]]
-    known = {name for name, _ in defined}
-    contains, unparsed = [], 0
-    for (name, is_package), text in zip(defined, tqdm(files["text"], desc="Import graph"), strict=True):
-        names, parsed = referenced_modules(text, name, is_package)
-        unparsed += not parsed
-        contains.append(sorted(names & known))
+    modules, contains, unparsed = import_graph(files["path"], tqdm(files["text"], desc="Import graph"))
     importers: dict[str, int] = {}
-    for (name, _), names in zip(defined, contains, strict=True):
-        for other in names:
-            if other != name:
-                importers[other] = importers.get(other, 0) + 1
+    for name, names in zip(modules, contains, strict=True):
+        for other in set(names) - {name}:
+            importers[other] = importers.get(other, 0) + 1
     sensitive = set(args.sensitive_modules)
     for k, name in enumerate(args.sensitive_modules):
-        if name not in known:
+        if name not in modules:
             raise ValueError(f"sensitive_modules[{k}] is not a module of the corpus")
-    chosen = sorted(m for m in known if m in sensitive or 1 <= importers.get(m, 0) <= args.max_importers)
+    chosen = sorted(m for m in {*modules} if m in sensitive or 0 < importers.get(m, 0) <= args.max_importers)
     index = {m: j for j, m in enumerate(chosen)}
-    secrets = SecretSet(
-        Secret(
-            name=m,
-            prior=args.prior,
-            target_posterior=args.sensitive_target if m in sensitive else args.target,
-            terms=(m,),
-        )
-        for m in chosen
-    )
-    secret_ids = [sorted(index[m] for m in names if m in index) for names in contains]
-    stats = {
-        "files": len(defined),
-        "files_parsed_by_regex": unparsed,
-        "modules": len(known),
-        "modules_imported_somewhere": len(importers),
-        "secrets": len(chosen),
-        "sensitive_secrets": sorted(index[m] for m in sensitive),
-    }
-    return secrets, secret_ids, stats
+    secrets = SecretSet(Secret(name=m, prior=args.prior, terms=(m,),
+                               target_posterior=args.sensitive_target if m in sensitive else args.target)
+                        for m in chosen)
+    stats = {"files": len(modules), "files_parsed_by_regex": unparsed, "modules": len(set(modules)),
+             "modules_imported_somewhere": len(importers), "secrets": len(chosen),
+             "sensitive_secrets": sorted(index[m] for m in sensitive)}
+    return secrets, [sorted(index[m] for m in names if m in index) for names in contains], stats
 
 
 def chunk_files(
@@ -340,78 +192,7 @@ def chunk_files(
     return datasets.Dataset.from_dict(rows)
 
 
-# ----------------------------------------------------------------------------------- models and attack
-def load_tokenizer(args: CodeCompletionArguments) -> Any:
-    if args.model_name_or_path is None:
-        from hush_hf.assets import gpt2_tokenizer
-
-        return gpt2_tokenizer()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def build_model(args: CodeCompletionArguments, tokenizer: Any, seed: int) -> Any:
-    from transformers import AutoModelForCausalLM, GPT2LMHeadModel, set_seed
-
-    set_seed(seed)
-    if args.model_name_or_path is not None:
-        return AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
-    from hush_hf.assets import gpt2_small_config
-
-    return GPT2LMHeadModel(
-        gpt2_small_config(
-            len(tokenizer),
-            n_layer=args.model_layers,
-            n_embd=args.model_width,
-            n_head=2,
-            n_positions=4 * args.block_size,  # attack contexts may exceed one block
-        )
-    )
-
-
-def train_model(
-    method: str,
-    args: CodeCompletionArguments,
-    config: Any,
-    plan: Any,
-    *,
-    train: Any,
-    collator: Any,
-    tokenizer: Any,
-    output_dir: Path,
-) -> tuple[Any, dict[str, Any]]:
-    import time
-
-    from transformers import Trainer
-
-    from hush_hf.trainer import SecretProtectionTrainer
-
-    model = build_model(args, tokenizer, config.seed)
-    run_dir = output_dir / "runs" / method
-    if method == "non_private":
-        trainer = Trainer(
-            model=model,
-            args=non_private_config(config, run_dir),
-            train_dataset=train.remove_columns("secret_ids"),
-            data_collator=collator,
-        )
-    else:
-        trainer = SecretProtectionTrainer(
-            model=model,
-            args=run_config(config, run_dir),
-            train_dataset=train,
-            data_collator=collator,
-            plan=plan.bound_to(train),  # planned from train's secret_ids (in worker processes)
-        )
-    start = time.perf_counter()
-    result = trainer.train()
-    return model, {"train_loss": float(result.training_loss), "train_seconds": time.perf_counter() - start}
-
-
+# ----------------------------------------------------------------------------------- attack
 def fingerprints(secrets: Any, key_file: str | None) -> list[str] | None:
     """Keyed fingerprints of the module names, with the key read from (or created in) ``key_file``."""
     if key_file is None:
@@ -424,8 +205,7 @@ def fingerprints(secrets: Any, key_file: str | None) -> list[str] | None:
     path = Path(key_file)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as handle:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
             handle.write(random_source.token_bytes(32))
         logger.info("Created a fingerprint key in %s: keep it private", path)
     key = path.read_bytes()
@@ -454,39 +234,25 @@ def length_matched_alternatives(secrets: Any, tokenizer: Any, count: int, seed: 
     return chosen
 
 
-def attack(
-    model: Any, tokenizer: Any, probes: list[Any], plan: Any, sensitive: set[int], batch_size: int
-) -> dict[str, Any]:
+def attack(model: Any, tokenizer: Any, probes: list[Any], plan: Any, sensitive: set[int],
+           batch_size: int) -> dict[str, Any]:
     """The reconstruction attack on every probe; summaries for sensitive and ordinary modules."""
     from hush_hf.audit.reconstruction import reconstruction_attack, summarize_reconstructions
 
     model.eval()
     found = reconstruction_attack(model, tokenizer, probes, plan=plan, kind="causal", batch_size=batch_size)
-    groups = {
-        "sensitive": [r for r in found if r.index in sensitive],
-        "ordinary": [r for r in found if r.index not in sensitive],
-    }
-    return {
-        "per_secret": {
-            r.index: {"rank": r.rank, "probability": r.probability, "candidates": r.num_candidates}
-            for r in found
-        },
-        **{
-            name: {k: v for k, v in summarize_reconstructions(group).items() if k != "secrets"}
-            for name, group in groups.items()
-        },
-    }
+    groups = {"sensitive": [r for r in found if r.index in sensitive],
+              "ordinary": [r for r in found if r.index not in sensitive]}
+    per_secret = {r.index: {"rank": r.rank, "probability": r.probability, "candidates": r.num_candidates}
+                  for r in found}
+    return {"per_secret": per_secret, **{
+        name: {k: v for k, v in summarize_reconstructions(group).items() if k != "secrets"}
+        for name, group in groups.items()}}
 
 
 # ----------------------------------------------------------------------------------- outputs
-def module_rows(
-    plan: Any,
-    secrets: Any,
-    sensitive: set[int],
-    attacks: dict[str, Any],
-    names: list[str] | None,
-    prints: list[str] | None,
-) -> list[dict[str, Any]]:
+def module_rows(plan: Any, secrets: Any, sensitive: set[int], attacks: dict[str, Any],
+                names: list[str] | None, prints: list[str] | None) -> list[dict[str, Any]]:
     rows = []
     for j in range(plan.num_secrets):
         row: dict[str, Any] = {"secret": j}
@@ -494,14 +260,10 @@ def module_rows(
             row["fingerprint"] = prints[j]
         if names is not None:
             row["module"] = names[j]
-        row.update(
-            sensitive=j in sensitive,
-            examples=int(plan.secrets.num_examples[j]),
-            sum_rho=float(plan.secrets.sum_rho[j]),
-            prior=float(plan.secrets.prior[j]),
-            target=float(plan.secrets.target[j]),
-            bound=float(plan.secrets.bound[j]),
-        )
+        found = plan.secrets
+        row.update(sensitive=j in sensitive, examples=int(found.num_examples[j]),
+                   sum_rho=float(found.sum_rho[j]))
+        row.update({key: float(getattr(found, key)[j]) for key in ("prior", "target", "bound")})
         for method, found in attacks.items():
             hit = found["per_secret"].get(j)
             row[f"rank_{method}"] = None if hit is None else hit["rank"]
@@ -515,80 +277,44 @@ def plot_bounds(rows: list[dict[str, Any]], path: Path) -> Path:
     ax = axes[0, 0]
     for flag, color, label in ((False, "tab:blue", "ordinary"), (True, "tab:red", "sensitive")):
         group = [r for r in rows if r["sensitive"] == flag]
-        ax.scatter(
-            [r["examples"] for r in group],
-            [r["bound"] / r["target"] for r in group],
-            s=12,
-            color=color,
-            label=f"{label} modules ({len(group)})",
-        )
+        ax.scatter([r["examples"] for r in group], [r["bound"] / r["target"] for r in group], s=12,
+                   color=color, label=f"{label} modules ({len(group)})")
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="target")
-    ax.set(
-        xscale="log",
-        xlabel="training sequences containing the module",
-        ylabel="certified bound / target",
-        title="Per-module certified posterior bound (hush_hf plan)",
-    )
+    ax.set(xscale="log", xlabel="training sequences containing the module", ylabel="certified bound / target",
+           title="Per-module certified posterior bound (hush_hf plan)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return save_figure(figure, path)
 
 
-def results_markdown(results: dict[str, Any]) -> str:
-    lines = ["# Code completion on the standard library: modules as secrets", ""]
+def page(results: dict[str, Any]) -> str:
     data, plan = results["data"], results["plan"]
-    lines += [
+    header = ["model", "modules", "evaluated", "ranked first", "mean posterior", "candidate prior",
+              "mean certified bound at that prior"]
+    keys = ("num_evaluated", "num_ranked_first", "mean_probability", "mean_candidate_prior",
+            "mean_bound_at_candidate_prior")
+    attacks = markdown_table(header, [[method, group, *(found[group][k] for k in keys)]
+                                      for method, found in results["attacks"].items()
+                                      for group in ("sensitive", "ordinary")])
+    rows = [r for r in results["modules"] if r["sensitive"]]
+    columns = [k for k in ("secret", "fingerprint", "module") if rows and k in rows[0]]
+    columns += ["examples", "target", "bound"] + [f"rank_{m}" for m in results["attacks"]]
+    sensitive = markdown_table(columns, [[r.get(k) for k in columns] for r in rows])
+    return results_page("Code completion on the standard library: modules as secrets", [
         f"Data: {data['source']}: {data['files']} files -> {data['train_examples']} sequences; "
         f"{data['secrets']} module secrets ({len(data['sensitive_secrets'])} sensitive), examples per secret "
         f"{data['examples_per_secret']}.",
         f"Plan (hush_hf): sigma = {plan['noise_multiplier']:.4g}, retained weight "
         f"{plan['retained_weight_fraction']:.3f}, every bound <= its target: {plan['meets_targets']}.",
-        "",
-        "## Extraction attack (rank of the true module name among alternatives)",
-        "",
-    ]
-    header = [
-        "model",
-        "modules",
-        "evaluated",
-        "ranked first",
-        "mean posterior",
-        "candidate prior",
-        "mean certified bound at that prior",
-    ]
-    table = []
-    for method, found in results["attacks"].items():
-        for group in ("sensitive", "ordinary"):
-            s = found[group]
-            table.append(
-                [
-                    method,
-                    group,
-                    s["num_evaluated"],
-                    s["num_ranked_first"],
-                    s["mean_probability"],
-                    s["mean_candidate_prior"],
-                    s["mean_bound_at_candidate_prior"],
-                ]
-            )
-    lines += [markdown_table(header, table), "", "## Sensitive modules", ""]
-    keys = (
-        [k for k in ("secret", "fingerprint", "module") if k in results["modules"][0]]
-        if results["modules"]
-        else []
-    )
-    keys += ["examples", "target", "bound"] + [f"rank_{m}" for m in results["attacks"]]
-    rows = [[r.get(k) for k in keys] for r in results["modules"] if r["sensitive"]]
-    lines += [markdown_table(keys, rows), "", "![bounds](module_bounds.png)", ""]
-    return "\n".join(lines + [f"- {note}" for note in results["notes"]]) + "\n"
+    ], [("Extraction attack (rank of the true module name among alternatives)", attacks),
+        ("Sensitive modules", f"{sensitive}\n\n![bounds](module_bounds.png)")], results=results)
 
 
 # ----------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    return recipe_main(
-        CodeCompletionArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run, argv=argv
-    )
+    return recipe_main(CodeCompletionArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run,
+                       argv=argv)
 
 
 def run(args: CodeCompletionArguments, config: Any) -> dict[str, Any]:
@@ -598,135 +324,75 @@ def run(args: CodeCompletionArguments, config: Any) -> dict[str, Any]:
     from hush_hf.planning.plan import plan_protection
     from hush_hf.trainer.distributed import broadcast_object
 
-    output_dir = Path(config.output_dir)
-    main_process = config.process_index == 0
-    watch = Stopwatch()
+    output_dir, main_process, watch = Path(config.output_dir), config.process_index == 0, Stopwatch()
     with watch("import graph"):
         files, source = load_code(args)
         secrets, file_secret_ids, stats = module_secrets(args, files)
         sensitive = set(stats["sensitive_secrets"])
     with watch("tokenizing"):
-        tokenizer = load_tokenizer(args)
+        tokenizer = causal_tokenizer(args.model_name_or_path)
         train = chunk_files(files, file_secret_ids, tokenizer, args)
         texts, secret_ids = train["text"], train["secret_ids"]
         train = train.remove_columns("text")
     with watch("planning"):
         plan = None
         if main_process:
-            plan = plan_protection(
-                secret_ids,
-                secrets.priors,
-                secrets.targets,
-                expected_batch_size=config.expected_batch_size,
-                steps=config.max_steps,
-                lp_c=config.lp_c,
-                accountant=config.accountant,
-                progress=True,
-            )
+            plan = plan_protection(secret_ids, secrets.priors, secrets.targets, lp_c=config.lp_c,
+                                   progress=True, expected_batch_size=config.expected_batch_size,
+                                   steps=config.max_steps, accountant=config.accountant)
             plan.save(output_dir / "plans" / "hush_hf.json")
         plan = broadcast_object(plan)
-        logger.info(
-            "Plan: sigma %.4g, retained weight %.3f, all targets met: %s",
-            plan.noise_multiplier,
-            plan.retained_weight_fraction,
-            plan.meets_targets,
-        )
+        logger.info("Plan: sigma %.4g, retained weight %.3f, all targets met: %s", plan.noise_multiplier,
+                    plan.retained_weight_fraction, plan.meets_targets)
     with watch("probes"):
         rng = np.random.default_rng(args.attack_seed)
         ordinary = [j for j in range(len(secrets)) if j not in sensitive]
-        probed = sorted(sensitive) + sorted(
-            rng.choice(ordinary, size=min(args.num_probed_modules, len(ordinary)), replace=False).tolist()
-        )
-        alternatives = length_matched_alternatives(
-            secrets, tokenizer, args.num_alternatives, args.attack_seed
-        )
-        probes, skipped = probes_for_secrets(
-            secrets,
-            texts,
-            secret_ids,
-            indices=probed,
-            alternatives=alternatives,
-            seed=args.attack_seed,
-            window=args.block_size,  # characters each side: about one block of tokens in all
-        )
+        count = min(args.num_probed_modules, len(ordinary))
+        probed = sorted(sensitive) + sorted(rng.choice(ordinary, size=count, replace=False).tolist())
+        alternatives = length_matched_alternatives(secrets, tokenizer, args.num_alternatives,
+                                                   args.attack_seed)
+        probes, skipped = probes_for_secrets(  # window: characters each side, ~one block of tokens in all
+            secrets, texts, secret_ids, indices=probed, alternatives=alternatives, seed=args.attack_seed,
+            window=args.block_size)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
     attacks, runs = {}, {}
     for method in tqdm(list(args.methods), desc="Models"):
         with watch(f"training {method}"):
-            model, runs[method] = train_model(
-                method,
-                args,
-                config,
-                plan,
-                train=train,
-                collator=collator,
-                tokenizer=tokenizer,
-                output_dir=output_dir,
-            )
+            model = causal_model(args.model_name_or_path, len(tokenizer), seed=config.seed, n_head=2,
+                                 n_layer=args.model_layers, n_embd=args.model_width,
+                                 n_positions=4 * args.block_size)  # attack contexts may exceed one block
+            private = method != "non_private"
+            _, runs[method] = train_model(model, config, plan if private else None, train=train,
+                                          collator=collator, run_dir=output_dir / "runs" / method)
         with watch(f"attack {method}"):
             attacks[method] = attack(model, tokenizer, probes, plan, sensitive, args.eval_batch_size)
-        logger.info(
-            "%s: %d of %d sensitive modules ranked first",
-            method,
-            attacks[method]["sensitive"]["num_ranked_first"],
-            attacks[method]["sensitive"]["num_evaluated"],
-        )
-
+        logger.info("%s: %d of %d sensitive modules ranked first", method,
+                    *(attacks[method]["sensitive"][k] for k in ("num_ranked_first", "num_evaluated")))
     names = [s.name for s in secrets] if args.reveal_secret_names else None
     prints = fingerprints(secrets, args.fingerprint_key_file)
     modules = module_rows(plan, secrets, sensitive, attacks, names, prints)
     notes = [
-        "Modules are named by index"
-        + (" and keyed fingerprint" if prints else "")
-        + (
-            " AND BY NAME (--reveal-secret-names): these outputs contain the secrets."
-            if names
-            else "; the names are the secrets and are not written (--reveal-secret-names includes them)."
-        ),
+        "Modules are named by index" + (" and keyed fingerprint" if prints else "") + (
+            " AND BY NAME (--reveal-secret-names): these outputs contain the secrets." if names
+            else "; the names are the secrets and are not written (--reveal-secret-names includes them)."),
         "A sequence counts as containing every module its file defines or imports (errs towards protection).",
         f"Probed modules that could not be attacked: {len(skipped)} (no import context found in the training "
-        "sequences)."
-        if skipped
-        else "Every probed module was attacked.",
+        "sequences)." if skipped else "Every probed module was attacked.",
         "non_private trains with plain transformers.Trainer; it has no guarantee.",
     ]
     results = {
-        "recipe": RECIPE,
-        "names_revealed": bool(names),
-        "choices": {
-            **{k: v for k, v in asdict(args).items() if k != "sensitive_modules"},
-            "num_sensitive_modules": len(args.sensitive_modules),
-            "max_steps": config.max_steps,
-            "expected_batch_size": config.expected_batch_size,
-            "per_example_clip_norm": config.per_example_clip_norm,
-            "accountant": config.accountant,
-            "lp_c": config.lp_c,
-            "learning_rate": config.learning_rate,
-            "seed": config.seed,
-            "world_size": config.world_size,
-        },
-        "data": {
-            "source": source,
-            **stats,
-            "train_examples": len(train),
-            "examples_per_secret": describe_counts(plan.secrets.num_examples),
-        },
-        "plan": plan.summary(),
-        "runs": runs,
+        "recipe": RECIPE, "names_revealed": bool(names),
+        "choices": {**run_choices(args, config, leave_out=() if names else ("sensitive_modules",)),
+                    "num_sensitive_modules": len(args.sensitive_modules)},
+        "data": {"source": source, **stats, "train_examples": len(train),
+                 "examples_per_secret": describe_counts(plan.secrets.num_examples)},
+        "plan": plan.summary(), "runs": runs, "modules": modules, "notes": notes,
         "attacks": {m: {k: v for k, v in a.items() if k != "per_secret"} for m, a in attacks.items()},
-        "modules": modules,
-        "notes": notes,
-        "timings_seconds": {**watch.seconds, "total": watch.total()},
-        "files": [RESULTS_JSON, RESULTS_MARKDOWN, "module_bounds.png", "plans/", "run.log"],
+        "files": ["results.json", "results.md", "module_bounds.png", "plans/", "run.log"],
     }
-    if names:
-        results["choices"]["sensitive_modules"] = list(args.sensitive_modules)
     if main_process:
         plot_bounds(modules, output_dir / "module_bounds.png")
-        results["timings_seconds"]["total"] = watch.total()
-        write_json(output_dir / RESULTS_JSON, results)
-        (output_dir / RESULTS_MARKDOWN).write_text(results_markdown(results), encoding="utf-8")
-        logger.info("Results in %s (%.0f s)", output_dir, watch.total())
+    finish(results, output_dir, watch, page, main_process=main_process)
     return results
 
 

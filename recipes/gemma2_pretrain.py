@@ -6,58 +6,46 @@
         --tokenizer_name google/gemma-2-2b --model_config_name google/gemma-2-2b
 
 Hush Sec. 5.2: the same model is pretrained once per noise multiplier sigma in {0, 1e-3, 1e-2, 1e-1}
-(per-example clipping at C in every run, uniform Poisson sampling) and evaluated by its validation
-loss (Fig. 2) and the fraction of training sequences that are k-extractable (Fig. 3; Carlini et al.
-2023): prompted with the first k tokens of a training sequence, greedy decoding reproduces the next
-m. The same attack on held-out sequences measures what the model gets right by generalising
-("12345" -> "6789") rather than by memorising.
+(per-example clipping at C, uniform Poisson sampling) and evaluated by its validation loss (Fig. 2) and
+the fraction of training sequences that are k-extractable (Fig. 3; Carlini et al. 2023): prompted with
+the first k tokens of a training sequence, greedy decoding reproduces the next m. The same attack on
+held-out sequences measures what the model gets right by generalising rather than by memorising.
+These noise levels certify nothing: every training sequence is a secret (prior ``--sequence_prior``)
+and the plan reports the bound the KL accountant gives at each sigma (~1); the trainer warns about it.
 
-These noise levels certify nothing: every training sequence is declared a secret (prior
-``--sequence_prior``) and the plan reports the posterior bound the accountant (KL, Lemma 3.2, by
-default here) gives at each sigma: ~1 for all four, or one minus the chance that a sequence is never
-sampled; the trainer warns about it. The experiment is about the empirical effect of small noise,
-as in the paper.
-
-Presets (flags override):
-
-- ``offline`` (default): ACLSum paragraphs (scientific prose), UTF-8 bytes as tokens (vocabulary 256:
-  no Gemma tokenizer offline, and a tokenizer trained on the training text would itself leak it),
-  a Gemma-2 with 2 layers, width 128, 4 query / 2 key-value heads of 32, FFN 256, from its config;
-  96 training sequences of 96 bytes seen ~53 times each (B = 16, T = 320): a small corpus repeated
-  many times, so that the noise-free model memorises measurably within the 10-minute budget on 2 CPU
-  cores (~35 s per sigma); k = 48, m = 24.
-- ``smoke``: 32 sequences of 48 bytes, T = 6; under a minute (CI).
-- ``paper``: ``--dataset_name`` (e.g. fineweb-edu) with ``--tokenizer_name`` / ``--model_config_name``
-  of Gemma-2, sequences of 512 tokens, B = 256, T = 2000, k = m = 50.
-
-Outputs in ``--output_dir`` (default ``outputs/gemma2_pretrain``): ``results.json``, ``results.md``,
-``fig2_fig3.png`` (validation loss over training and extractable fraction against sigma), ``run.log``.
-No training text is written; extraction results are counts and fractions.
+Presets: ``offline``: ACLSum paragraphs, UTF-8 bytes as tokens (no Gemma tokenizer offline, and one
+trained on the training text would leak it), a Gemma-2 with 2 layers, width 128, 4 query / 2 key-value
+heads of 32, FFN 256, from its config; 96 sequences of 96 bytes seen ~53 times each (B = 16, T = 320),
+so that the noise-free model memorises within 10 minutes on 2 CPU cores; k = 48, m = 24. ``smoke``: 32
+sequences of 48 bytes, T = 6 (CI). ``paper``: ``--dataset_name`` with Gemma-2's ``--tokenizer_name`` /
+``--model_config_name``, 512 tokens, B = 256, T = 2000, k = m = 50. Outputs (``--output_dir``):
+results.json, results.md, fig2_fig3.png, run.log; no training text, only counts and fractions.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from common import (
-    RESULTS_JSON,
-    RESULTS_MARKDOWN,
     RecipeArguments,
     Stopwatch,
     check_int,
     check_number,
+    finish,
+    load_corpus,
     markdown_table,
     new_figure,
     recipe_main,
     refuse_recipe_owned_fields,
+    results_page,
+    run_choices,
     run_config,
     save_figure,
-    write_json,
 )
 from tqdm.auto import tqdm
 
@@ -65,49 +53,23 @@ RECIPE = "gemma2_pretrain"
 PAPER_NOISE_MULTIPLIERS = [0.0, 1e-3, 1e-2, 1e-1]
 BYTE_VOCAB = 256
 
+COMMON = {"learning_rate": 3e-3, "accountant": "kl"}
 PRESETS: dict[str, dict[str, Any]] = {
     "offline": {
-        "max_steps": 320,
-        "expected_batch_size": 16.0,
-        "per_device_train_batch_size": 16,
-        "learning_rate": 3e-3,
-        "logging_steps": 40,
-        "eval_steps": 80,
-        "accountant": "kl",
-        "block_size": 96,
-        "num_train_sequences": 96,
-        "num_validation_sequences": 64,
-        "prefix_length": 48,
-        "suffix_length": 24,
+        **COMMON, "max_steps": 320, "expected_batch_size": 16.0, "per_device_train_batch_size": 16,
+        "logging_steps": 40, "eval_steps": 80, "block_size": 96, "num_train_sequences": 96,
+        "num_validation_sequences": 64, "prefix_length": 48, "suffix_length": 24,
     },
     "smoke": {
-        "max_steps": 6,
-        "expected_batch_size": 8.0,
-        "per_device_train_batch_size": 8,
-        "learning_rate": 3e-3,
-        "logging_steps": 2,
-        "eval_steps": 3,
-        "accountant": "kl",
-        "block_size": 48,
-        "num_train_sequences": 32,
-        "num_validation_sequences": 8,
-        "prefix_length": 24,
-        "suffix_length": 16,
-        "model_width": 64,
+        **COMMON, "max_steps": 6, "expected_batch_size": 8.0, "per_device_train_batch_size": 8,
+        "logging_steps": 2, "eval_steps": 3, "block_size": 48, "num_train_sequences": 32,
+        "num_validation_sequences": 8, "prefix_length": 24, "suffix_length": 16, "model_width": 64,
         "model_layers": 1,
     },
     "paper": {
-        "max_steps": 2000,
-        "expected_batch_size": 256.0,
-        "per_device_train_batch_size": 32,
-        "learning_rate": 1e-3,
-        "logging_steps": 50,
-        "eval_steps": 250,
-        "accountant": "kl",
-        "block_size": 512,
-        "num_train_sequences": 100_000,
-        "num_validation_sequences": 2_000,
-        "prefix_length": 50,
+        **COMMON, "max_steps": 2000, "expected_batch_size": 256.0, "per_device_train_batch_size": 32,
+        "learning_rate": 1e-3, "logging_steps": 50, "eval_steps": 250, "block_size": 512,
+        "num_train_sequences": 100_000, "num_validation_sequences": 2_000, "prefix_length": 50,
         "suffix_length": 50,
     },
 }
@@ -119,65 +81,39 @@ logger = logging.getLogger("recipes.gemma2_pretrain")
 class Gemma2PretrainArguments(RecipeArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
-    dataset_name: str | None = field(
-        default=None, metadata={"help": "Hub dataset or local file; default: offline ACLSum paragraphs."}
-    )
     text_column: str = field(default="text", metadata={"help": "Column holding the text."})
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "A tokenizer (e.g. google/gemma-2-2b); default: UTF-8 bytes."}
-    )
-    model_config_name: str | None = field(
-        default=None, metadata={"help": "A Gemma-2 config to pretrain from scratch; default: a small one."}
-    )
+    tokenizer_name: str | None = field(default=None, metadata={"help": "A tokenizer; default: UTF-8 bytes."})
+    model_config_name: str | None = field(default=None, metadata={"help": "A Gemma-2 config; default: small"})
     model_layers: int = field(default=2, metadata={"help": "Layers of the small Gemma-2."})
     model_width: int = field(default=128, metadata={"help": "Width of the small Gemma-2."})
     block_size: int | None = field(default=None, metadata={"help": "Tokens per training sequence."})
     num_train_sequences: int | None = field(default=None, metadata={"help": "Training sequences."})
     num_validation_sequences: int | None = field(default=None, metadata={"help": "Held-out sequences."})
-    noise_multipliers: list[float] = field(
-        default_factory=lambda: list(PAPER_NOISE_MULTIPLIERS), metadata={"help": "sigma of each run."}
-    )
+    noise_multipliers: list[float] = field(default_factory=lambda: list(PAPER_NOISE_MULTIPLIERS),
+                                           metadata={"help": "sigma of each run."})
     prefix_length: int | None = field(default=None, metadata={"help": "k: prompt tokens of the extraction."})
-    suffix_length: int | None = field(
-        default=None, metadata={"help": "m: tokens greedy decoding must match."}
-    )
-    sequence_prior: float = field(
-        default=1e-6, metadata={"help": "Prior of each sequence as a secret, for the reported bound."}
-    )
+    suffix_length: int | None = field(default=None, metadata={"help": "m: tokens decoding must match."})
+    sequence_prior: float = field(default=1e-6, metadata={"help": "Prior of each sequence as a secret."})
     split_seed: int = field(default=0, metadata={"help": "Seed of the train/validation split."})
     eval_batch_size: int = field(default=32, metadata={"help": "Batch size of the extraction attack."})
 
 
 def validate(args: Gemma2PretrainArguments, config: Any) -> None:
     """ValueError naming the field and value for every bad choice, before any work."""
-    refuse_recipe_owned_fields(
-        config,
-        {
-            "noise_multiplier": "use --noise_multipliers",
-            "secrets_file": "every training sequence is its own secret",
-            "plan_file": "plans are computed per sigma",
-        },
-    )
+    refuse_recipe_owned_fields(config, {"noise_multiplier": "use --noise_multipliers", "plan_file": "per run",
+                                        "secrets_file": "each training sequence is a secret"})
     if args.preset == "paper" and args.dataset_name is None:
         raise ValueError("preset='paper' needs --dataset_name (e.g. a web-text corpus)")
-    for name in (
-        "model_layers",
-        "model_width",
-        "eval_batch_size",
-        "num_validation_sequences",
-        "prefix_length",
-        "suffix_length",
-    ):
+    for name in ("model_layers", "model_width", "eval_batch_size", "num_validation_sequences",
+                 "prefix_length", "suffix_length"):
         check_int(name, getattr(args, name), minimum=1)
     check_int("block_size", args.block_size, minimum=4)
     check_int("num_train_sequences", args.num_train_sequences, minimum=2)
     check_int("split_seed", args.split_seed, minimum=0)
     check_number("sequence_prior", args.sequence_prior, low=0.0, high=0.5)
     if args.prefix_length + args.suffix_length > args.block_size:
-        raise ValueError(
-            f"prefix_length + suffix_length = {args.prefix_length + args.suffix_length} exceeds "
-            f"block_size={args.block_size}"
-        )
+        raise ValueError(f"prefix_length + suffix_length = {args.prefix_length + args.suffix_length} exceeds "
+                         f"block_size={args.block_size}")
     if not args.noise_multipliers or len(set(args.noise_multipliers)) != len(args.noise_multipliers):
         raise ValueError(f"noise_multipliers must be distinct numbers, got {args.noise_multipliers!r}")
     for sigma in args.noise_multipliers:
@@ -198,19 +134,10 @@ class ByteTokens:
 
 
 def load_texts(args: Gemma2PretrainArguments) -> tuple[list[str], str]:
-    if args.dataset_name is None:
-        from hush_hf.assets import aclsum_paragraphs
+    from hush_hf.assets import aclsum_paragraphs
 
-        corpus, source = aclsum_paragraphs(), "ACLSum paragraphs (offline)"
-    else:
-        from hush_hf.data import load_text_dataset
-
-        corpus, source = load_text_dataset(args.dataset_name, split=args.dataset_split), args.dataset_name
-    if args.text_column not in corpus.column_names:
-        raise ValueError(
-            f"text_column={args.text_column!r} is not a column of the dataset "
-            f"(columns: {corpus.column_names})"
-        )
+    corpus, source = load_corpus(args.dataset_name, args.dataset_split, [args.text_column],
+                                 offline=aclsum_paragraphs, offline_source="ACLSum paragraphs (offline)")
     return corpus[args.text_column], source
 
 
@@ -248,20 +175,16 @@ def split_blocks(
     validation_texts = [texts[k] for k in order[:held_out]]
     train_texts = [texts[k] for k in order[held_out:]]
     train = make_blocks(train_texts, encode, args.block_size, args.num_train_sequences, separator)
-    validation = make_blocks(
-        validation_texts, encode, args.block_size, args.num_validation_sequences, separator
-    )
+    validation = make_blocks(validation_texts, encode, args.block_size, args.num_validation_sequences,
+                             separator)
     return train, validation
 
 
 def block_dataset(blocks: list[list[int]], *, with_secret_ids: bool) -> Any:
     import datasets
 
-    columns: dict[str, Any] = {
-        "input_ids": blocks,
-        "attention_mask": [[1] * len(b) for b in blocks],
-        "labels": blocks,
-    }
+    columns: dict[str, Any] = {"input_ids": blocks, "attention_mask": [[1] * len(b) for b in blocks],
+                               "labels": blocks}
     if with_secret_ids:
         columns["secret_ids"] = [[i] for i in range(len(blocks))]  # sequence i is secret i
     return datasets.Dataset.from_dict(columns)
@@ -279,15 +202,10 @@ def build_model(args: Gemma2PretrainArguments, vocab_size: int, seed: int) -> An
 
         heads = max(2, args.model_width // 32)
         config = gemma2_small_config(
-            vocab_size,
-            hidden_size=args.model_width,
-            num_hidden_layers=args.model_layers,
-            num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2),
-            head_dim=32,
+            vocab_size, hidden_size=args.model_width, num_hidden_layers=args.model_layers,
+            num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=32,
             intermediate_size=2 * args.model_width,
-            max_position_embeddings=max(128, args.block_size),
-            sliding_window=max(128, args.block_size),
+            max_position_embeddings=max(128, args.block_size), sliding_window=max(128, args.block_size),
             attn_implementation="eager",
         )
     return Gemma2ForCausalLM(config)
@@ -298,30 +216,15 @@ def sequence_plan(args: Gemma2PretrainArguments, config: Any, num_sequences: int
     from hush_hf.planning.plan import plan_protection
 
     priors = np.full(num_sequences, args.sequence_prior)
-    return plan_protection(
-        [[i] for i in range(num_sequences)],
-        priors,
-        np.full(num_sequences, min(0.5, 1e3 * args.sequence_prior)),
-        expected_batch_size=config.expected_batch_size,
-        steps=config.max_steps,
-        lp_c=1e12,
-        accountant=config.accountant,
-        noise_multiplier=sigma,
-    )
+    targets = np.full(num_sequences, min(0.5, 1e3 * args.sequence_prior))
+    return plan_protection([[i] for i in range(num_sequences)], priors, targets, lp_c=1e12,
+                           noise_multiplier=sigma, expected_batch_size=config.expected_batch_size,
+                           steps=config.max_steps, accountant=config.accountant)
 
 
-def run_one(
-    args: Gemma2PretrainArguments,
-    config: Any,
-    plan: Any,
-    *,
-    vocab_size: int,
-    train: Any,
-    validation: Any,
-    train_blocks: list[list[int]],
-    validation_blocks: list[list[int]],
-    output_dir: Path,
-) -> dict[str, Any]:
+def run_one(args: Gemma2PretrainArguments, config: Any, plan: Any, *, vocab_size: int, train: Any,
+            validation: Any, train_blocks: list[list[int]], validation_blocks: list[list[int]],
+            output_dir: Path) -> dict[str, Any]:
     import time
 
     from transformers import default_data_collator
@@ -331,17 +234,12 @@ def run_one(
 
     sigma = plan.noise_multiplier
     model = build_model(args, vocab_size, config.seed)
-    trainer = SecretProtectionTrainer(
-        model=model,
-        # sigma is swept on purpose: set explicitly, so a plan that misses its targets still trains (loudly).
-        args=run_config(
-            config, output_dir / "runs" / f"sigma_{sigma:g}", eval_strategy="steps", noise_multiplier=sigma
-        ),
-        train_dataset=train,
-        eval_dataset=validation,
-        data_collator=default_data_collator,
-        plan=plan.bound_to(train),  # one secret per training sequence, in train's order
-    )
+    # sigma is swept on purpose: set explicitly, so a plan that misses its targets still trains (loudly).
+    run_args = run_config(config, output_dir / "runs" / f"sigma_{sigma:g}", eval_strategy="steps",
+                          noise_multiplier=sigma)
+    trainer = SecretProtectionTrainer(model=model, args=run_args, train_dataset=train,
+                                      plan=plan.bound_to(train),  # one secret per sequence, train's order
+                                      eval_dataset=validation, data_collator=default_data_collator)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -350,12 +248,9 @@ def run_one(
         curve.append((config.max_steps, trainer.evaluate()["eval_loss"]))
     model.eval()
     k, m = args.prefix_length, args.suffix_length
-    on_train = extraction_attack(
-        model, train_blocks, prefix_length=k, suffix_length=m, batch_size=args.eval_batch_size
-    )
-    on_validation = extraction_attack(
-        model, validation_blocks, prefix_length=k, suffix_length=m, batch_size=args.eval_batch_size
-    )
+    on_train, on_validation = (extraction_attack(model, blocks, prefix_length=k, suffix_length=m,
+                                                 batch_size=args.eval_batch_size)
+                               for blocks in (train_blocks, validation_blocks))
     return {
         "noise_multiplier": sigma,
         "validation_loss": curve[-1][1],
@@ -383,9 +278,8 @@ def plot_figures(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     labels = [f"{r['noise_multiplier']:g}" for r in rows]
     x = np.arange(len(rows))
     bars.bar(x - 0.2, [r["extractable_fraction"] for r in rows], width=0.4, label="training sequences")
-    bars.bar(
-        x + 0.2, [r["heldout_extractable_fraction"] for r in rows], width=0.4, label="held-out (control)"
-    )
+    heldout = [r["heldout_extractable_fraction"] for r in rows]
+    bars.bar(x + 0.2, heldout, width=0.4, label="held-out (control)")
     bars.set_xticks(x, labels)
     bars.set(xlabel="noise multiplier sigma", ylabel="fraction k-extractable", title="Fig. 3: extraction")
     bars.legend(fontsize=8)
@@ -393,63 +287,37 @@ def plot_figures(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     return save_figure(figure, path)
 
 
-def results_markdown(results: dict[str, Any]) -> str:
-    header = [
-        "sigma",
-        "validation loss",
-        "k-extractable (train)",
-        "k-extractable (held-out)",
-        "token accuracy (train)",
-        "posterior bound per sequence",
-    ]
-    table = [
-        [
-            r["noise_multiplier"],
-            r["validation_loss"],
-            r["extractable_fraction"],
-            r["heldout_extractable_fraction"],
-            r["train_token_accuracy"],
-            r["posterior_bound_max"],
-        ]
-        for r in results["rows"]
-    ]
-    c = results["choices"]
-    lines = [
-        "# Hush Fig. 2-3: Gemma-2 pretraining with DP-SGD noise",
-        "",
-        f"Data: {results['data']['source']}, {results['data']['tokens']}; {c['num_train_sequences']} "
-        f"training and {c['num_validation_sequences']} validation sequences of {c['block_size']} tokens.",
+def page(results: dict[str, Any]) -> str:
+    columns = {"noise_multiplier": "sigma", "validation_loss": "validation loss",
+               "extractable_fraction": "k-extractable (train)",
+               "heldout_extractable_fraction": "k-extractable (held-out)",
+               "train_token_accuracy": "token accuracy (train)",
+               "posterior_bound_max": "posterior bound per sequence"}
+    c, data = results["choices"], results["data"]
+    table = markdown_table(list(columns.values()), [[r[k] for k in columns] for r in results["rows"]])
+    return results_page("Hush Fig. 2-3: Gemma-2 pretraining with DP-SGD noise", [
+        f"Data: {data['source']}, {data['tokens']}; {c['num_train_sequences']} training and "
+        f"{c['num_validation_sequences']} validation sequences of {c['block_size']} tokens.",
         f"Training: B = {c['expected_batch_size']:g}, T = {c['max_steps']}, "
-        f"C = {c['per_example_clip_norm']:g}, learning rate {c['learning_rate']:g}.",
-        f"Extraction: k = {c['prefix_length']} prompt tokens, m = {c['suffix_length']} tokens to reproduce "
-        "by greedy decoding.",
-        "",
-        markdown_table(header, table),
-        "",
-        "![Fig. 2-3](fig2_fig3.png)",
-        "",
-    ]
-    return "\n".join(lines + [f"- {note}" for note in results["notes"]]) + "\n"
+        f"C = {c['per_example_clip_norm']:g}, learning rate {c['learning_rate']:g}. Extraction: k = "
+        f"{c['prefix_length']} prompt tokens, m = {c['suffix_length']} tokens reproduced by greedy decoding.",
+    ], [("", f"{table}\n\n![Fig. 2-3](fig2_fig3.png)")], results=results)
 
 
 # ----------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    return recipe_main(
-        Gemma2PretrainArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run, argv=argv
-    )
+    return recipe_main(Gemma2PretrainArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run,
+                       argv=argv)
 
 
 def run(args: Gemma2PretrainArguments, config: Any) -> dict[str, Any]:
-    output_dir = Path(config.output_dir)
-    watch = Stopwatch()
+    from transformers import AutoTokenizer
+
+    output_dir, watch = Path(config.output_dir), Stopwatch()
     with watch("data"):
         texts, source = load_texts(args)
-        tokenizer = None
-        if args.tokenizer_name is not None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name) if args.tokenizer_name else None
         vocab_size = BYTE_VOCAB if tokenizer is None else len(tokenizer)
         train_blocks, validation_blocks = split_blocks(args, texts, tokenizer)
         train = block_dataset(train_blocks, with_secret_ids=True)
@@ -459,25 +327,12 @@ def run(args: Gemma2PretrainArguments, config: Any) -> dict[str, Any]:
     rows = []
     for plan in tqdm(plans, desc="Noise multipliers"):
         with watch(f"sigma {plan.noise_multiplier:g}"):
-            row = run_one(
-                args,
-                config,
-                plan,
-                vocab_size=vocab_size,
-                train=train,
-                validation=validation,
-                train_blocks=train_blocks,
-                validation_blocks=validation_blocks,
-                output_dir=output_dir,
-            )
-        rows.append(row)
-        logger.info(
-            "sigma %g: validation loss %.4f, %d of %d training sequences extractable",
-            row["noise_multiplier"],
-            row["validation_loss"],
-            row["extractable_count"],
-            len(train_blocks),
-        )
+            rows.append(run_one(args, config, plan, vocab_size=vocab_size, train=train, validation=validation,
+                                train_blocks=train_blocks, validation_blocks=validation_blocks,
+                                output_dir=output_dir))
+        logger.info("sigma %g: validation loss %.4f, %d of %d training sequences extractable",
+                    plan.noise_multiplier, rows[-1]["validation_loss"], rows[-1]["extractable_count"],
+                    len(train_blocks))
     notes = [
         "At these sigmas the certified posterior bound of a sequence is ~1 (or 1 - Pr[never sampled]): these "
         "runs carry NO formal guarantee; they measure the empirical effect of small noise (Hush Sec. 5.2).",
@@ -487,43 +342,21 @@ def run(args: Gemma2PretrainArguments, config: Any) -> dict[str, Any]:
         "Held-out extraction measures generalisation (text the model predicts without having seen it).",
     ]
     if args.model_config_name is None:
-        notes.append(
-            f"Gemma-2 ({args.model_layers} layers, width {args.model_width}) is built from its config "
-            "and trained from scratch, as in the paper."
-        )
+        notes.append(f"Gemma-2 ({args.model_layers} layers, width {args.model_width}) is built from its "
+                     "config and trained from scratch, as in the paper.")
     if tokenizer is None:
-        notes.append(
-            "Tokens are UTF-8 bytes (no Gemma tokenizer offline; a tokenizer trained on this text would "
-            "leak it), so losses are in nats per byte."
-        )
+        notes.append("Tokens are UTF-8 bytes (no Gemma tokenizer offline; a tokenizer trained on this text "
+                     "would leak it), so losses are in nats per byte.")
     results = {
-        "recipe": RECIPE,
-        "choices": {
-            **asdict(args),
-            "max_steps": config.max_steps,
-            "expected_batch_size": config.expected_batch_size,
-            "per_example_clip_norm": config.per_example_clip_norm,
-            "learning_rate": config.learning_rate,
-            "accountant": config.accountant,
-            "seed": config.seed,
-            "world_size": config.world_size,
-        },
+        "recipe": RECIPE, "choices": run_choices(args, config), "rows": rows, "notes": notes,
         "data": {"source": source, "tokens": "UTF-8 bytes" if tokenizer is None else args.tokenizer_name},
-        "rows": rows,
-        "notes": notes,
-        "timings_seconds": {**watch.seconds, "total": watch.total()},
-        "files": [RESULTS_JSON, RESULTS_MARKDOWN, "fig2_fig3.png", "run.log"],
+        "files": ["results.json", "results.md", "fig2_fig3.png", "run.log"],
     }
     if config.process_index == 0:
-        plot_figures(
-            rows,
-            output_dir / "fig2_fig3.png",
-            f"Gemma-2 from scratch ({args.preset}): B={config.expected_batch_size:g}, T={config.max_steps}",
-        )
-        results["timings_seconds"]["total"] = watch.total()
-        write_json(output_dir / RESULTS_JSON, results)
-        (output_dir / RESULTS_MARKDOWN).write_text(results_markdown(results), encoding="utf-8")
-        logger.info("Results in %s (%.0f s)", output_dir, watch.total())
+        title = f"Gemma-2 from scratch ({args.preset}): B={config.expected_batch_size:g}, "
+        title += f"T={config.max_steps}"
+        plot_figures(rows, output_dir / "fig2_fig3.png", title)
+    finish(results, output_dir, watch, page, main_process=config.process_index == 0)
     return results
 
 

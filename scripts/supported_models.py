@@ -53,13 +53,14 @@ def render() -> str:
         lines.append(f"| {o.name} | {o.family} | {o.notes} |")
     lines += [
         "",
-        "Layers without a registered rule (norm scales and biases, learned positions, scaled embeddings, PEFT",
-        "adapters that read a `ParameterDict`) get exact per-example gradients from torch.func on the layer's",
-        "own forward (`hush_hf/clipping/rules_generic.py`), at any size: beyond 2^25 values for the micro-batch",
-        "they are recomputed a few examples at a time. Refused, with the reason and what to do instead:",
-        "UMT5's trainable `relative_attention_bias` (freeze it), PEFT LoHa and LoKr, dropout inside a layer",
-        "on the generic path (e.g. `vera_dropout`), batch normalisation, gradient checkpointing under FSDP,",
-        "a checkpoint hush_hf cannot follow, and any parameter the self-check finds used outside its layer",
+        "Layers without a registered rule (norm scales and biases, learned positions, scaled embeddings,",
+        "PEFT adapters that read a `ParameterDict`) get exact per-example gradients from torch.func on the",
+        "layer's own forward (`hush_hf/clipping/rules_generic.py`), at any size: beyond 2^25 values for the",
+        "micro-batch they are recomputed a few examples at a time. Refused, with the reason and what to do",
+        "instead: UMT5's trainable `relative_attention_bias` (freeze it), PEFT LoHa and LoKr, dropout",
+        "inside a layer on the generic path (e.g. `vera_dropout`), batch normalisation, gradient",
+        "checkpointing under FSDP, a checkpoint hush_hf cannot follow, and any parameter the self-check",
+        "finds used outside its layer",
         "(checked parameter by parameter until each has had a nonzero gradient).",
         "",
     ]

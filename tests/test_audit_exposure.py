@@ -183,3 +183,71 @@ def test_several_canaries_share_one_fit_and_get_the_single_canary_estimates(monk
     assert module.estimated_exposures(canaries, sample, 10**6, "empirical") == [
         estimated_exposure(c, sample, 10**6, "empirical") for c in canaries
     ]
+
+
+def test_masked_lm_exposure_ranks_candidates_by_their_fill_in_likelihood(tmp_path):
+    """kind="masked": every value of a 100-candidate space scored by hand (one [MASK] per token of the
+    value, all filled at once, log-softmax at the masks), ranked, and the exposure taken from the rank."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    digits = [str(d) for d in range(10)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "my", "pin", "is", ":", *digits]
+    vocab += [f"##{d}" for d in digits]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab))
+    tokenizer = BertTokenizerFast.from_pretrained(tmp_path)
+    torch.manual_seed(3)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=24, max_position_embeddings=32)
+    model = BertForMaskedLM(config).eval()
+    space = CanarySpace(template="My PIN is: {secret}", alphabet="0123456789", length=2)
+    canaries = [Canary(0, "47", 5, space), Canary(1, "90", 5, space)]
+
+    def fill_in(value: str) -> float:
+        value_ids = tokenizer(value, add_special_tokens=False)["input_ids"]
+        assert len(value_ids) == 2  # "47" -> "4", "##7"
+        ids = torch.tensor([tokenizer("My PIN is: [MASK] [MASK]")["input_ids"]])
+        positions = (ids[0] == tokenizer.mask_token_id).nonzero().ravel()
+        with torch.no_grad():
+            log_p = torch.log_softmax(model(input_ids=ids).logits[0, positions].double(), dim=-1)
+        return float(log_p[torch.arange(2), torch.tensor(value_ids)].sum())
+
+    scores = {space.value(i): fill_in(space.value(i)) for i in range(space.size)}
+    found = canary_exposures(model, tokenizer, canaries, kind="masked", method="exact", batch_size=7)
+    for canary, result in zip(canaries, found, strict=True):
+        mine = scores[canary.value]
+        others = np.array([s for v, s in scores.items() if v != canary.value])
+        rank = 1 + np.sum(others > mine + 1e-9) + 0.5 * np.sum(np.abs(others - mine) <= 1e-9)
+        assert result.rank == rank and result.exposure == pytest.approx(math.log2(100 / rank))
+    assert len({round(s, 6) for s in scores.values()}) > 50  # the model tells the candidates apart
+    with pytest.raises(ValueError, match="kind must be 'causal' or 'masked', got 'seq2seq'"):
+        canary_exposures(model, tokenizer, canaries, kind="seq2seq")
+
+
+def test_sampled_candidates_leave_the_canaries_out_even_with_the_canaries_seed():
+    """make_canaries(seed=s) draws the first values of default_rng(s); a sample drawn with the same seed
+    would rank each canary against itself and its siblings. The candidates must be R minus the canaries."""
+    from hush_hf.audit.canaries import make_canaries
+
+    canaries = make_canaries(3, 1, space=SPACE, seed=11)
+    scored: list[str] = []
+
+    class Recording:
+        def __init__(self):
+            self.inner = char_tokenizer()
+
+        def __call__(self, texts, **kwargs):
+            scored.extend(texts)
+            return self.inner(texts, **kwargs)
+
+    table = np.zeros((len(CHARS), len(CHARS)))
+    found = canary_exposures(BigramLM(table), Recording(), canaries, method="empirical", num_samples=40,
+                             seed=11)
+    texts = {c.text for c in canaries}
+    assert scored[:3] == [c.text for c in canaries]  # the canaries first, then the candidates
+    candidates = scored[3:]
+    assert len(candidates) == 40 == found[0].num_candidates_scored and not texts & set(candidates)
+    rng = np.random.default_rng(11)
+    drawn = [SPACE.text(v) for v in SPACE.random_values(40, rng)]
+    assert drawn[:3] == [c.text for c in canaries]  # what the same seed draws first: the canaries
+    assert candidates[:37] == drawn[3:]  # the rest of that draw, then fresh draws to make up 40

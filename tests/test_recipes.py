@@ -25,9 +25,11 @@ from tests.test_recipes_helpers import (
     RECIPES,
     assert_files,
     assert_no_secret_leaks,
+    output_texts,
     recipe_module,
     run_recipe,
     single_thread,  # noqa: F401  (autouse fixture)
+    whole_words_in,
 )
 
 common = recipe_module("common")
@@ -52,7 +54,7 @@ def test_arxiv_mlm_smoke_under_accelerate_launch(tmp_path):
             "no",
         ],
     )
-    assert_files(out, ["results.json", "results.md", "fig1.png", "run.log"])
+    assert_files(out, ["results.json", "results.md", "fig1.png", "arms.png", "run.log"])
     results = json.loads((out / "results.json").read_text())
     assert results["certified_for_this_run"] is True and results["warning"] is None
     rows = {(r["setting"], r["c_exponent"]): r for r in results["rows"]}
@@ -77,27 +79,45 @@ def test_arxiv_mlm_smoke_under_accelerate_launch(tmp_path):
         assert rows[(setting, 2)]["noise_multiplier"] < rows[(setting, 4)]["noise_multiplier"]
     # At c = 2^4 both settings train on the same sampling probabilities: one no-noise run serves both.
     assert rows[("paper", 4)]["run_no_noise"] == rows[("hush_hf", 4)]["run_no_noise"]
-    assert len(results["runs"]) == 3
+    assert [r["name"] for r in results["runs"]] == [
+        "non_private", "paper_c+4_no_noise", "paper_c+4_noise", "hush_hf_c+4_noise"]
+    # The 20 words and the 2 canaries (3 copies each) are the secrets of every plan.
+    data = results["data"]
+    assert (data["word_secrets"], data["canaries"], data["secrets"]) == (20, 2, 22)
+    assert data["trainable_parameters"] == 384 * 384 + 384 + 2 * 384 + 30522  # the MLM head (tied decoder)
+    # The four arms at one guarantee; with c = 2^4 the only trained c, hush_hf's arm is the no-LP tight run.
+    arms = {a["arm"]: a for a in results["arms"]}
+    assert list(arms) == ["non_private", "paper_no_lp", "dp_sgd_tight", "hush_hf"]
+    assert arms["non_private"]["sigma"] == 0 and arms["non_private"]["c"] is None
+    assert arms["paper_no_lp"]["sigma"] == rows[("paper", 4)]["noise_multiplier"]
+    assert arms["dp_sgd_tight"]["name"] == arms["hush_hf"]["name"] == "hush_hf_c+4_noise"
+    for arm in arms.values():
+        assert math.isfinite(arm["test_loss"]) and 0 <= arm["exposure_mean"] <= arm["exposure_max"] <= 33.3
+    loss = {name: arm["test_loss"] for name, arm in arms.items()}
+    expected_gap = (loss["paper_no_lp"] - loss["hush_hf"]) / (loss["paper_no_lp"] - loss["non_private"])
+    assert results["gap_closed"] == pytest.approx(expected_gap, rel=1e-12)
     plans = sorted(p.name for p in (out / "plans").glob("*.json"))
     assert plans == ["hush_hf_c+4.json", "paper_c+4.json"]  # the plans of the trained c
     table = (out / "results.md").read_text()
-    assert "| 2^2 |" in table and "| 2^4 |" in table
+    assert "| 2^2 |" in table and "| 2^4 |" in table and "| dp_sgd_tight | 2^4 | tight |" in table
+    assert f"hush_hf closes **{100 * results['gap_closed']:.0f}%**" in table
     assert "planning" in results["timings_seconds"] and "planning" in results["cpu_seconds"]
     planning = results["timings_seconds"]["planning"], results["cpu_seconds"]["planning"]
     assert f"planning {planning[0]:.0f} [{planning[1]:.0f}]" in table  # the planning phase on its own
     assert "Training runs" in done.stderr  # progress bars
-    assert_no_secret_leaks(out, smoke_secret_words())
+    words, canary_values = smoke_secrets()
+    assert_no_secret_leaks(out, words)
+    assert not whole_words_in(canary_values, output_texts(out))
 
 
-def smoke_secret_words() -> set[str]:
-    """The secret words of the arxiv_mlm smoke preset, recomputed independently of the recipe's run."""
+def smoke_secrets() -> tuple[set[str], list[str]]:
+    """The secret words and canary values of the arxiv_mlm smoke preset, recomputed outside the run."""
     args, _ = common.parse_recipe_arguments(
         arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="t", argv=["--smoke"]
     )
-    train, _, _ = arxiv_mlm.load_corpus(args)
-    secrets = arxiv_mlm.choose_secrets(args, train)
-    assert len(secrets) == 20
-    return {s.name for s in secrets}
+    _, _, _, secrets, canaries, num_words = arxiv_mlm.load_data(args)
+    assert num_words == 20 and len(canaries) == 2
+    return {s.name for s in secrets[:num_words]}, [c.value for c in canaries]
 
 
 @pytest.mark.filterwarnings("ignore:noise_multiplier=0")
@@ -138,8 +158,10 @@ def test_accounting_scale_trains_with_less_noise_and_says_so(tmp_path):
         (["--noise_multiplier", "1.0"], r"noise_multiplier=1\.0: this recipe sets noise_multiplier"),
         (["--accounting_scale", "0.5"], r"accounting_scale must be >= 1 .*got 0\.5"),
         (["--settings", "paper", "paper"], r"settings must be distinct names"),
-        (["--secret_selection", "tfidf"], r"secret_selection must be 'df' or 'rank', got 'tfidf'"),
-        (["--c_unit", "bits"], r"c_unit must be 'relative' or 'absolute', got 'bits'"),
+        (["--secret_selection", "tfidf"], r"secret_selection must be one of \['df', 'rank'\], got 'tfidf'"),
+        (["--c_unit", "bits"], r"c_unit must be one of \['relative', 'absolute'\], got 'bits'"),
+        (["--trainable", "norms"], r"trainable must be one of \['head', 'lora', 'all'\], got 'norms'"),
+        (["--num_canaries", "-1"], r"num_canaries must be an integer >= 0, got -1"),
         (["--test_fraction", "0.9"], r"test_fraction must be a number in \(0, 0\.5\], got 0\.9"),
     ],
 )
@@ -169,13 +191,34 @@ def test_paper_preset_needs_a_dataset_and_takes_the_papers_settings(tmp_path):
 def test_relative_c_unit_makes_c_16_keep_every_example():
     sizes = np.array([50, 100, 0, 75])
     budget = np.array([0.01, 0.004, 0.02, 0.016])
-    unit = arxiv_mlm.c_unit_for(sizes, budget, "relative")
+    unit = common.c_unit_for(sizes, budget, "relative")
     capacity = 16 * unit * budget
     assert np.all(capacity[sizes > 0] >= sizes[sizes > 0] * (1 - 1e-12))
     assert np.isclose(capacity / np.maximum(sizes, 1), 1.0).sum() == 1  # the tightest secret binds exactly
-    assert arxiv_mlm.c_unit_for(sizes, budget, "absolute") == 1.0
+    assert common.c_unit_for(sizes, budget, "absolute") == 1.0
     with pytest.raises(ValueError, match="no training example contains any secret"):
-        arxiv_mlm.c_unit_for(np.zeros(3), budget[:3], "relative")
+        common.c_unit_for(np.zeros(3), budget[:3], "relative")
+
+
+def test_trainable_subsets_unfreeze_the_head_the_adapters_or_everything():
+    """head: the MLM head's transform and output bias, never the tied decoder (the pretrained embeddings);
+    lora: rank-8 adapters on every query and value projection plus that head; all: every parameter."""
+    args, _ = common.parse_recipe_arguments(
+        arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="t", argv=["--smoke"]
+    )
+    trained = {}
+    for subset in ("head", "lora", "all"):
+        args.trainable = subset
+        model = arxiv_mlm.build_model(args, seed=0)
+        trained[subset] = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    head = {n.removeprefix("cls.predictions."): k for n, k in trained["head"].items()}
+    assert head == {"bias": 30522, "transform.dense.weight": 384 * 384, "transform.dense.bias": 384,
+                    "transform.LayerNorm.weight": 384, "transform.LayerNorm.bias": 384}
+    adapters = {n: k for n, k in trained["lora"].items() if ".lora_" in n}
+    assert len(adapters) == 6 * 2 * 2 and sum(adapters.values()) == 6 * 2 * 2 * 384 * 8  # layers x q,v x A,B
+    others = {n.removeprefix("base_model.model.") for n in trained["lora"] if ".lora_" not in n}
+    assert others == set(trained["head"])
+    assert sum(trained["all"].values()) == 22_565_376 + 384 * 384 + 3 * 384 + 30522  # encoder + head
 
 
 # ------------------------------------------------------------------------------ masked-positions head
@@ -316,6 +359,30 @@ def test_markdown_and_json_helpers():
         "y": [2, None],
         "p": "a",
     }
+
+
+def test_pivot_table_and_series_follow_the_rows():
+    rows = [{"c": 1, "s": "a", "x": 0.5}, {"c": 2, "s": "a", "x": 0.25}, {"c": 1, "s": "b", "x": 3}]
+    table = common.pivot_table(rows, row="c", column="s", values={"x": "loss"}, row_format="2^{}")
+    assert table.splitlines() == [
+        "| c | loss [a] | loss [b] |", "|---|---|---|", "| 2^1 | 0.5 | 3 |", "| 2^2 | 0.25 | — |"]
+    assert common.series_by(rows, "s", "c", "x") == {"a": ([1, 2], [0.5, 0.25]), "b": ([1], [3])}
+    unscored = {"c": 3, "s": "a", "x": None}  # a run that was not trained: no point
+    assert common.series_by([*rows, unscored], "s", "c", "x")["a"] == ([1, 2], [0.5, 0.25])
+
+
+def test_split_holds_out_whole_groups_and_keeps_the_order():
+    import datasets
+
+    corpus = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(10)], "doc": list("aabbbcdddd")})
+    train, test = common.split_held_out(corpus, 0.5, seed=3, group_column="doc")
+    assert len(train) + len(test) == 10 and not set(train["doc"]) & set(test["doc"])
+    assert len(set(test["doc"])) == 2  # half of the 4 groups
+    for part in (train, test):
+        assert part["text"] == sorted(part["text"], key=lambda t: int(t.split()[1]))
+    rows_train, rows_test = common.split_held_out(corpus, 0.3, seed=3, max_train=4)
+    assert (len(rows_train), len(rows_test)) == (4, 3)
+    assert not set(rows_train["text"]) & set(rows_test["text"])
 
 
 # ------------------------------------------------------------------------------ launch configurations

@@ -20,6 +20,7 @@ from tests.test_recipes_helpers import (
 )
 
 code_completion = recipe_module("code_completion")
+code_imports = recipe_module("code_imports")
 
 
 # ------------------------------------------------------------------------------ gpt2_canary (recipe 2)
@@ -136,7 +137,7 @@ def test_import_graph_counts_definitions_and_imports_not_mentions():
             "x = 'import ssl'  # import socket",
         ]
     )
-    names, parsed = code_completion.referenced_modules(source, "a.b.c", is_package=False)
+    names, parsed = code_imports.referenced_modules(source, "a.b.c", is_package=False)
     assert parsed
     assert names == {
         "a",
@@ -152,7 +153,7 @@ def test_import_graph_counts_definitions_and_imports_not_mentions():
         "a.b.sub.mod",
         "a.b.sub.mod.name",
     }
-    package, _ = code_completion.referenced_modules(
+    package, _ = code_imports.referenced_modules(
         "from . import x\nfrom .. import y", "a.b", is_package=True
     )
     assert package == {"a", "a.b", "a.b.x", "a.y"}
@@ -160,14 +161,14 @@ def test_import_graph_counts_definitions_and_imports_not_mentions():
 
 def test_import_graph_falls_back_to_import_lines_when_ast_cannot_parse():
     source = "import zipfile, tarfile as t\nfrom .util import go\nprint 'python 2'\n"
-    names, parsed = code_completion.referenced_modules(source, "pkg.mod", is_package=False)
+    names, parsed = code_imports.referenced_modules(source, "pkg.mod", is_package=False)
     assert not parsed
     assert {"pkg.mod", "zipfile", "tarfile", "pkg.util", "pkg.util.go"} <= names
 
 
 def test_module_paths_and_length_matched_alternatives():
-    assert code_completion.module_of("email/mime/__init__.py") == ("email.mime", True)
-    assert code_completion.module_of("json/decoder.py") == ("json.decoder", False)
+    assert code_imports.module_of("email/mime/__init__.py") == ("email.mime", True)
+    assert code_imports.module_of("json/decoder.py") == ("json.decoder", False)
     from hush_hf.assets import gpt2_tokenizer
     from hush_hf.secrets import Secret
 

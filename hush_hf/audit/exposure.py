@@ -13,6 +13,10 @@ When |R| is too large to enumerate, the rank is extrapolated from a uniform samp
 (Sec. 4.3, "Approximating exposure"): rank ~ 1 + (|R| - 1) F(Px(canary)), with F the distribution
 function of the log-perplexity of a random candidate, either the sample's empirical CDF or a
 skew-normal fitted to the sample (the paper's choice, which extrapolates into the tail).
+
+A masked LM has no log-perplexity; its candidates are ranked by minus the fill-in log-likelihood
+sum_i log P(token i of s[r]) with the template around one [MASK] per token of the value, all masks
+filled at once (the masked LM's attack of :mod:`hush_hf.audit.reconstruction`).
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from hush_hf.audit.canaries import Canary, CanarySpace
-from hush_hf.audit.scoring import check_positive_int, encode, sequence_log_probs
+from hush_hf.audit.canaries import PLACEHOLDER, Canary, CanarySpace
+from hush_hf.audit.reconstruction import masked_fill_scores
+from hush_hf.audit.scoring import ModelKind, check_positive_int, encode, sequence_log_probs
 
 ExposureMethod = Literal["exact", "empirical", "skewnorm"]
 CHANCE_EXPOSURE_BITS = 1.0 / math.log(2.0)  # E[log2 N - log2 U{1..N}] -> 1/ln 2 as N grows
@@ -126,12 +131,14 @@ class CanaryExposure:
 
 def canary_exposures(model: Any, tokenizer: Any, canaries: Sequence[Canary], *,
                      method: ExposureMethod | Literal["auto"] = "auto", max_exact: int = 100_000,
-                     num_samples: int = 5_000, batch_size: int = 64, seed: int = 0) -> list[CanaryExposure]:
-    """The exposure of each canary under a causal LM (one shared scoring of the candidates).
+                     num_samples: int = 5_000, batch_size: int = 64, seed: int = 0,
+                     kind: ModelKind = "causal") -> list[CanaryExposure]:
+    """The exposure of each canary under a causal LM, or a masked LM with ``kind="masked"`` (one shared
+    scoring of the candidates).
 
     ``method="auto"`` enumerates R exactly when |R| <= ``max_exact`` and otherwise fits a skew-normal
-    to ``num_samples`` candidates drawn uniformly from R (seeded). Each candidate text is tokenized
-    whole, as in training, and scored by its log-perplexity.
+    to ``num_samples`` candidates drawn uniformly from R without the canaries (seeded). Each candidate
+    text is tokenized whole, as in training, and scored by its log-perplexity.
     """
     if not canaries:
         raise ValueError("canaries must hold at least one canary, got none")
@@ -145,7 +152,13 @@ def canary_exposures(model: Any, tokenizer: Any, canaries: Sequence[Canary], *,
     if method not in ("exact", "empirical", "skewnorm"):
         raise ValueError(f"method must be 'auto', 'exact', 'empirical' or 'skewnorm', got {method!r}")
 
+    if kind not in ("causal", "masked"):
+        raise ValueError(f"kind must be 'causal' or 'masked', got {kind!r}")
+
     def log_perplexity(values: Sequence[str]) -> np.ndarray:
+        if kind == "masked":
+            before, after = space.template.split(PLACEHOLDER)
+            return -masked_fill_scores(model, tokenizer, before, after, values, batch_size=batch_size)
         ids = encode(tokenizer, [space.text(v) for v in values])
         return -sequence_log_probs(model, ids, batch_size=batch_size)
 
@@ -163,8 +176,15 @@ def canary_exposures(model: Any, tokenizer: Any, canaries: Sequence[Canary], *,
                                           canary.repetitions))
         return results
     canary_scores = log_perplexity([c.value for c in canaries])
-    rng = np.random.default_rng(seed)
-    sample = log_perplexity(space.random_values(check_positive_int("num_samples", num_samples), rng))
+    # The other candidates, uniform on R minus the canaries: a canary in its own reference sample would
+    # rank it against itself, and make_canaries with the same seed draws exactly the first values here.
+    rng, inserted = np.random.default_rng(seed), {c.value for c in canaries}
+    if len(inserted) >= space.size:
+        raise ValueError(f"the canaries take all {space.size} values of R: no other candidate to rank")
+    others: list[str] = []
+    while len(others) < check_positive_int("num_samples", num_samples):
+        others += [v for v in space.random_values(num_samples - len(others), rng) if v not in inserted]
+    sample = log_perplexity(others)
     estimates = estimated_exposures(canary_scores, sample, space.size, method)
     return [
         CanaryExposure(canary.index, exposure, rank, space.size, method, sample.size, canary.repetitions)

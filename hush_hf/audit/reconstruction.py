@@ -201,35 +201,40 @@ def special_wrapping(tokenizer: Any) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def _masked_scores(model: Any, tokenizer: Any, probe: SecretProbe, batch_size: int) -> np.ndarray:
+def masked_fill_scores(model: Any, tokenizer: Any, before: str, after: str, values: Sequence[str], *,
+                       batch_size: int = 16) -> np.ndarray:
+    """sum_i log P(value token i at mask i) of each value in ``before`` + masks + ``after``, one mask per
+    token of the value, all filled at once (the fill-in score of a masked LM); -inf for an empty value."""
     mask_id = tokenizer.mask_token_id
     if mask_id is None:
         raise ValueError("the tokenizer has no mask token, so the model cannot be probed as a masked LM")
+    batch_size = check_positive_int("batch_size", batch_size)
     model.eval()
     device = model_device(model)
     head, tail = special_wrapping(tokenizer)
-    rows = []
-    for before, written, after in probe.contexts:
-        values = (written, *probe.alternatives)
-        value_ids = encode(tokenizer, values, add_special_tokens=False)
-        left = encode(tokenizer, [before], add_special_tokens=False)[0]
-        right = encode(tokenizer, [after], add_special_tokens=False)[0]
-        # One forward pass per distinct value length: the input (all masks) does not depend on the value.
-        lengths = sorted({len(ids) for ids in value_ids})
-        inputs = [head + left + [mask_id] * n + right + tail for n in lengths]
-        offset = len(head) + len(left)  # position of the first mask in every input
-        log_probs: dict[int, torch.Tensor] = {}
-        for start in range(0, len(inputs), batch_size):
-            ids, attention = pad(inputs[start:start + batch_size], side="right",
-                                 pad_id=tokenizer.pad_token_id or 0, device=device)
-            logits = logits_of(model(input_ids=ids, attention_mask=attention)).float()
-            for row, n in enumerate(lengths[start:start + batch_size]):
-                log_probs[n] = torch.log_softmax(logits[row, offset:offset + n], dim=-1).double().cpu()
-        rows.append(np.array([
-            float(log_probs[len(ids)][torch.arange(len(ids)), torch.as_tensor(ids)].sum()) if ids else -np.inf
-            for ids in value_ids
-        ]))
-    return np.stack(rows)
+    value_ids = encode(tokenizer, values, add_special_tokens=False)
+    left = encode(tokenizer, [before], add_special_tokens=False)[0]
+    right = encode(tokenizer, [after], add_special_tokens=False)[0]
+    # One forward pass per distinct value length: the input (all masks) does not depend on the value.
+    lengths = sorted({len(ids) for ids in value_ids})
+    inputs = [head + left + [mask_id] * n + right + tail for n in lengths]
+    offset = len(head) + len(left)  # position of the first mask in every input
+    log_probs: dict[int, torch.Tensor] = {}
+    for start in range(0, len(inputs), batch_size):
+        ids, attention = pad(inputs[start:start + batch_size], side="right",
+                             pad_id=tokenizer.pad_token_id or 0, device=device)
+        logits = logits_of(model(input_ids=ids, attention_mask=attention)).float()
+        for row, n in enumerate(lengths[start:start + batch_size]):
+            log_probs[n] = torch.log_softmax(logits[row, offset:offset + n], dim=-1).double().cpu()
+    return np.array([
+        float(log_probs[len(ids)][torch.arange(len(ids)), torch.as_tensor(ids)].sum()) if ids else -np.inf
+        for ids in value_ids
+    ])
+
+
+def _masked_scores(model: Any, tokenizer: Any, probe: SecretProbe, batch_size: int) -> np.ndarray:
+    return np.stack([masked_fill_scores(model, tokenizer, before, after, (written, *probe.alternatives),
+                                        batch_size=batch_size) for before, written, after in probe.contexts])
 
 
 def candidate_scores(model: Any, tokenizer: Any, probe: SecretProbe, *, kind: ModelKind | None = None,

@@ -1,0 +1,71 @@
+"""The recipes' corpora: an offline default or the user's dataset, and a seeded held-out split."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def load_corpus(
+    dataset_name: str | None,
+    split: str,
+    columns: Sequence[str],
+    *,
+    offline: Callable[[], Any],
+    offline_source: str,
+) -> tuple[Any, str]:
+    """``(dataset, description)``: ``offline()`` when ``dataset_name`` is None, else the Hub dataset or
+    local file (``hush_hf.data.load_text_dataset``); ValueError naming a missing column."""
+    if dataset_name is None:
+        corpus, source = offline(), offline_source
+    else:
+        from hush_hf.data import load_text_dataset
+
+        corpus, source = load_text_dataset(dataset_name, split=split), f"{dataset_name} [{split}]"
+    for name in columns:
+        if name not in corpus.column_names:
+            raise ValueError(f"column {name!r} is not in the dataset (columns: {corpus.column_names})")
+    return corpus, source
+
+
+def split_held_out(
+    corpus: Any,
+    fraction: float,
+    *,
+    seed: int,
+    group_column: str | None = None,
+    max_train: int | None = None,
+    max_test: int | None = None,
+) -> tuple[Any, Any]:
+    """``(train, test)``: a seeded ``fraction`` of the rows held out, or of the groups (e.g. whole papers)
+    when ``group_column`` is given; each side keeps its original row order and is cut to its maximum."""
+    rng = np.random.default_rng(seed)
+    if group_column is None:
+        held_out = np.zeros(len(corpus), dtype=bool)
+        held_out[rng.permutation(len(corpus))[: max(1, round(fraction * len(corpus)))]] = True
+    else:
+        groups = np.asarray(corpus[group_column])
+        names = np.unique(groups)
+        held_out = np.isin(groups, rng.permutation(names)[: max(1, round(fraction * names.size))])
+    train = corpus.select(np.flatnonzero(~held_out)[:max_train])
+    test = corpus.select(np.flatnonzero(held_out)[:max_test])
+    if len(train) < 2 or len(test) < 1:
+        raise ValueError(f"the split left {len(train)} training and {len(test)} test examples")
+    return train, test
+
+
+def describe_counts(counts: Any) -> dict[str, float]:
+    """min / median / max / mean of a vector of counts (e.g. examples per secret)."""
+    import numpy as np
+
+    counts = np.asarray(counts)
+    if counts.size == 0:
+        return {"min": 0, "median": 0, "max": 0, "mean": 0}
+    return {
+        "min": int(counts.min()),
+        "median": float(np.median(counts)),
+        "max": int(counts.max()),
+        "mean": float(counts.mean()),
+    }

@@ -1,0 +1,55 @@
+"""Scoring trained models: the corpus-level token loss on fixed batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from common.arguments import check_int
+
+PerExampleLoss = Callable[[torch.nn.Module, dict[str, Any]], torch.Tensor]
+
+
+def collate_batches(
+    dataset: Any, collate_fn: Callable[[list[Any]], dict[str, Any]], batch_size: int
+) -> list[dict[str, Any]]:
+    """The dataset collated once into fixed batches (so every model is scored on the same masks)."""
+    check_int("batch_size", batch_size, minimum=1)
+    rows = [dataset[i] for i in range(len(dataset))]
+    return [collate_fn(rows[k : k + batch_size]) for k in range(0, len(rows), batch_size)]
+
+
+@torch.no_grad()
+def mean_token_loss(
+    model: torch.nn.Module,
+    batches: Sequence[dict[str, Any]],
+    per_example_loss: PerExampleLoss,
+    *,
+    causal: bool,
+) -> float:
+    """Token-weighted mean cross-entropy: sum_i n_i loss_i / sum_i n_i over every target token.
+
+    ``loss_i`` is ``per_example_loss`` (a mean over example i's n_i target tokens), so this is the
+    corpus-level loss transformers reports, independent of how the rows are batched.
+    """
+    from hush_hf.trainer.losses import model_inputs
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, tokens = 0.0, 0
+    try:
+        for batch in batches:
+            labels = batch["labels"]
+            targets = labels[:, 1:] if causal else labels
+            n = (targets != -100).sum(dim=1)
+            losses = per_example_loss(model, model_inputs(model, batch, device))
+            total += float((losses.double().cpu() * n.double()).sum())
+            tokens += int(n.sum())
+    finally:
+        model.train(was_training)
+    if tokens == 0:
+        raise ValueError("the evaluation set has no target tokens")
+    return total / tokens

@@ -1,0 +1,247 @@
+"""What every recipe writes: ``results.json``, ``results.md`` (tables, figures, timings, notes) and PNG plots.
+
+Secrets are referred to by index only: nothing here receives a secret string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from common.logs import Stopwatch, logger
+
+RESULTS_JSON = "results.json"
+RESULTS_MARKDOWN = "results.md"
+# SecretProtectionConfig fields every recipe records among its choices.
+RECORDED_CONFIG_FIELDS = (
+    "max_steps",
+    "expected_batch_size",
+    "per_example_clip_norm",
+    "learning_rate",
+    "accountant",
+    "lp_c",
+    "seed",
+    "world_size",
+)
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with numpy scalars/arrays, paths and non-finite floats made JSON-safe."""
+    import numpy as np
+
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return json_ready(value.tolist())
+    if isinstance(value, np.generic):
+        return json_ready(value.item())
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json_ready(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def fmt(value: Any, spec: str = ".4g") -> str:
+    """A table cell: numbers with ``spec``, None as an em dash, the rest as text."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, numbers.Real):
+        return "—" if not math.isfinite(value) else format(value, spec)
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def new_figure(rows: int, cols: int, *, width: float, height: float) -> tuple[Any, Any]:
+    """A matplotlib figure on the Agg canvas (no pyplot state, works without a display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, cols, squeeze=False)
+    return figure, axes
+
+
+def save_figure(figure: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def run_choices(args: Any, config: Any, *, leave_out: Sequence[str] = ()) -> dict[str, Any]:
+    """The recipe's arguments and the training fields of ``config`` that every results file records."""
+    recorded = {k: v for k, v in dataclasses.asdict(args).items() if k not in leave_out}
+    return {**recorded, **{name: getattr(config, name) for name in RECORDED_CONFIG_FIELDS}}
+
+
+def timings_line(timings: Mapping[str, float], cpu: Mapping[str, float]) -> str:
+    """``phase wall [CPU]`` for every phase, in seconds (the CPU time is what the work costs here)."""
+    cells = [f"{phase} {wall:.0f} [{cpu.get(phase, float('nan')):.0f}]" for phase, wall in timings.items()]
+    return "Timings (wall seconds, process CPU seconds in brackets): " + ", ".join(cells) + "."
+
+
+def results_page(
+    title: str,
+    facts: Sequence[str],
+    sections: Sequence[tuple[str, str]],
+    *,
+    results: Mapping[str, Any],
+    warning: str | None = None,
+) -> str:
+    """``results.md``: an optional warning, the title, facts (one paragraph each), sections (heading,
+    markdown body: tables, figure links), the timings and ``results["notes"]`` as a list."""
+    parts = [f"> **WARNING: {warning}**", ""] if warning else []
+    parts += [f"# {title}", ""]
+    for fact in facts:
+        parts += [fact, ""]
+    for heading, body in sections:
+        parts += ([f"## {heading}", ""] if heading else []) + [body, ""]
+    parts += [timings_line(results["timings_seconds"], results["cpu_seconds"]), ""]
+    parts += [f"- {note}" for note in results["notes"]]
+    return "\n".join(parts) + "\n"
+
+
+def finish(
+    results: dict[str, Any], output_dir: Path, watch: Stopwatch, page: Any, *, main_process: bool
+) -> None:
+    """Stamp the total times into ``results`` and, on the main process, write ``results.json`` and
+    ``results.md`` (``page(results)`` gives its text)."""
+    results["timings_seconds"] = {**watch.seconds, "total": watch.total()}
+    results["cpu_seconds"] = {**watch.cpu_seconds, "total": watch.total_cpu()}
+    if not main_process:
+        return
+    write_json(output_dir / RESULTS_JSON, results)
+    (output_dir / RESULTS_MARKDOWN).write_text(page(results), encoding="utf-8")
+    logger.info("Results in %s (%.0f s, CPU %.0f s)", output_dir, watch.total(), watch.total_cpu())
+
+
+def bar_panels(
+    path: Path,
+    labels: Sequence[str],
+    panels: Sequence[tuple[str, Sequence[Any], float | None]],
+    *,
+    title: str,
+    colors: Sequence[str] | None = None,
+) -> Path:
+    """One bar chart per panel ``(title, value per label, reference line or None)``, side by side."""
+    figure, axes = new_figure(1, len(panels), width=3.8 * len(panels), height=3.6)
+    for ax, (panel_title, values, reference) in zip(axes.ravel(), panels, strict=True):
+        heights = [math.nan if v is None else v for v in values]
+        ax.bar(list(labels), heights, color=colors)
+        ax.set_title(panel_title, fontsize=10)
+        ax.tick_params(axis="x", labelsize=8, labelrotation=20)
+        if reference is not None:
+            ax.axhline(reference, color="black", linestyle=":", linewidth=1)
+    figure.suptitle(title, fontsize=10)
+    return save_figure(figure, path)
+
+
+def line_panels(
+    path: Path,
+    panels: Sequence[Mapping[str, Any]],
+    *,
+    title: str,
+    columns: int = 2,
+) -> Path:
+    """Line plots, one panel per mapping: ``title``, ``xlabel``, ``ylabel``, ``series`` ({label: (xs, ys)}),
+    optional ``hline`` (value, label), ``logx`` (base), ``logy`` (bool)."""
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = new_figure(rows, columns, width=5.5 * columns, height=4 * rows)
+    markers = "osd^v<>"
+    for ax, panel in zip(axes.ravel(), panels, strict=False):
+        for k, (label, (xs, ys)) in enumerate(panel["series"].items()):
+            ax.plot(xs, ys, marker=markers[k % len(markers)], label=label)
+        if panel.get("hline"):
+            value, label = panel["hline"]
+            ax.axhline(value, color="gray", linestyle=":", label=label)
+        if panel.get("logx"):
+            ax.set_xscale("log", base=panel["logx"])
+        if panel.get("logy"):
+            ax.set_yscale("log")
+        ax.set(xlabel=panel["xlabel"], ylabel=panel["ylabel"], title=panel["title"])
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
+    figure.suptitle(title, fontsize=10)
+    return save_figure(figure, path)
+
+
+def comparison(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    panels: Sequence[tuple[str, str, float | None]],
+    path: Path,
+    *,
+    title: str,
+    label: str = "arm",
+    draw: bool = True,
+) -> str:
+    """A comparison of trained models: the markdown table of ``columns`` (one row each) and, at ``path``
+    (when ``draw``), a bar chart per panel ``(column, panel title, reference line or None)``; returns the
+    table and the figure's link."""
+    colors = ["tab:red", "tab:gray", "tab:orange", "tab:blue", "tab:green", "tab:purple"]
+    if draw:
+        bars = [(name, [r.get(key) for r in rows], line) for key, name, line in panels]
+        names = [str(r[label]) for r in rows]
+        bar_panels(path, names, bars, title=title, colors=(colors * len(rows))[: len(rows)])
+    table = markdown_table(columns, [[r.get(c) for c in columns] for r in rows])
+    return f"{table}\n\n![{path.stem}]({path.name})"
+
+
+def series_by(rows: Sequence[Mapping[str, Any]], group: str, x: str, y: str) -> dict[str, tuple[list, list]]:
+    """``{group value: (xs, ys)}`` from the rows that have a ``y`` (in row order): the lines of a plot."""
+    series: dict[str, tuple[list, list]] = {}
+    for row in rows:
+        if row.get(y) is not None:
+            xs, ys = series.setdefault(str(row[group]), ([], []))
+            xs.append(row[x])
+            ys.append(row[y])
+    return series
+
+
+def pivot_table(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    row: str,
+    column: str,
+    values: Mapping[str, str],
+    row_title: str | None = None,
+    row_format: str = "{}",
+    header: str = "{title} [{column}]",
+) -> str:
+    """A markdown table with one line per distinct ``row`` value and, for each ``values`` key (a column
+    of the rows, titled by its value), one cell per distinct ``column`` value (first-seen order); cells
+    are headed ``header.format(title=..., column=...)``."""
+    lines = list(dict.fromkeys(r[row] for r in rows))
+    columns = list(dict.fromkeys(r[column] for r in rows))
+    cell = {(r[row], r[column]): r for r in rows}
+    titles = [row_title or row] + [header.format(title=t, column=c) for t in values.values() for c in columns]
+    body = [
+        [row_format.format(line)] + [cell.get((line, c), {}).get(key) for key in values for c in columns]
+        for line in lines
+    ]
+    return markdown_table(titles, body)
