@@ -54,6 +54,7 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
+from hush_hf.clipping import clipped_sums
 from hush_hf.clipping.factors import (
     PerExampleGrad,
     combine_uses,
@@ -883,6 +884,9 @@ class GhostClipper:
 
     def clipped_backward(self, per_example_loss: Tensor) -> Tensor:
         """Adds ``sum_i min(1, C/||g_i||) g_i`` to ``p.grad`` (accumulating); returns the norms (float64).
+        A bf16/fp16 parameter's sum accumulates in float32 beside it instead (``clipped_sums``): the
+        noise is added to that, and ``clipped_sums.round_into_grads_`` (or ``privatize_gradients_``)
+        writes ``p.grad``.
 
         One backward pass over the graph of one forward (the output gradients of the hooked layers, not
         the parameter gradients; the graph is freed like ``backward()`` frees it), the norms, then the
@@ -1016,11 +1020,12 @@ class GhostClipper:
 
     @staticmethod
     def _accumulate(p: nn.Parameter, grad: Tensor | None) -> None:
-        """``p.grad += grad``. A sharded (FSDP2, DTensor) parameter gets the sum over ranks of each
-        rank's full-size ``grad``, reduce-scattered to its own shard: a collective, so every rank makes
-        the same calls (a parameter with no recorded use contributes zeros). The reduce-scatter runs in
-        float32 at least (the dtype ``grad`` is built in), whatever FSDP's ``reduce_dtype``: a bf16 shard
-        is rounded once, after the sum over ranks."""
+        """``p.grad += grad``, or for a bf16/fp16 parameter its float32 clipped sum (``clipped_sums``:
+        rounded into ``p.grad`` only after the noise). A sharded (FSDP2, DTensor) parameter gets the sum
+        over ranks of each rank's full-size ``grad``, reduce-scattered to its own shard: a collective, so
+        every rank makes the same calls (a parameter with no recorded use contributes zeros). The
+        reduce-scatter runs in float32 at least (the dtype ``grad`` is built in), whatever FSDP's
+        ``reduce_dtype``."""
         if isinstance(p, DTensor):
             zeros = grad is None
             dtype = torch.promote_types(p.dtype, torch.float32)
@@ -1031,10 +1036,7 @@ class GhostClipper:
             )
         elif grad is None:
             return
-        if p.grad is None:
-            p.grad = grad.to(p.dtype)
-        else:
-            p.grad.add_(grad.to(p.grad.dtype))
+        clipped_sums.accumulate_(p, grad)  # a bf16/fp16 parameter's sum stays in float32 until the noise
 
     # ----------------------------------------------------------------------------- self-check
     def _rebuild(self, result: _Pass, coef: Tensor) -> dict[str, Tensor]:

@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint, seed_worker
 
-from hush_hf.clipping import GhostClipper
+from hush_hf.clipping import GhostClipper, clipped_sums
 from hush_hf.planning.plan import ProtectionPlan
 from hush_hf.planning.verification import Verification
 from hush_hf.sampling import WeightedPoissonSampler, draw_dp_seed
@@ -68,7 +68,7 @@ from hush_hf.trainer.fsdp import check_fsdp_plugin, filler_micro_batches, is_sha
 from hush_hf.trainer.independence import RTOL, alone, check_rows, coupled_rows, precision
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs, unwrap_model
 from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
-from hush_hf.trainer.noise import ensure_grads_, privatize_gradients_
+from hush_hf.trainer.noise import privatize_gradients_
 from hush_hf.trainer.padding import right_align
 from hush_hf.trainer.plan_setup import (
     SECRET_IDS_COLUMN,
@@ -661,7 +661,8 @@ class GhostClippingCallback(TrainerCallback):
         )
 
     def training_step(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
-        """Accumulate ``sum_i clip(g_i, C)`` over this rank's share into ``p.grad``; return its mean loss.
+        """Accumulate ``sum_i clip(g_i, C)`` over this rank's share into ``p.grad`` (in float32 beside a
+        bf16/fp16 parameter, :mod:`hush_hf.clipping.clipped_sums`); return its mean loss.
 
         The forward runs on the unwrapped model (under DDP's ``no_sync``): DDP's averaging hook must
         not touch the clipped sums. A left-padded share is re-padded to the right first (exact, see
@@ -682,8 +683,7 @@ class GhostClippingCallback(TrainerCallback):
         module.train()
         if callable(getattr(trainer.optimizer, "train", None)):
             trainer.optimizer.train()
-        for p in self._params:  # only this step's clipped sum may reach the optimizer
-            p.grad = None
+        clipped_sums.discard_(self._params)  # only this step's clipped sum may reach the optimizer
         self._clipper.reset()
         if not self._independence_checked:
             self._check_independence(trainer)
@@ -889,11 +889,11 @@ class GhostClippingCallback(TrainerCallback):
         check_optimizer_params(kwargs.get("optimizer"), self._param_ids)  # param groups added mid-run
         step, count, public = self._pending
         self._pending = None
-        ensure_grads_(self._params)
+        sums = clipped_sums.clipped_sums_for_noise(self._params)  # float32 for bf16/fp16 parameters
         if public:
-            self._finish_public_step(count)
+            self._finish_public_step(count, sums)
             return
-        count = self._reduce_across_ranks(count)
+        count = self._reduce_across_ranks(count, sums)
         privatize_gradients_(
             self._params,
             noise_multiplier=float(self.noise_multiplier),
@@ -906,23 +906,23 @@ class GhostClippingCallback(TrainerCallback):
         self._drawn_since_log.append(count)
         self._steps_run = step + 1
 
-    def _reduce_across_ranks(self, count: int) -> int:
-        """Sum every rank's gradients (in place) and drawn-row counts; returns the total count. FSDP2
+    def _reduce_across_ranks(self, count: int, sums: list[Tensor]) -> int:
+        """Sum every rank's gradient sums (in place) and drawn-row counts; returns the total count. FSDP2
         shards already hold the sum over ranks (the clipping engine reduce-scatters each clipped sum)."""
         _, world_size = rank_and_world_size()
         if world_size == 1:
             return count
-        all_reduce_sum_(replicated([p.grad for p in self._params]))
+        all_reduce_sum_(replicated(sums))
         drawn = torch.tensor([float(count)], dtype=torch.float64, device=self._params[0].device)
         all_reduce_sum_([drawn])
         return int(drawn.item())
 
-    def _finish_public_step(self, count: int) -> None:
+    def _finish_public_step(self, count: int, sums: list[Tensor]) -> None:
         """CRT public step: the summed gradient of all ranks divided by the rows drawn (a mean)."""
-        count = self._reduce_across_ranks(count)
+        count = self._reduce_across_ranks(count, sums)
         with torch.no_grad():
-            for p in self._params:
-                p.grad.div_(max(count, 1))
+            for grad in sums:
+                grad.div_(max(count, 1))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """Write the seed into ``dp_state_dir`` (once per run), and the run id, step and plan into the

@@ -85,11 +85,10 @@ def check_fsdp_precision(policy: Any) -> None:
     margin of ``GhostClipper`` (``CLIP_MARGINS``: 2^-6, covering how differently the two routes round).
     What rounds after that is the sum of the clipped gradients: the engine reduce-scatters it over ranks
     itself, in float32 (``GhostClipper._accumulate``), so FSDP's ``reduce_dtype`` never touches it
-    (tests/test_fsdp.py: bf16 and float32 ``reduce_dtype`` train bit-identical models), and a bf16
-    parameter's gradient is rounded to bf16 after each micro-batch's sum, as under DDP, where the noise
-    is then added in float32 and rounded once. That rounding of a sum of clipped gradients is the
-    floating-point gap every DP-SGD implementation has (the mechanism is analysed in exact arithmetic);
-    it is smallest with float32 master weights (accelerate's ``mixed_precision: bf16``).
+    (tests/test_fsdp.py: bf16 and float32 ``reduce_dtype`` train bit-identical models). A bf16
+    parameter's clipped sum stays in float32 over micro-batches and ranks, as under DDP; the noise is
+    added to it in float32 and the result rounded once (:mod:`hush_hf.clipping.clipped_sums`), so the
+    sum the noise covers has sensitivity C whatever the parameter dtype.
     """
     for field in ("param_dtype", "reduce_dtype"):
         dtype = getattr(policy, field, None)

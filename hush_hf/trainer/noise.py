@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from hush_hf.clipping.clipped_sums import clipped_sums_for_noise, round_into_grads_
 from hush_hf.sampling.seeds import NOISE_STREAM, step_seed_sequence
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -63,14 +64,6 @@ def shard_rows(full: torch.Tensor, grad: DTensor) -> torch.Tensor:
     return local
 
 
-def ensure_grads_(params: Sequence[nn.Parameter]) -> None:
-    """Give every parameter without a gradient a zero one (an empty batch, an unused layer): the
-    noise must still be added to it, or the step would reveal which parameters the batch touched."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-
-
 def privatize_gradients_(
     params: Sequence[nn.Parameter],
     *,
@@ -80,12 +73,15 @@ def privatize_gradients_(
     dp_seed: int,
     step: int,
 ) -> None:
-    """In place: ``p.grad <- (p.grad + N(0, (sigma C)^2 I)) / B`` for every parameter, in order.
+    """In place: ``p.grad <- (S_p + N(0, (sigma C)^2 I)) / B`` for every parameter, in order, with
+    ``S_p`` the clipped sum (``clipped_sums.clipped_sums_for_noise``: ``p.grad``, or the float32 sum the
+    engine keeps beside a bf16/fp16 parameter).
 
     Parameters are visited in the given order and each device draws from its own stream, so the
-    same call gives the same noise on every rank. Low-precision gradients get the noise added in
+    same call gives the same noise on every rank. Low-precision parameters get the noise added in
     float32 and are rounded once afterwards: rounding after the mechanism is post-processing, while
-    rounding the noise first would no longer be a Gaussian mechanism.
+    rounding the noise first would no longer be a Gaussian mechanism, and rounding the clipped sum
+    first would no longer bound its sensitivity by C.
     """
     if not (np.isfinite(noise_multiplier) and noise_multiplier >= 0):
         raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
@@ -94,11 +90,9 @@ def privatize_gradients_(
     if not (np.isfinite(expected_batch_size) and expected_batch_size > 0):
         raise ValueError(f"expected_batch_size must be a positive finite number, got {expected_batch_size!r}")
     std = float(noise_multiplier) * float(clip_norm)
-    ensure_grads_(params)
     generators: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
-        for p in params:
-            grad = p.grad
+        for grad in clipped_sums_for_noise(params):
             if std > 0:
                 device = grad.device
                 if device not in generators:
@@ -114,3 +108,4 @@ def privatize_gradients_(
                     continue
                 grad.add_(noise, alpha=std)
             grad.div_(expected_batch_size)
+    round_into_grads_(params)

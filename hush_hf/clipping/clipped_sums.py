@@ -1,0 +1,87 @@
+"""Where the clipped sum ``S = sum_i c_i g_i`` of a step lives until the noise is added.
+
+DP-SGD's guarantee is about ``S + N(0, sigma^2 C^2 I)`` with ``||c_i g_i|| <= C`` (Hush Alg. 2, lines
+8-10): adding one example moves ``S`` by at most C. That holds for ``S`` itself, not for ``S`` rounded to
+bf16 or fp16: rounding moves every entry by up to ``2^-9 |S_j|`` (bf16), so the rounded sum of a batch of
+B clipped gradients can move by up to about ``2^-9 B C`` when one example is added, more than C once
+B > 512 and a sizeable fraction of C well before. So a low-precision parameter's clipped sum is kept
+beside it in float32 (``p.hush_clipped_sum``, the way Opacus keeps ``p.summed_grad``), accumulated over
+micro-batches and summed over ranks in float32, the noise is added to it in float32, and only the noisy
+result is rounded into ``p.grad`` (rounding after the mechanism is post-processing). Float32 and float64
+parameters accumulate in ``p.grad`` directly, in their own dtype.
+
+The price is one float32 copy per bf16/fp16 trainable parameter (2x its bytes) during the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+_ATTRIBUTE = "hush_clipped_sum"
+
+
+def accumulate_(p: nn.Parameter, grad: Tensor) -> None:
+    """Add ``grad`` (a clipped sum, at least float32) to p's clipped sum: in float32 beside a
+    low-precision parameter, else into ``p.grad`` in p's dtype."""
+    if p.dtype in LOW_PRECISION:
+        total = getattr(p, _ATTRIBUTE, None)
+        if total is None:
+            setattr(p, _ATTRIBUTE, grad.to(torch.float32, copy=True))
+        else:
+            total.add_(grad.to(torch.float32))
+        return
+    if p.grad is None:
+        p.grad = grad.to(p.dtype)
+    else:
+        p.grad.add_(grad.to(p.grad.dtype))
+
+
+def clipped_sum(p: nn.Parameter) -> Tensor | None:
+    """The tensor holding p's clipped sum so far: the float32 one of a low-precision parameter, else
+    ``p.grad`` (None when nothing was added)."""
+    total = getattr(p, _ATTRIBUTE, None)
+    return total if total is not None else p.grad
+
+
+def clipped_sums_for_noise(params: Sequence[nn.Parameter]) -> list[Tensor]:
+    """One tensor per parameter, in order, that the noise is added to: the float32 clipped sum of a
+    low-precision parameter when the engine made one, else ``p.grad`` (zeros when None: every
+    coordinate gets noise, or the step would reveal which parameters the batch touched). Reduce these
+    over ranks, add the noise, then ``round_into_grads_``. Idempotent."""
+    out: list[Tensor] = []
+    for p in params:
+        total = getattr(p, _ATTRIBUTE, None)
+        if total is not None:
+            if p.grad is not None:
+                raise RuntimeError(
+                    f"a {p.dtype} parameter of shape {tuple(p.shape)} has both a float32 clipped sum and a "
+                    ".grad that did not come from the clipping engine; refusing to add noise to a gradient "
+                    "that was not clipped"
+                )
+            out.append(total)
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        out.append(p.grad)
+    return out
+
+
+def round_into_grads_(params: Sequence[nn.Parameter]) -> None:
+    """``p.grad <- round(float32 sum)`` for every low-precision parameter, and the float32 copy freed."""
+    for p in params:
+        total = getattr(p, _ATTRIBUTE, None)
+        if total is not None:
+            p.grad = total.to(p.dtype)
+            delattr(p, _ATTRIBUTE)
+
+
+def discard_(params: Sequence[nn.Parameter]) -> None:
+    """Forget every clipped sum (``p.grad`` and the float32 copies): the start of a step."""
+    for p in params:
+        p.grad = None
+        if hasattr(p, _ATTRIBUTE):
+            delattr(p, _ATTRIBUTE)
