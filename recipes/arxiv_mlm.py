@@ -331,13 +331,16 @@ def run(args: ArxivMLMArguments, config: Any) -> dict[str, Any]:
         name = args.model_name_or_path
         tokenizer = AutoTokenizer.from_pretrained(name) if name else bert_uncased_tokenizer()
 
-        def encode(data: Any) -> Any:
+        def encode(data: Any, keep_text: bool = False) -> Any:
             def tokens(batch: dict[str, Any]) -> Any:
                 return tokenizer(batch[args.text_column], truncation=True, max_length=args.max_seq_length)
 
-            return data.map(tokens, batched=True, remove_columns=[args.text_column], desc="Tokenizing")
+            dropped = [] if keep_text else [args.text_column]
+            return data.map(tokens, batched=True, remove_columns=dropped, desc="Tokenizing")
 
-        train, test = encode(train_text), encode(test_text)
+        # The training rows keep their text: the trainer checks their secret_ids against it (tag_dataset's
+        # digest of the tagged text), and Trainer drops the column before the collator.
+        train, test = encode(train_text, keep_text=True), encode(test_text)
         collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=args.mlm_probability)
         fixed = DataCollatorForLanguageModeling(tokenizer, args.mlm_probability, seed=args.secret_seed)
         test_batches = collate_batches(test, fixed, args.eval_batch_size)  # the same masks for every model

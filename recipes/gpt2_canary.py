@@ -284,13 +284,15 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
     with watch("tokenizing"):
         tokenizer = causal_tokenizer(args.model_name_or_path)
 
-        def tokenized(data: Any) -> Any:
+        def tokenized(data: Any, keep_text: bool = False) -> Any:
             def encode(batch: dict[str, list[str]]) -> Any:
                 return tokenizer(batch["text"], truncation=True, max_length=args.max_seq_length)
 
-            return data.map(encode, batched=True, remove_columns=["text"], desc="Tokenizing")
+            dropped = [] if keep_text else ["text"]
+            return data.map(encode, batched=True, remove_columns=dropped, desc="Tokenizing")
 
-        train, test = tokenized(train_text), tokenized(test_text)
+        # Training rows keep their text: the trainer checks their secret_ids against it (Trainer drops it).
+        train, test = tokenized(train_text, keep_text=True), tokenized(test_text)
         collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
         test_batches = collate_batches(test, collator, args.eval_batch_size)
         ordinary = [t for t in train_text["text"] if not any(c.text == t for c in canaries)]
@@ -338,7 +340,7 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
             if method == "non_private_redacted":
                 train_and_attack(method, None, tokenized(data[method]), gamma)
             else:
-                train_and_attack(method, gamma_plans[method], tokenized(data["crt"]), gamma,
+                train_and_attack(method, gamma_plans[method], tokenized(data["crt"], keep_text=True), gamma,
                                  crt_schedule="interleave")
     title = f"CRT canaries ({args.preset}): B={config.expected_batch_size:g}, T={config.max_steps}"
     results = {
