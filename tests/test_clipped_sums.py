@@ -81,7 +81,9 @@ def test_noise_is_added_to_the_float32_sum_and_rounded_once():
     model = bf16_linear()
     (p,) = model.parameters()
     total = clipped_sum_of(model, batch(512, extra=False)).clone()
-    privatize_gradients_([p], noise_multiplier=0.7, clip_norm=CLIP, expected_batch_size=512.0, dp_seed=3, step=5)
+    privatize_gradients_(
+        [p], noise_multiplier=0.7, clip_norm=CLIP, expected_batch_size=512.0, dp_seed=3, step=5
+    )
     noise = torch.randn(p.shape, generator=noise_generator(3, 5, p.device, 0), dtype=torch.float32)
     expected = ((total + 0.7 * CLIP * noise) / 512.0).to(torch.bfloat16)
     assert p.grad.dtype == torch.bfloat16
@@ -95,7 +97,9 @@ def test_a_foreign_gradient_beside_a_clipped_sum_is_refused():
     clipped_sum_of(model, batch(8, extra=False))
     p.grad = torch.ones_like(p)  # e.g. a plain backward() that ran outside the DP step
     with pytest.raises(RuntimeError, match="not come from the clipping engine"):
-        privatize_gradients_([p], noise_multiplier=1.0, clip_norm=CLIP, expected_batch_size=8.0, dp_seed=1, step=0)
+        privatize_gradients_(
+            [p], noise_multiplier=1.0, clip_norm=CLIP, expected_batch_size=8.0, dp_seed=1, step=0
+        )
 
 
 def test_float32_parameters_accumulate_in_p_grad():
@@ -106,3 +110,54 @@ def test_float32_parameters_accumulate_in_p_grad():
     (p,) = model.parameters()
     assert p.grad is not None and p.grad.dtype == torch.float32
     assert clipped_sums.clipped_sum(p) is p.grad
+
+
+def test_trainer_on_a_bf16_model_noises_the_float32_sum_and_leaves_no_copy(tmp_path):
+    """Through SecretProtectionTrainer (two micro-batches a step, every row drawn, sigma = 0): the
+    gradient the optimizer gets is bf16, equals the float32 clipped sum / B rounded once (to bf16's
+    rounding of that sum), and no float32 copy outlives the step."""
+    import copy
+
+    import numpy as np
+    from transformers import TrainerCallback
+
+    from hush_hf.clipping import per_example_lm_loss
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, sgd, tiny_gpt2, token_dataset
+
+    n = 8
+    model = tiny_gpt2(seed=0).to(torch.bfloat16)
+    reference_model = copy.deepcopy(model)
+    rows = token_dataset(n)
+    plan = make_plan(np.ones(n), steps=1, noise_multiplier=0.0, secret_ids=[[] for _ in range(n)], rows=rows)
+    seen: dict[str, torch.Tensor] = {}
+
+    class GradientSpy(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            for name, p in model.named_parameters():
+                assert not hasattr(p, "hush_clipped_sum"), name
+                seen[name] = p.grad.clone()
+
+    trainer = SecretProtectionTrainer(
+        model=model,
+        args=dp_config(tmp_path, max_steps=1, per_device_train_batch_size=4, per_example_clip_norm=0.05),
+        train_dataset=plan.attach(rows),
+        data_collator=pad_collate,
+        plan=plan,
+        optimizers=sgd(model, lr=1.0),
+        callbacks=[GradientSpy()],
+    )
+    trainer.train()
+    params = list(reference_model.parameters())
+    with GhostClipper(reference_model, 0.05) as clipper:
+        for start in (0, 4):
+            batch = pad_collate([rows[i] for i in range(start, start + 4)])
+            positions = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
+            logits = reference_model(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=positions
+            ).logits
+            clipper.clipped_backward(per_example_lm_loss(logits, batch["labels"], causal=True))
+    for (name, _), p in zip(reference_model.named_parameters(), params, strict=True):
+        expected = clipped_sums.clipped_sum(p) / n
+        assert seen[name].dtype == torch.bfloat16
+        torch.testing.assert_close(seen[name].float(), expected, rtol=2.0**-7, atol=1e-6)
