@@ -161,3 +161,22 @@ def test_trainer_on_a_bf16_model_noises_the_float32_sum_and_leaves_no_copy(tmp_p
         expected = clipped_sums.clipped_sum(p) / n
         assert seen[name].dtype == torch.bfloat16
         torch.testing.assert_close(seen[name].float(), expected, rtol=2.0**-7, atol=1e-6)
+
+
+def test_a_bf16_parameter_is_noised_in_float32_whatever_this_rank_drew():
+    """Every rank must hand the all-reduce the same dtypes: a rank whose share never touched a bf16
+    parameter (no clipped sum) still gives float32 zeros, and a .grad written outside the engine (a
+    CRT public step's plain backward) is widened, then rounded back once."""
+    untouched = nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+    public = nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
+    public.grad = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    sums = clipped_sums.clipped_sums_for_noise([untouched, public])
+    assert [s.dtype for s in sums] == [torch.float32, torch.float32]
+    assert torch.equal(sums[0], torch.zeros(3)) and torch.equal(sums[1], torch.tensor([1.5, -2.0]))
+    assert clipped_sums.clipped_sums_for_noise([untouched, public])[1] is sums[1]  # idempotent
+    sums[1].div_(4.0)
+    clipped_sums.round_into_grads_([untouched, public])
+    assert public.grad.dtype == torch.bfloat16 and torch.equal(
+        public.grad.float(), torch.tensor([0.375, -0.5])
+    )
+    assert torch.equal(untouched.grad, torch.zeros(3, dtype=torch.bfloat16))

@@ -19,9 +19,10 @@ N, STEPS, SEED = 14, 3, 5551212
 
 
 def train_once(
-    output_dir: str, resume: str | None = None, **overrides
+    output_dir: str, resume: str | None = None, dtype: torch.dtype | None = None, **overrides
 ) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """The run both tests compare: micro-batches of 2, varying rho, noise on."""
+    """The run both tests compare: micro-batches of 2, varying rho, noise on; ``dtype``: the model
+    loaded in it (bf16: every rank's clipped sums are float32 until the noise, whatever it drew)."""
     from hush_hf.trainer import SecretProtectionTrainer
     from tests.test_trainer_helpers import (
         dp_config,
@@ -32,7 +33,7 @@ def train_once(
         token_dataset,
     )
 
-    model = tiny_gpt2(seed=0)
+    model = tiny_gpt2(seed=0).to(dtype or torch.float32)
     rows = token_dataset(N, seed=4)
     plan = make_plan(np.linspace(0.2, 0.9, N), steps=STEPS, noise_multiplier=0.6, rows=rows)
     trainer = SecretProtectionTrainer(
@@ -110,6 +111,7 @@ def worker(out_path: str) -> None:
     from hush_hf.trainer.distributed import all_reduce_sum_, check_replicas_agree, rank_and_world_size
 
     params, logs = train_once(str(Path(out_path).parent / "run"))
+    bf16_params, _ = train_once(str(Path(out_path).parent / "bf16"), dtype=torch.bfloat16)
     rank, world_size = rank_and_world_size()
     resume_diff, refused = resume_with_the_seed_on_rank_zero_only(Path(out_path).parent / "resume", rank)
     refusals = torch.tensor([refused])
@@ -136,6 +138,7 @@ def worker(out_path: str) -> None:
         torch.save(
             {
                 "params": params,
+                "bf16_params": bf16_params,
                 "logs": logs,
                 "world_size": world_size,
                 "reduced": tensors,
@@ -168,6 +171,12 @@ def test_two_processes_train_the_same_model_as_one(tmp_path):
     assert max(sizes) > 2  # micro-batches and both ranks had work
     for name, value in one_params.items():
         torch.testing.assert_close(two["params"][name], value, rtol=0, atol=1e-6)
+    # A model loaded in bf16: the ranks' float32 clipped sums are reduced, noised and rounded once, as
+    # one process does (they differ only by the order of float32 additions, within bf16 rounding).
+    one_bf16, _ = train_once(str(tmp_path / "one_bf16"), dtype=torch.bfloat16)
+    for name, value in one_bf16.items():
+        assert two["bf16_params"][name].dtype == torch.bfloat16
+        torch.testing.assert_close(two["bf16_params"][name].float(), value.float(), rtol=2.0**-7, atol=1e-4)
 
     expected = [
         torch.full((3, 5), 3.0),

@@ -48,25 +48,31 @@ def clipped_sum(p: nn.Parameter) -> Tensor | None:
 
 
 def clipped_sums_for_noise(params: Sequence[nn.Parameter]) -> list[Tensor]:
-    """One tensor per parameter, in order, that the noise is added to: the float32 clipped sum of a
-    low-precision parameter when the engine made one, else ``p.grad`` (zeros when None: every
-    coordinate gets noise, or the step would reveal which parameters the batch touched). Reduce these
-    over ranks, add the noise, then ``round_into_grads_``. Idempotent."""
+    """One tensor per parameter, in order, that the noise is added to: for a low-precision parameter
+    always a float32 one (its clipped sum, or zeros, or a ``.grad`` written by someone else than the
+    engine, widened), so that every rank holds the same dtypes whether or not its share touched the
+    parameter (the all-reduce buckets by dtype); else ``p.grad`` (zeros when None). Zeros matter:
+    every coordinate gets noise, or the step would reveal which parameters the batch touched. Reduce
+    these over ranks, add the noise, then ``round_into_grads_``. Idempotent."""
     out: list[Tensor] = []
     for p in params:
-        total = getattr(p, _ATTRIBUTE, None)
-        if total is not None:
-            if p.grad is not None:
-                raise RuntimeError(
-                    f"a {p.dtype} parameter of shape {tuple(p.shape)} has both a float32 clipped sum and a "
-                    ".grad that did not come from the clipping engine; refusing to add noise to a gradient "
-                    "that was not clipped"
-                )
-            out.append(total)
+        if p.dtype not in LOW_PRECISION:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            out.append(p.grad)
             continue
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        out.append(p.grad)
+        total = getattr(p, _ATTRIBUTE, None)
+        if total is not None and p.grad is not None:
+            raise RuntimeError(
+                f"a {p.dtype} parameter of shape {tuple(p.shape)} has both a float32 clipped sum and a .grad "
+                "that did not come from the clipping engine; refusing to add noise to a gradient that was "
+                "not clipped"
+            )
+        if total is None:
+            grad, p.grad = p.grad, None
+            total = torch.zeros_like(p, dtype=torch.float32) if grad is None else grad.to(torch.float32)
+            setattr(p, _ATTRIBUTE, total)
+        out.append(total)
     return out
 
 

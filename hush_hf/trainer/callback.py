@@ -892,6 +892,7 @@ class GhostClippingCallback(TrainerCallback):
         sums = clipped_sums.clipped_sums_for_noise(self._params)  # float32 for bf16/fp16 parameters
         if public:
             self._finish_public_step(count, sums)
+            clipped_sums.round_into_grads_(self._params)
             return
         count = self._reduce_across_ranks(count, sums)
         privatize_gradients_(

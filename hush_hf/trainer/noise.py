@@ -25,8 +25,6 @@ from torch.distributed.tensor import DTensor, Shard
 from hush_hf.clipping.clipped_sums import clipped_sums_for_noise, round_into_grads_
 from hush_hf.sampling.seeds import NOISE_STREAM, step_seed_sequence
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
 
 def noise_generator(
     dp_seed: int, step: int, device: torch.device, device_ordinal: int = 0
@@ -97,15 +95,10 @@ def privatize_gradients_(
                 device = grad.device
                 if device not in generators:
                     generators[device] = noise_generator(dp_seed, step, device, len(generators))
-                noise_dtype = torch.float32 if grad.dtype in _LOW_PRECISION else grad.dtype
-                noise = torch.randn(
-                    grad.shape, generator=generators[device], device=device, dtype=noise_dtype
-                )
+                # float32 at least: a bf16/fp16 parameter's sum is float32 here (clipped_sums)
+                noise = torch.randn(grad.shape, generator=generators[device], device=device, dtype=grad.dtype)
                 if isinstance(grad, DTensor):
                     noise, grad = shard_rows(noise, grad), grad.to_local()
-                if grad.dtype in _LOW_PRECISION:
-                    grad.copy_(grad.float().add_(noise, alpha=std).div_(expected_batch_size))
-                    continue
                 grad.add_(noise, alpha=std)
             grad.div_(expected_batch_size)
     round_into_grads_(params)
