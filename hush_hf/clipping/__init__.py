@@ -1,8 +1,9 @@
 """Per-example gradient clipping for Hugging Face models (ghost clipping, tied weights exact).
 
 ``GhostClipper(model, max_norm)`` hooks a plain HF model in place; ``clipped_backward(loss_i)``
-adds sum_i min(1, C/||g_i||) g_i to ``p.grad``. Rules for new layer types are registered with
-``register_norm_rule`` (see ``registry``).
+adds sum_i min(1, C/||g_i||) g_i to ``p.grad`` (to a float32 sum beside a bf16/fp16 parameter until
+the noise, see ``clipped_sums``). Rules for new layer types are registered with ``register_norm_rule``
+(see ``registry``).
 """
 
 # Importing the rule modules registers the built-in rules.
