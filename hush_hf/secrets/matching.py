@@ -167,11 +167,10 @@ class TermIndex:
         keys, glyphs, long = words.keys, words.glyphs, self.long
         get, count = self.table.get, len(keys)
         entries = list(map(get, keys))
-        joined = list(map(add, keys, islice(keys, 1, None)))  # joined[a]: words a, a + 1
-        pairs = list(map(get, joined))
+        pairs = list(map(get, map(add, keys, islice(keys, 1, None))))  # pairs[a]: words a, a + 1
         found = [(a, a, entries[a]) for a in compress(itertools.count(), entries)]  # truthy: a term
         for a in [a for a, entry in enumerate(pairs) if entry is not None]:
-            spelled, entry, b = joined[a], pairs[a], a + 1
+            spelled, entry, b = keys[a] + keys[a + 1], pairs[a], a + 1
             while True:  # words a..b spell a term prefix
                 if entry:
                     found.append((a, b, entry))
@@ -195,12 +194,12 @@ class TermIndex:
                 self._walk(keys, glyphs, g, states[:1], found)
                 if len(states) == 2:
                     self._walk(keys, glyphs, g - 1, states[1:], found)
-        if long and max(map(len, joined or keys), default=0) > PREFIX_CAP:  # runs that outgrow the
-            for a, key in enumerate(keys):  # prefix table within their first two words
+        if long and 2 * max(map(len, keys), default=0) > PREFIX_CAP:  # runs that outgrow the prefix
+            for a, key in enumerate(keys):  # table within their first two words
                 if len(key) > PREFIX_CAP:
                     self._walk(keys, glyphs, a, [(a, key)], found)
-                elif entries[a] is not None and a + 1 < count and len(joined[a]) > PREFIX_CAP:
-                    self._walk(keys, glyphs, a, [(a + 1, joined[a])], found)
+                elif entries[a] is not None and a + 1 < count and len(key) + len(keys[a + 1]) > PREFIX_CAP:
+                    self._walk(keys, glyphs, a, [(a + 1, key + keys[a + 1])], found)
         if self.short and words.plain is not None:
             found += self._short_runs(words)
         return found
@@ -267,15 +266,19 @@ class TermIndex:
         """Occurrences in the texts ``rows`` read one after the other (as a script that concatenates
         them reads them): an occurrence spanning several rows adds, to each row it touches, the part of
         it in that row (``out[r]``: offsets into row r)."""
-        words, firsts = join_words([self.split(row) for row in rows])
+        split = [self.split(row) for row in rows]
+        words, firsts = join_words(split)
+        parts: list[list[tuple[int, int, tuple[int, ...]]]] = [[] for _ in rows]  # runs in each row's words
         for a, b, ids in self.runs(words):
             first, last = bisect_right(firsts, a) - 1, bisect_right(firsts, b) - 1
             for row in range(first, last + 1):
                 if firsts[row] == firsts[row + 1]:  # a row without words inside the run
                     continue
-                start = words.starts[max(a, firsts[row])]
-                end = words.ends[min(b, firsts[row + 1] - 1)]
-                out[row].update(SecretSpan(start, end, j) for j in ids)
+                start, end = max(a, firsts[row]), min(b, firsts[row + 1] - 1)
+                parts[row].append((start - firsts[row], end - firsts[row], ids))
+        for row, runs in enumerate(parts):
+            if runs:
+                out[row].update(map(_span, occurrences(split[row], runs)))
 
 
 #: The kinds of ``re.error`` messages, without what follows them: ``error.msg`` quotes parts of the

@@ -116,28 +116,22 @@ class _Joined(Sequence[int]):
         return self._rows[row][k - self._firsts[row]]
 
 
-class _Piece(NamedTuple):
-    """The words of one space-separated piece: as :class:`Words`, tuples, offsets into the piece."""
-
-    keys: tuple[str, ...]
-    glyphs: tuple[str | None, ...]  # None for each word, when no word of the piece reads two ways
-    two_ways: bool
-    plain: tuple[str, ...] | None
-    starts: tuple[int, ...]
-    ends: tuple[int, ...]
-    packed: int  # len(keys) << SHIFT | len(piece) + 1 (the piece and its space; see PieceOffsets)
-
-
-_KEYS_OF, _GLYPHS_OF, _TWO_WAYS, _PLAIN_OF = map(itemgetter, range(4))
-_PACKED_OF = itemgetter(6)
-_STARTS, _ENDS = 4, 5  # _Piece.starts, _Piece.ends by index (faster than by name in a hot loop)
+# The words of one space-separated piece, as a plain tuple (the garbage collector stops tracking a
+# tuple of strings, numbers and such tuples; a NamedTuple it tracks for ever): its keys, its glyph
+# readings (None for each word when no word of it reads two ways), whether one does, its plain keys
+# (or None), the words' starts and ends in the piece, and len(keys) << SHIFT | len(piece) + 1 (the piece
+# and its space; see PieceOffsets).
+_Piece = tuple
+_KEYS, _GLYPHS, _TWO_WAYS, _PLAIN, _STARTS, _ENDS, _PACKED = range(7)
+_KEYS_OF, _GLYPHS_OF, _TWO_WAYS_OF, _PLAIN_OF = map(itemgetter, (_KEYS, _GLYPHS, _TWO_WAYS, _PLAIN))
+_PACKED_OF = itemgetter(_PACKED)
 SHIFT = 48  # a text of fewer than 2**48 characters: word counts and character counts summed as one int
 MASK = (1 << SHIFT) - 1
 
 
 class PieceWords(dict):
     """:func:`split_words` of texts read as written (no offsets to map back), from a cache of the words
-    of each space-separated piece (``dict`` piece -> :class:`_Piece`, filled on first use).
+    of each space-separated piece (``dict`` piece -> its words, filled on first use).
 
     The cache holds at most ``size`` pieces of at most ``longest`` characters; others are split each time
     (the words are the same, only slower). Per text the work left is a few C-level passes over its
@@ -152,7 +146,7 @@ class PieceWords(dict):
     def __missing__(self, piece: str) -> _Piece:
         words = split_words(Normalized(piece), case_sensitive=self.case_sensitive, plain=self.plain)
         glyphs = words.glyphs or [None] * len(words.keys)
-        value = _Piece(
+        value = (
             tuple(words.keys),
             tuple(glyphs),
             any(g is not None for g in glyphs),
@@ -170,7 +164,7 @@ class PieceWords(dict):
         found = list(map(self.__getitem__, text.split(" ")))
         keys = list(chain.from_iterable(map(_KEYS_OF, found)))
         # of ASCII characters only the capital I reads two ways (see split_words)
-        two_ways = "I" in text if text.isascii() else any(map(_TWO_WAYS, found))
+        two_ways = "I" in text if text.isascii() else any(map(_TWO_WAYS_OF, found))
         glyphs = list(chain.from_iterable(map(_GLYPHS_OF, found))) if two_ways else None
         plain = list(chain.from_iterable(map(_PLAIN_OF, found))) if self.plain else None
         offsets = PieceOffsets(found, len(keys))
@@ -194,7 +188,8 @@ class PieceOffsets(Sequence[int]):
     (pieces and their spaces) come first: ``before[p] = words << SHIFT | characters``, increasing in
     both. Word k lies in the last piece with at most k words before it, ``p = bisect_left(before,
     (k + 1) << SHIFT) - 1``, as its word ``k - (before[p] >> SHIFT)``; the piece starts at character
-    ``before[p] & MASK``.
+    ``before[p] & MASK``. The sums are filled in on first use, in a list :attr:`ends` shares (no
+    reference cycle: a text's offsets are freed with it, not left to the garbage collector).
     """
 
     __slots__ = ("_before", "_found", "_size", "ends")
@@ -202,20 +197,17 @@ class PieceOffsets(Sequence[int]):
     def __init__(self, found: list[_Piece], size: int) -> None:
         self._found, self._size = found, size
         self._before: list[int] = []
-        self.ends = _Ends(self)
+        self.ends = _Ends(found, size, self._before)
 
     def __len__(self) -> int:
         return self._size
 
     def locate(self, k: int) -> tuple[int, _Piece, int]:
         """Where the piece holding word ``k`` starts, the piece, and the index of the word in it."""
-        before = self._before or self._sums()
-        p = bisect_left(before, (k + 1) << SHIFT) - 1
-        return before[p] & MASK, self._found[p], k - (before[p] >> SHIFT)
+        return _locate(self._found, self._before, k)
 
     def _sums(self) -> list[int]:
-        self._before = list(accumulate(map(_PACKED_OF, self._found), initial=0))
-        return self._before
+        return _sums(self._found, self._before)
 
     def __getitem__(self, k):  # noqa: ANN001, ANN204 (an int or a slice, as for a list)
         if isinstance(k, slice):
@@ -223,7 +215,7 @@ class PieceOffsets(Sequence[int]):
         if not 0 <= k < self._size:
             k = range(self._size)[k]  # a negative index counted from the end, or IndexError
         first, piece, within = self.locate(k)
-        return first + piece.starts[within]
+        return first + piece[_STARTS][within]
 
     def occurrences(self, runs: list[tuple[int, int, tuple[int, ...]]]) -> list[tuple[int, int, int]]:
         """:func:`occurrences` of ``runs`` (what :meth:`locate` does, inlined)."""
@@ -243,21 +235,34 @@ class PieceOffsets(Sequence[int]):
         return out
 
 
+def _sums(found: list[_Piece], before: list[int]) -> list[int]:
+    """``before`` (see :class:`PieceOffsets`), filled in place if still empty."""
+    if not before:
+        before += accumulate(map(_PACKED_OF, found), initial=0)
+    return before
+
+
+def _locate(found: list[_Piece], before: list[int], k: int) -> tuple[int, _Piece, int]:
+    before = _sums(found, before)
+    p = bisect_left(before, (k + 1) << SHIFT) - 1
+    return before[p] & MASK, found[p], k - (before[p] >> SHIFT)
+
+
 class _Ends(Sequence[int]):
     """The ends of the words of :class:`PieceOffsets`."""
 
-    __slots__ = ("_offsets",)
+    __slots__ = ("_before", "_found", "_size")
 
-    def __init__(self, offsets: PieceOffsets) -> None:
-        self._offsets = offsets
+    def __init__(self, found: list[_Piece], size: int, before: list[int]) -> None:
+        self._found, self._size, self._before = found, size, before
 
     def __len__(self) -> int:
-        return len(self._offsets)
+        return self._size
 
     def __getitem__(self, k):  # noqa: ANN001, ANN204
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(len(self)))]
         if not 0 <= k < len(self):
             k = range(len(self))[k]
-        first, piece, within = self._offsets.locate(k)
-        return first + piece.ends[within]
+        first, piece, within = _locate(self._found, self._before, k)
+        return first + piece[_ENDS][within]
