@@ -2,6 +2,8 @@
 
     python bench/secret_marking.py                     # 1M texts of ~100 words, 100K terms, num_proc=2
     python bench/secret_marking.py --texts 100000      # a shorter run (what docs/benchmarks.md records)
+    python bench/secret_marking.py --cpu-per-text      # CPU microseconds per text, one process
+    python bench/secret_marking.py --cpu-per-text --against /tmp/old   # interleaved with another checkout
 
 Texts are ~100-word windows of the ACLSum paragraphs (offline asset), repeated to ``--texts``; terms are
 ACLSum words past the 2,000 most frequent (so some occur) topped up with synthetic words, 10% of them
@@ -15,6 +17,12 @@ two-word phrases. Four ``Dataset.map(num_proc=...)`` runs, side by side:
 
 Target (issue 8): text tagging no slower than the baseline; marking's cost is reported against both.
 
+``--cpu-per-text``: the steadier measure on a shared machine, CPU time per text in one process
+(``time.process_time``, best of 3, ``--texts`` of them, 4,000 by default) of ``tagger.spans(text)``, of
+plain GPT-2 tokenizing and of tokenizing with marks (batches of 1,000). ``--against CHECKOUT`` runs the
+same measurement on the ``hush_hf`` of another checkout (e.g. ``git worktree add /tmp/old 251ddd7``, the
+code before issue 19) and this one, interleaved ``--rounds`` times, each in a fresh process.
+
 Then (issue 19) what the matcher finds: recall on generated disguises of planted terms (case inside a
 word, words run together, spaced and dotted letters, digit groups and scripts, escapes, line wraps,
 TR39 confusables, all-caps Greek, combining overlays), for the whole-word baseline and for
@@ -26,7 +34,10 @@ each map batch's rows together).
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import subprocess
+import sys
 import time
 from collections import Counter
 from itertools import chain
@@ -166,7 +177,7 @@ def corpus(num_texts: int, words_per_text: int) -> tuple[datasets.Dataset, list[
     ]
     texts = [windows[i % len(windows)] for i in range(num_texts)]
     counts = Counter(w for p in paragraphs for w in set(re.findall(r"[a-z]{4,}", p.lower())))
-    ranked = [w for w, _ in counts.most_common()]
+    ranked = sorted(counts, key=lambda w: (-counts[w], w))  # ties by the word: the same terms every run
     return datasets.Dataset.from_dict({"text": texts}), ranked[2000:]
 
 
@@ -189,6 +200,50 @@ def timed(label: str, run, rows: int, baseline: float | None = None) -> float:
     return rate
 
 
+def best_cpu_us(run, count: int, repeats: int = 3) -> float:
+    """Least CPU time of ``repeats`` runs of ``run()``, in microseconds per one of ``count`` texts."""
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        run()
+        times.append(time.process_time() - start)
+    return min(times) / count * 1e6
+
+
+def cpu_per_text(num_texts: int, num_terms: int, words_per_text: int) -> None:
+    """CPU microseconds per text of tagging, plain tokenizing and tokenizing with marks (one process)."""
+    ds, vocabulary = corpus(num_texts, words_per_text)
+    texts = list(ds["text"])  # a list of str: a datasets Column would extract each row again per read
+    secrets = secret_set(num_terms, vocabulary)
+    tagger = tagger_for(secrets)
+    plain = gpt2_tokenizer()
+    marked = mark_secrets(plain, secrets)
+    batches = [texts[i : i + 1000] for i in range(0, len(texts), 1000)]
+    for text in texts:  # build the term tables and fill the per-character caches before timing
+        tagger.spans(text)
+    marked(batches[0])
+    spans = best_cpu_us(lambda: [tagger.spans(text) for text in texts], len(texts))
+    tokens = best_cpu_us(lambda: [plain(batch) for batch in batches], len(texts))
+    marks = best_cpu_us(lambda: [marked(batch) for batch in batches], len(texts))
+    import hush_hf
+
+    where = os.path.dirname(os.path.dirname(hush_hf.__file__))
+    print(
+        f"{where}: tagger.spans {spans:.1f} us, plain GPT-2 tokenizing {tokens:.1f} us, "
+        f"tokenizing with marks {marks:.1f} us per text ({len(texts):,} texts, {len(secrets):,} secrets)",
+        flush=True,
+    )
+
+
+def interleaved(checkouts: list[str], rounds: int, argv: list[str]) -> None:
+    """``--cpu-per-text`` in a fresh process per checkout (``hush_hf`` imported from there), ``rounds``
+    times in turn."""
+    for _ in range(rounds):
+        for checkout in checkouts:
+            env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
+            subprocess.run([sys.executable, __file__, "--cpu-per-text", *argv], env=env, check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -200,8 +255,20 @@ def main() -> None:
     parser.add_argument(
         "--no-quality", action="store_true", help="rates only: no recall, no clean-text pairs"
     )
+    parser.add_argument("--cpu-per-text", action="store_true", help="CPU time per text, one process")
+    parser.add_argument("--against", help="with --cpu-per-text: another checkout, measured interleaved")
+    parser.add_argument("--rounds", type=int, default=3, help="with --against: interleaved runs")
     args = parser.parse_args()
     datasets.disable_caching()
+    if args.cpu_per_text:
+        num_texts = 4000 if args.texts == parser.get_default("texts") else args.texts
+        if args.against:
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            sizes = ["--texts", str(num_texts), "--terms", str(args.terms), "--words", str(args.words)]
+            interleaved([args.against, here], args.rounds, sizes)
+        else:
+            cpu_per_text(num_texts, args.terms, args.words)
+        return
     if not args.no_quality:
         disguise_recall()
         clean_text_pairs()

@@ -36,18 +36,18 @@ run of words is extended only while its keys spell such a prefix; longer terms a
 
 from __future__ import annotations
 
+import itertools
 import re
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import accumulate, islice
+from functools import partial
+from itertools import compress, islice
 from operator import add
 from typing import NamedTuple
 
 from hush_hf.secrets.normalize import (
     EXACT,
-    GLYPHS,
     KEYS,
-    KINDS,
     PLAIN,
     PLAIN_EXACT,
     Normalized,
@@ -55,18 +55,8 @@ from hush_hf.secrets.normalize import (
     dehyphenate,
     normalize,
 )
+from hush_hf.secrets.word_split import PieceWords, Words, join_words, occurrences, split_words
 
-# Words on the string of character kinds (normalize.KINDS: u upper, l lower, s the letter s, d digit,
-# o caseless letter, x a word alone, m transparent, space separator): an acronym's plural (KBs), an
-# acronym before a capitalised word (HTML|Parser), a capitalised or lower-case word, an all-caps word, a
-# number, a caseless run, a lone character.
-_WORD_SPLIT = re.compile(
-    r"((?:um*){2,}sm*(?![lsm])|(?:um*)+(?=um*[ls])|(?:um*)?(?:[ls]m*)+|(?:um*)+|(?:dm*)+|(?:om*)+|xm*)"
-)
-_WORD_SPLIT_NO_MARKS = re.compile(r"(u{2,}s(?![ls])|u+(?=u[ls])|u?[ls]+|u+|d+|o+|x)")  # the same, no m
-# The same on ASCII text itself (KINDS of ASCII: A-Z u, a-z l but s, 0-9 d, | x, the rest separators).
-_WORD_WITH_I = re.compile(r"[^\0]*I[^\0]*")  # in words joined by \0: a word holding a capital I
-_ASCII_WORD_SPLIT = re.compile(r"([A-Z]{2,}s(?![a-z])|[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|\|)")
 PREFIX_CAP = 32  # term-key prefixes up to this length are dict keys; longer terms are compared whole
 MIN_SPELLED = 3  # shorter term keys match glued words spelling them plainly (no prototypes, no separators)
 
@@ -79,68 +69,7 @@ class SecretSpan(NamedTuple):
     secret: int
 
 
-class Words(NamedTuple):
-    """A text split into words: their keys (case reading), glyph readings where different (else
-    ``None``), plain keys (no prototypes; only when asked), and original spans ``[starts[k], ends[k])``."""
-
-    keys: list[str]
-    glyphs: list[str | None] | None
-    plain: list[str] | None
-    starts: list[int]
-    ends: list[int]
-
-
-def split_words(normalized: Normalized, *, case_sensitive: bool = False, plain: bool = False) -> Words:
-    """The words of ``normalized.text`` with their keys and original offsets (rules: module docstring)."""
-    text = normalized.text
-    if text.isascii():
-        parts = _ASCII_WORD_SPLIT.split(text)
-        pieces = "\0".join(parts[1::2])  # \0 is a separator: never in a word
-    else:
-        kinds = KINDS.translate(text)
-        parts = (_WORD_SPLIT if "m" in kinds else _WORD_SPLIT_NO_MARKS).split(kinds)
-        pieces = None
-    if len(parts) == 1:
-        return Words([], None, [] if plain else None, [], [])
-    bounds = list(accumulate(map(len, parts)))
-    starts = bounds[0:-1:2]
-    ends = bounds[1::2]
-    if pieces is None:
-        pieces = "\0".join([text[s:e] for s, e in zip(starts, ends, strict=True)])
-    keyed = (EXACT if case_sensitive else KEYS).translate(pieces)
-    keys = keyed.split("\0")
-    glyphs = None
-    if case_sensitive:
-        pass
-    elif pieces.isascii():  # only words with a capital I read two ways: visit those alone
-        if "I" in pieces:
-            glyphs = [None] * len(keys)
-            for match in _WORD_WITH_I.finditer(pieces):
-                k = pieces.count("\0", 0, match.start())
-                glyph = GLYPHS.translate(match.group())
-                glyphs[k] = glyph if glyph != keys[k] else None
-    else:
-        alternatives = GLYPHS.translate(pieces)
-        if alternatives != keyed:
-            glyphs = [g if g != k else None for k, g in zip(keys, alternatives.split("\0"), strict=True)]
-    plain_keys = (PLAIN_EXACT if case_sensitive else PLAIN).translate(pieces).split("\0") if plain else None
-    if normalized.starts is not None and normalized.ends is not None:
-        starts = normalized.starts[starts].tolist()
-        ends = normalized.ends[[e - 1 for e in ends]].tolist()
-    return Words(keys, glyphs, plain_keys, starts, ends)
-
-
-def join_words(rows: Sequence[Words]) -> tuple[Words, list[int]]:
-    """The words of several texts read one after the other, and the first word of each text (plus the end)."""
-    firsts = [0, *accumulate(len(words.keys) for words in rows)]
-    keys = [key for words in rows for key in words.keys]
-    glyphs = None
-    if any(words.glyphs is not None for words in rows):
-        glyphs = [g for words in rows for g in (words.glyphs or [None] * len(words.keys))]
-    plain = None if any(words.plain is None for words in rows) else [p for w in rows for p in w.plain]
-    starts = [start for words in rows for start in words.starts]
-    ends = [end for words in rows for end in words.ends]
-    return Words(keys, glyphs, plain, starts, ends), firsts
+_span = partial(tuple.__new__, SecretSpan)  # SecretSpan from a tuple, without a Python-level __new__
 
 
 def term_key(term: str, *, case_sensitive: bool = False, plain: bool = False) -> str:
@@ -186,6 +115,7 @@ class TermIndex:
         self._forms = "\n".join(f"{form}\t{','.join(map(str, sorted(ids)))}" for form, ids in forms.items())
         self._table: dict[str, tuple[int, ...]] | None = None
         self._long: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        self._pieces = PieceWords(case_sensitive=case_sensitive, plain=bool(self.short))
 
     def __getstate__(self) -> dict:
         state = {"case_sensitive": self.case_sensitive, "short": self.short, "_forms": self._forms}
@@ -194,6 +124,7 @@ class TermIndex:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._table, self._long = None, {}
+        self._pieces = PieceWords(case_sensitive=self.case_sensitive, plain=bool(self.short))
 
     @property
     def table(self) -> dict[str, tuple[int, ...]]:
@@ -222,6 +153,8 @@ class TermIndex:
 
     def split(self, normalized: Normalized) -> Words:
         """``normalized`` split into words keyed as this index needs."""
+        if normalized.starts is None:  # offsets are the text's own: words from the pieces' cache
+            return self._pieces.split(normalized.text)
         return split_words(normalized, case_sensitive=self.case_sensitive, plain=bool(self.short))
 
     def runs(self, words: Words) -> list[tuple[int, int, tuple[int, ...]]]:
@@ -234,9 +167,8 @@ class TermIndex:
         keys, glyphs, long = words.keys, words.glyphs, self.long
         get, count = self.table.get, len(keys)
         entries = list(map(get, keys))
-        joined = list(map(add, keys, islice(keys, 1, None)))  # joined[a]: words a, a + 1
-        pairs = list(map(get, joined))
-        found = [(a, a, entry) for a, entry in enumerate(entries) if entry]
+        pairs = list(map(get, map(add, keys, islice(keys, 1, None))))  # pairs[a]: words a, a + 1
+        found = [(a, a, entries[a]) for a in compress(itertools.count(), entries)]  # truthy: a term
         for a in [a for a, entry in enumerate(pairs) if entry is not None]:
             spelled, entry, b = keys[a] + keys[a + 1], pairs[a], a + 1
             while True:  # words a..b spell a term prefix
@@ -262,12 +194,12 @@ class TermIndex:
                 self._walk(keys, glyphs, g, states[:1], found)
                 if len(states) == 2:
                     self._walk(keys, glyphs, g - 1, states[1:], found)
-        if long and max(map(len, joined or keys), default=0) > PREFIX_CAP:  # runs that outgrow the
-            for a, key in enumerate(keys):  # prefix table within their first two words
+        if long and 2 * max(map(len, keys), default=0) > PREFIX_CAP:  # runs that outgrow the prefix
+            for a, key in enumerate(keys):  # table within their first two words
                 if len(key) > PREFIX_CAP:
                     self._walk(keys, glyphs, a, [(a, key)], found)
-                elif entries[a] is not None and a + 1 < count and len(joined[a]) > PREFIX_CAP:
-                    self._walk(keys, glyphs, a, [(a + 1, joined[a])], found)
+                elif entries[a] is not None and a + 1 < count and len(key) + len(keys[a + 1]) > PREFIX_CAP:
+                    self._walk(keys, glyphs, a, [(a + 1, key + keys[a + 1])], found)
         if self.short and words.plain is not None:
             found += self._short_runs(words)
         return found
@@ -326,22 +258,27 @@ class TermIndex:
     def spans(self, normalized: Normalized, out: set[SecretSpan]) -> None:
         """Add every term occurrence in ``normalized`` (original offsets) to ``out``."""
         words = self.split(normalized)
-        for a, b, ids in self.runs(words):
-            out.update(SecretSpan(words.starts[a], words.ends[b], j) for j in ids)
+        runs = self.runs(words)
+        if runs:
+            out.update(map(_span, occurrences(words, runs)))
 
     def joined_spans(self, rows: Sequence[Normalized], out: Sequence[set[SecretSpan]]) -> None:
         """Occurrences in the texts ``rows`` read one after the other (as a script that concatenates
         them reads them): an occurrence spanning several rows adds, to each row it touches, the part of
         it in that row (``out[r]``: offsets into row r)."""
-        words, firsts = join_words([self.split(row) for row in rows])
+        split = [self.split(row) for row in rows]
+        words, firsts = join_words(split)
+        parts: list[list[tuple[int, int, tuple[int, ...]]]] = [[] for _ in rows]  # runs in each row's words
         for a, b, ids in self.runs(words):
             first, last = bisect_right(firsts, a) - 1, bisect_right(firsts, b) - 1
             for row in range(first, last + 1):
                 if firsts[row] == firsts[row + 1]:  # a row without words inside the run
                     continue
-                start = words.starts[max(a, firsts[row])]
-                end = words.ends[min(b, firsts[row + 1] - 1)]
-                out[row].update(SecretSpan(start, end, j) for j in ids)
+                start, end = max(a, firsts[row]), min(b, firsts[row + 1] - 1)
+                parts[row].append((start - firsts[row], end - firsts[row], ids))
+        for row, runs in enumerate(parts):
+            if runs:
+                out[row].update(map(_span, occurrences(split[row], runs)))
 
 
 #: The kinds of ``re.error`` messages, without what follows them: ``error.msg`` quotes parts of the

@@ -46,7 +46,6 @@ _ESCAPE = re.compile(
     r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});|(?:%[0-9A-Fa-f]{2})+"
     r"|\\(?:[ntrfvab0\\'\"/]|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|u\{[0-9A-Fa-f]{1,6}\})"
 )
-_ESCAPE_START = re.compile(r"[&%\\]")
 _BACKSLASH = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a", "b": "\b", "0": "\0"}
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 _NON_ASCII_SPLIT = re.compile(r"([^\x00-\x7f]+)")
@@ -133,7 +132,7 @@ def _decode_escape(escape: str) -> str:
 def decode_escapes(text: str) -> Normalized:
     """Step 1: escapes decoded (each decoded character maps to its whole escape); surrogate pairs written
     as two ``\\u`` escapes (JSON) become one character."""
-    if _ESCAPE_START.search(text) is None:
+    if "&" not in text and "%" not in text and "\\" not in text:  # no escape can start: a fast scan
         return Normalized(text)
     pieces: list[tuple[int, int, str]] = []
     for match in _ESCAPE.finditer(text):
