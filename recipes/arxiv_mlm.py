@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from common import (
     split_held_out,
     sweep_figure,
     sweep_table,
+    tokenize_text,
     train_model,
     uniform_targets,
 )
@@ -331,16 +333,9 @@ def run(args: ArxivMLMArguments, config: Any) -> dict[str, Any]:
         name = args.model_name_or_path
         tokenizer = AutoTokenizer.from_pretrained(name) if name else bert_uncased_tokenizer()
 
-        def encode(data: Any, keep_text: bool = False) -> Any:
-            def tokens(batch: dict[str, Any]) -> Any:
-                return tokenizer(batch[args.text_column], truncation=True, max_length=args.max_seq_length)
-
-            dropped = [] if keep_text else [args.text_column]
-            return data.map(tokens, batched=True, remove_columns=dropped, desc="Tokenizing")
-
-        # The training rows keep their text: the trainer checks their secret_ids against it (tag_dataset's
-        # digest of the tagged text), and Trainer drops the column before the collator.
-        train, test = encode(train_text, keep_text=True), encode(test_text)
+        encode = partial(tokenize_text, tokenizer=tokenizer, text_column=args.text_column,
+                         max_length=args.max_seq_length)
+        train, test = encode(train_text, keep_text=True), encode(test_text)  # secret_ids checked on the text
         collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=args.mlm_probability)
         fixed = DataCollatorForLanguageModeling(tokenizer, args.mlm_probability, seed=args.secret_seed)
         test_batches = collate_batches(test, fixed, args.eval_batch_size)  # the same masks for every model

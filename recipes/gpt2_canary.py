@@ -25,6 +25,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from common import (
     run_choices,
     series_by,
     split_held_out,
+    tokenize_text,
     train_model,
 )
 from tqdm.auto import tqdm
@@ -284,15 +286,9 @@ def run(args: GPT2CanaryArguments, config: Any) -> dict[str, Any]:
     with watch("tokenizing"):
         tokenizer = causal_tokenizer(args.model_name_or_path)
 
-        def tokenized(data: Any, keep_text: bool = False) -> Any:
-            def encode(batch: dict[str, list[str]]) -> Any:
-                return tokenizer(batch["text"], truncation=True, max_length=args.max_seq_length)
-
-            dropped = [] if keep_text else ["text"]
-            return data.map(encode, batched=True, remove_columns=dropped, desc="Tokenizing")
-
-        # Training rows keep their text: the trainer checks their secret_ids against it (Trainer drops it).
-        train, test = tokenized(train_text, keep_text=True), tokenized(test_text)
+        tokenized = partial(tokenize_text, tokenizer=tokenizer, text_column="text",
+                            max_length=args.max_seq_length)
+        train, test = tokenized(train_text, keep_text=True), tokenized(test_text)  # ids checked on the text
         collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
         test_batches = collate_batches(test, collator, args.eval_batch_size)
         ordinary = [t for t in train_text["text"] if not any(c.text == t for c in canaries)]

@@ -25,7 +25,7 @@ from common.arguments import (
     run_config,
 )
 from common.canaries import exposure, plant_canaries, uniform_targets
-from common.data import describe_counts, load_corpus, split_held_out
+from common.data import describe_counts, load_corpus, split_held_out, tokenize_text
 from common.evaluation import collate_batches, mean_token_loss
 from common.logs import Stopwatch, loud, recipe_logging
 from common.models import causal_model, causal_tokenizer
@@ -91,6 +91,7 @@ __all__ = [
     "save_figure",
     "series_by",
     "split_held_out",
+    "tokenize_text",
     "sweep_figure",
     "sweep_table",
     "train_model",

@@ -69,3 +69,17 @@ def describe_counts(counts: Any) -> dict[str, float]:
         "max": int(counts.max()),
         "mean": float(counts.mean()),
     }
+
+
+def tokenize_text(
+    data: Any, tokenizer: Any, *, text_column: str, max_length: int, keep_text: bool = False
+) -> Any:
+    """``data`` with the tokenizer's columns (truncated to ``max_length``). ``keep_text``: the text column
+    stays (training rows: the trainer checks their ``secret_ids`` against the text they were tagged from,
+    and Trainer drops the column before the collator)."""
+
+    def tokens(batch: dict[str, Any]) -> Any:
+        return tokenizer(batch[text_column], truncation=True, max_length=max_length)
+
+    dropped = [] if keep_text else [text_column]
+    return data.map(tokens, batched=True, remove_columns=dropped, desc="Tokenizing")
