@@ -121,3 +121,50 @@ def test_a_plain_trainer_made_private_with_attach_warns_and_its_card_says_so(tmp
     card = (tmp_path / "final" / "README.md").read_text()
     assert ("**Evaluation metrics are not covered.** The evaluations run during training (eval) included "
             "1 rows that hold protected secrets.") in card
+
+
+def secrets_file(tmp_path):
+    path = tmp_path / "secrets.csv"
+    path.write_text(f"id,prior,target,terms\ns0,1e-3,0.2,{SECRET}\n")
+    return path
+
+
+@pytest.mark.parametrize("route", ["SecretProtectionTrainer", "attach"])
+def test_predict_on_rows_with_secrets_is_counted_warned_and_noted_on_the_card(tmp_path, route):
+    """The attack: predict() returns predictions and metrics computed from rows holding secrets; before,
+    nothing was counted or noted (only evaluate() was)."""
+    from transformers import Trainer
+
+    from hush_hf.trainer import GhostClippingCallback
+
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8))
+    train = plan.attach(token_dataset(8))
+    if route == "attach":
+        trainer = Trainer(model=tiny_gpt2(), args=dp_config(tmp_path, max_steps=2), train_dataset=train,
+                          data_collator=pad_collate)  # fmt: skip
+        GhostClippingCallback.attach(trainer, plan)
+    else:
+        trainer = SecretProtectionTrainer(model=tiny_gpt2(), args=dp_config(tmp_path, max_steps=2),
+                                          train_dataset=train, data_collator=pad_collate, plan=plan)  # fmt: skip
+    test_rows = token_dataset(3, seed=6).add_column("secret_ids", [[0], [], [0]])
+    with pytest.warns(UserWarning, match=r"eval dataset 'test': 2 of 3 rows hold protected secrets"):
+        trainer.predict(test_rows)
+    trainer.save_model(str(tmp_path / "final"))
+    card = (tmp_path / "final" / "README.md").read_text()
+    assert "(test) included 2 rows that hold protected secrets" in card
+
+
+def test_stale_eval_secret_ids_are_counted_from_the_text(tmp_path, caplog):
+    """The attack: an eval set tagged, then its text changed by a map, so its secret_ids say no row holds
+    a secret (all empty) while two do; before, it was counted as clean."""
+    from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+
+    secrets = SecretSet.from_csv(secrets_file(tmp_path))
+    tagged = tag_dataset(datasets.Dataset.from_dict({"text": ["x", "y", "z", "w"]}), tagger_for(secrets))
+    assert all(ids == [] for ids in tagged["secret_ids"])
+    stale = tagged.map(lambda row, i: {"text": EVAL_TEXTS[i]}, with_indices=True)
+    with caplog.at_level(logging.WARNING, logger="hush_hf.trainer.evaluation"):
+        assert secret_rows(stale, secrets=secrets) == 2
+    assert "stale" in caplog.text and SECRET not in caplog.text.lower()
+    with caplog.at_level(logging.WARNING, logger="hush_hf.trainer.evaluation"):
+        assert secret_rows(stale) is None  # no secrets to tag the text with: unknown, never "clean"

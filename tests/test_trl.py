@@ -1,7 +1,7 @@
 """TRL's SFTTrainer with DP through the documented attach path (docs/trl.md), with the real ``trl``:
 completion-only loss and 'wrapped' packing give one step's update equal to a torch.func reference
-(each prepared row's gradient of the model's own loss, clipped, summed, divided by B); padding-free
-batches (TRL's default 'bfd' packing) are refused; ``save_model`` and ``push_to_hub`` publish TRL's own
+(each prepared row's gradient of the model's own loss, clipped, summed, divided by B), and so do
+padding-free batches (``padding_free=True`` and TRL's default 'bfd' packing: each drawn row one example); ``save_model`` and ``push_to_hub`` publish TRL's own
 model card with the Secret protection section, the plan and the privacy report, through the allow-list."""
 
 from __future__ import annotations
@@ -56,12 +56,13 @@ def sft_trainer(tmp_path, **config):
 def reference_update(model, rows, expected_batch_size: float):
     params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
 
-    def own_loss(p, ids, labels):
-        return functional_call(model, p, (), {"input_ids": ids[None], "labels": labels[None]}).loss
+    def own_loss(p, row):
+        return functional_call(model, p, (), {k: v[None] for k, v in row.items()}).loss
 
     total = {n: torch.zeros_like(v) for n, v in params.items()}
     for row in rows:
-        g = grad(own_loss)(params, torch.tensor(row["input_ids"]), torch.tensor(row["labels"]))
+        keys = [k for k in ("input_ids", "labels", "position_ids") if k in row]
+        g = grad(own_loss)(params, {k: torch.tensor(row[k]) for k in keys})
         norm = torch.sqrt(sum((v**2).sum() for v in g.values()))
         assert norm > 10 * CLIP
         for n in total:
@@ -90,13 +91,40 @@ def test_sft_step_equals_reference(tmp_path, config):
         assert (change - update).norm() <= 1e-5 * update.norm() + 1e-9, name
 
 
-def test_padding_free_batches_are_refused(tmp_path):
-    trainer = sft_trainer(tmp_path, packing=True, max_length=8)  # TRL's default: 'bfd', padding-free
+def flattened_reference_rows(rows):
+    """Each prepared row as the model reads it in a padding-free batch, written out by hand: its own
+    tokens, positions restarting at each packed document (TRL's ``seq_lengths``), no label at a
+    document's first token (the flattening separator)."""
+    out = []
+    for row in rows:
+        lengths = row.get("seq_lengths") or [len(row["input_ids"])]
+        positions = [i for n in lengths for i in range(n)]
+        labels = [-100 if p == 0 else t for p, t in zip(positions, row["labels"], strict=True)]
+        out.append({"input_ids": row["input_ids"], "labels": labels, "position_ids": positions})
+    return out
+
+
+@pytest.mark.parametrize("config", [dict(padding_free=True, max_length=None),
+                                    dict(packing=True, max_length=8)],  # TRL's default: 'bfd', padding-free
+                         ids=["padding-free", "bfd-packing"])  # fmt: skip
+def test_padding_free_step_clips_each_drawn_row(tmp_path, config):
+    """Before, TRL's padding-free batches were refused (one flattened row would have been clipped as one
+    example); now each drawn row is its own example, so the step equals the per-row reference."""
+    trainer = sft_trainer(tmp_path, **config)
+    assert trainer.padding_free
     rows = trainer.train_dataset
-    plan = make_plan(np.ones(len(rows)), steps=1, noise_multiplier=1.0, rows=rows)
-    trainer.train_dataset = plan.attach(trainer.train_dataset)
-    with pytest.raises(ValueError, match="padding-free"):
-        GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP)
+    n = len(rows)
+    plan = make_plan(np.ones(n), steps=1, noise_multiplier=1.0, rows=rows)
+    trainer.train_dataset = plan.attach(rows)
+    model = trainer.model
+    expected = reference_update(model, flattened_reference_rows(rows), n)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    GhostClippingCallback.attach(trainer, plan, clip_norm=CLIP, noise_multiplier=0.0, dp_seed=7)
+    trainer.train()
+    assert [log["dp_batch_size"] for log in trainer.state.log_history if "dp_batch_size" in log] == [n]
+    for name, update in expected.items():
+        change = before[name] - dict(model.named_parameters())[name].detach()
+        assert (change - update).norm() <= 1e-5 * update.norm() + 1e-9, name
 
 
 TRL_CARD = "It has been trained using [TRL](https://github.com/huggingface/trl)."

@@ -64,8 +64,17 @@ from hush_hf.trainer.distributed import (
     replicated,
 )
 from hush_hf.trainer.evaluation import EvaluationCoverage
+from hush_hf.trainer.example_rows import ExampleRowsCollator, pad_token_id
 from hush_hf.trainer.fsdp import check_fsdp_plugin, filler_micro_batches, is_sharded, max_across_ranks
-from hush_hf.trainer.independence import RTOL, alone, check_rows, coupled_rows, precision
+from hush_hf.trainer.independence import (
+    RTOL,
+    alone,
+    check_rows,
+    coupled_rows,
+    precision,
+    same_batch,
+    seed_random_states,
+)
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss, model_inputs, unwrap_model
 from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
 from hush_hf.trainer.noise import privatize_gradients_
@@ -122,16 +131,6 @@ def check_optimizer_params(optimizer: Any, model_param_ids: set[int]) -> None:
                     "parameter of the model (in a layer ghost clipping supports), freeze it "
                     "(requires_grad=False) or leave it out of the optimizer"
                 )
-
-
-class SkipEmptyCollator:
-    """The user's collator, except that an empty draw collates to ``{}`` (a noise-only step)."""
-
-    def __init__(self, collate_fn: Any) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, features: list[Any]) -> Any:
-        return self.collate_fn(features) if features else {}
 
 
 class GhostClippingCallback(TrainerCallback):
@@ -350,12 +349,6 @@ class GhostClippingCallback(TrainerCallback):
                     f"crt_schedule={self.crt_schedule!r} is not supported under FSDP: its public steps run a "
                     "plain backward, which FSDP would average over ranks; use DDP for CRT mode"
                 )
-        if getattr(trainer, "padding_free", False):
-            raise ValueError(
-                "padding-free batches (TRL's padding_free=True, or packing with the default 'bfd' strategy) "
-                "concatenate all examples of a batch into one row, so per-example clipping cannot separate "
-                "them; use SFTConfig(packing_strategy='wrapped') or packing=False with padding_free=False"
-            )
         if trainer.compute_loss_func is not None:
             raise ValueError(
                 "compute_loss_func is not supported with DP training: the loss must be per example; "
@@ -474,6 +467,14 @@ class GhostClippingCallback(TrainerCallback):
             return original_evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
         trainer.evaluate = evaluate
+        original_predict = trainer.predict
+
+        @functools.wraps(original_predict)
+        def predict(test_dataset: Any, ignore_keys: Any = None, metric_key_prefix: str = "test"):
+            self.evaluation.predicting(test_dataset, metric_key_prefix)
+            return original_predict(test_dataset, ignore_keys, metric_key_prefix)
+
+        trainer.predict = predict
         original_values = trainer.set_initial_training_values
         trainer.set_initial_training_values = lambda *a, **k: self.training_values(original_values(*a, **k))
         self._route_publishing(trainer)
@@ -647,12 +648,14 @@ class GhostClippingCallback(TrainerCallback):
                 num_replicas=world_size,
                 rank=rank,
             )
+        # One row per drawn example whatever the collator's layout (padding-free included): example_rows.py
+        collate_fn = ExampleRowsCollator(collate_fn, pad_token_id(trainer))
         self._filler_source = (dataset, collate_fn)
         workers = args.dataloader_num_workers
         return DataLoader(
             dataset,
             batch_sampler=sampler,
-            collate_fn=SkipEmptyCollator(collate_fn),
+            collate_fn=collate_fn,
             num_workers=workers,
             pin_memory=args.dataloader_pin_memory,
             persistent_workers=args.dataloader_persistent_workers and workers > 0,
@@ -747,7 +750,8 @@ class GhostClippingCallback(TrainerCallback):
         return aligned
 
     def _collated(self, rows: list[Any]) -> dict[str, Any]:
-        """Training rows collated like every batch, plan columns dropped, right-aligned."""
+        """Training rows collated like every batch (one row per example, see example_rows.py), plan
+        columns dropped, right-aligned."""
         if self._filler_source is None:
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
         _, collate_fn = self._filler_source
@@ -774,8 +778,16 @@ class GhostClippingCallback(TrainerCallback):
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
         dataset, _ = self._filler_source
         indices = check_rows(dataset)
+        rows = [dataset[i] for i in indices]
         with preserved_random_state(trainer.args.device):  # a masking collator draws from the global RNGs
-            batch = self._collated([dataset[i] for i in indices])
+            seed_random_states(0)
+            batch = self._collated(rows)
+            # A deterministic collator collates each row alone too (whatever its layout: padded either
+            # side, with or without a mask, flattened); a random one (MLM masking) would draw other
+            # masks alone, so its rows are cut from the batch instead (independence.alone).
+            seed_random_states(1)
+            deterministic = same_batch(batch, self._collated(rows))
+            singles = [self._collated([row]) for row in rows] if deterministic else None
         module, args = self._model, trainer.args
         tf32 = args.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
         mixed = trainer.accelerator.mixed_precision not in (None, "no") or args.bf16 or args.fp16
@@ -787,9 +799,13 @@ class GhostClippingCallback(TrainerCallback):
             with torch.no_grad():
                 for micro in split_micro_batches(batch, args.per_device_train_batch_size):
                     in_batch += self._per_example_losses(trainer, micro).double().tolist()
+                    if singles is not None:
+                        continue
                     for row in range(batch_size(micro)):
                         single = alone(micro, row, encoder_decoder=self._encoder_decoder)
                         by_itself += self._per_example_losses(trainer, single).double().tolist()
+                for single in singles or ():
+                    by_itself += self._per_example_losses(trainer, single).double().tolist()
         finally:
             module.train()
         coupled = coupled_rows(in_batch, by_itself, RTOL[kind])

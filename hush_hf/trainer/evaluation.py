@@ -38,7 +38,7 @@ def secret_rows(dataset: Any, *, secrets: Any = None, text_column: str = "text")
     marks = find_marks_column(names)
     if marks is not None:
         return _non_empty(secret_ids_from_marks(column(dataset, marks)))
-    if SECRET_IDS_COLUMN in names:
+    if SECRET_IDS_COLUMN in names and _current_ids(dataset, secrets, text_column):
         return _non_empty(column(dataset, SECRET_IDS_COLUMN))
     if secrets is None or not isinstance(dataset, datasets.Dataset) or text_column not in names:
         return None
@@ -50,6 +50,25 @@ def secret_rows(dataset: Any, *, secrets: Any = None, text_column: str = "text")
         num_secrets=len(secret_set),
     )
     return _non_empty(column(tagged, SECRET_IDS_COLUMN))
+
+
+def _current_ids(dataset: Any, secrets: Any, text_column: str) -> bool:
+    """Whether the ``secret_ids`` of an eval dataset can be counted as they are: False (with a warning)
+    when they were tagged from other text than the rows hold now (stale: e.g. all empty after a map),
+    so the rows are tagged again from the text where the run's secrets are known, or left uncounted."""
+    import datasets
+
+    from hush_hf.secrets.tagging import check_secret_ids_current
+
+    if not isinstance(dataset, datasets.Dataset):
+        return True
+    secret_set = load_secrets(secrets) if secrets is not None else None
+    try:
+        check_secret_ids_current(dataset, secret_set=secret_set, text_column=text_column, what="the eval set")
+    except ValueError as error:
+        logger.warning("%s; its rows are counted from the text instead where it can be tagged", error)
+        return False
+    return True
 
 
 def _non_empty(lists: Any) -> int:
@@ -89,6 +108,12 @@ class EvaluationCoverage:
             self.ran[prefix] = self.rows.get(SINGLE)
         elif prefix not in self.ran:  # a dataset passed to evaluate(): checked on its first evaluation
             self.ran[prefix] = self._check(eval_dataset, prefix)
+
+    def predicting(self, test_dataset: Any, prefix: str) -> None:
+        """Record a ``predict(test_dataset, metric_key_prefix=prefix)`` call: its predictions and metrics
+        are computed from those rows just as an evaluation's are (counted once per prefix)."""
+        if prefix not in self.ran:
+            self.ran[prefix] = self._check(test_dataset, prefix)
 
     def _check(self, dataset: Any, name: str) -> int | None:
         count = secret_rows(dataset, secrets=self.secrets, text_column=self.text_column)

@@ -10,8 +10,11 @@ reaches the optimizer, each of a few training rows is scored twice, without grad
 
 - inside a batch: the rows collated together by the user's collator, re-padded and cut into
   micro-batches exactly as the DP step does;
-- alone: its own row of that micro-batch cut to its own length (its padding removed), in a
-  micro-batch of one, so the padded width and the other rows both change.
+- alone: the row collated by itself with the same collator, whatever its layout (padded on either
+  side, with or without a mask, flattened), so the padded width and the other rows both change. A
+  collator that draws at random (MLM masking: two collations differ) would score other masks alone, so
+  for it the row is cut from its micro-batch to its own length instead (``alone``), which needs a
+  per-row ``attention_mask``.
 
 The two per-example losses must agree to rounding (``RTOL``); otherwise training is refused with the
 rows named. The rows are the shortest and the longest of the training set's first ``SCAN_ROWS`` rows
@@ -138,3 +141,29 @@ def precision(parameter_dtypes: Sequence[torch.dtype], *, mixed_precision: bool,
     if mixed_precision or tf32 or any(torch.finfo(d).bits < 32 for d in floating):
         return "reduced"
     return "float64" if floating and all(d == torch.float64 for d in floating) else "float32"
+
+
+def seed_random_states(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (inside a preserved random state)."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def same_batch(first: Mapping[str, Any], second: Mapping[str, Any]) -> bool:
+    """Whether two collations are equal key by key (tensors exactly, other values by ``==``)."""
+    if first.keys() != second.keys():
+        return False
+    for key, a in first.items():
+        b = second[key]
+        if isinstance(a, Tensor) or isinstance(b, Tensor):
+            both = isinstance(a, Tensor) and isinstance(b, Tensor)
+            if not (both and a.shape == b.shape and torch.equal(a, b)):
+                return False
+        elif a != b:
+            return False
+    return True

@@ -189,6 +189,13 @@ class SecretProtectionTrainer(Trainer):
         self.dp.evaluation.evaluating(eval_dataset, metric_key_prefix, self.eval_dataset)
         return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
+    def predict(
+        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
+    ) -> Any:
+        # Predictions on rows holding secrets are outside the plan, as evaluations are (evaluation.py).
+        self.dp.evaluation.predicting(test_dataset, metric_key_prefix)
+        return super().predict(test_dataset, ignore_keys, metric_key_prefix)
+
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         return no_floating_point_ops(inputs)  # total_flos would count the tokens actually drawn
 
