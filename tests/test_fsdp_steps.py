@@ -146,9 +146,10 @@ def test_token_counts_are_never_gathered_across_ranks():
     """Trainer gathers the batch's token count across ranks only on ranks whose batch has labels: a rank
     with an empty Poisson share skipped the collective and the others waited forever (found under FSDP,
     step 0 of tests/test_trainer_fsdp.py; DDP has the same path). The DP step does not use the count."""
-    from hush_hf.trainer import SecretProtectionTrainer
-    from hush_hf.trainer.callback import no_num_items_in_batch
+    from hush_hf.trainer.routing import ROUTES
+    from hush_hf.trainer.transformers_api import NUM_ITEMS
 
     batches = [{"labels": torch.ones(2, 3, dtype=torch.long)}]
-    assert SecretProtectionTrainer._get_num_items_in_batch(None, batches, torch.device("cpu")) is None
-    assert no_num_items_in_batch(batches, torch.device("cpu")) is None  # GhostClippingCallback.attach's
+    never = {NUM_ITEMS: lambda *a, **k: pytest.fail("Trainer's token count was called")}
+    # the route both SecretProtectionTrainer and GhostClippingCallback.attach use (routing.py's table)
+    assert ROUTES[NUM_ITEMS](None, None, never, batches, torch.device("cpu")) is None

@@ -91,10 +91,15 @@ def test_a_packed_row_with_several_documents_stays_one_example():
 
 def test_trailing_padding_of_a_flattened_row_is_dropped_but_real_tokens_are_refused():
     features = [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}]
-    padded_tail = {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 0, 0]]),
-                   "labels": torch.tensor([[-100, 6, 7, -100, 9, -100, -100]])}  # fmt: skip
+    padded_tail = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 9, 0, 0]]),
+        "labels": torch.tensor([[-100, 6, 7, -100, 9, -100, -100]]),
+    }
     assert example_rows(padded_tail, features, pad_token_id=0)["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
-    real_tail = {"input_ids": torch.tensor([[5, 6, 7, 8, 9, 4]]), "labels": torch.tensor([[-100, 6, 7, -100, 9, 4]])}
+    real_tail = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 9, 4]]),
+        "labels": torch.tensor([[-100, 6, 7, -100, 9, 4]]),
+    }
     with pytest.raises(ValueError, match="1 tokens after the drawn examples that are not padding"):
         example_rows(real_tail, features, pad_token_id=0)
 
@@ -102,7 +107,10 @@ def test_trailing_padding_of_a_flattened_row_is_dropped_but_real_tokens_are_refu
 @pytest.mark.parametrize(
     "batch, message",
     [
-        ({"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0], [1, 1, 1]])}, "3 rows for 2 drawn examples: an example split"),
+        (
+            {"input_ids": torch.tensor([[5, 6, 7], [8, 9, 0], [1, 1, 1]])},
+            "3 rows for 2 drawn examples: an example split",
+        ),
         ({"input_ids": torch.tensor([[5, 6, 7, 9, 8]])}, "changed, dropped or reordered tokens"),
         ({"input_ids": torch.tensor([[5, 6, 7, 8]])}, "changed, dropped or reordered tokens"),
         ({"input_ids": torch.tensor([[5, 6, 7, 8, 9]]), "extra": torch.tensor([[1, 2]])}, "'extra'"),
@@ -121,9 +129,14 @@ def test_three_drawn_examples_in_two_rows_are_refused():
 
 
 def test_left_padding_without_a_mask_gets_the_mask_of_the_drawn_tokens():
-    features = [{"input_ids": [5, 6, 7, 8], "labels": [5, 6, 7, 8]}, {"input_ids": [9, 10], "labels": [9, 10]}]
-    left = {"input_ids": torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]),
-            "labels": torch.tensor([[5, 6, 7, 8], [-100, -100, 9, 10]])}  # fmt: skip
+    features = [
+        {"input_ids": [5, 6, 7, 8], "labels": [5, 6, 7, 8]},
+        {"input_ids": [9, 10], "labels": [9, 10]},
+    ]
+    left = {
+        "input_ids": torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]),
+        "labels": torch.tensor([[5, 6, 7, 8], [-100, -100, 9, 10]]),
+    }
     rows = right_align(example_rows(left, features), encoder_decoder=False)
     assert rows["input_ids"].tolist() == [[5, 6, 7, 8], [9, 10, 0, 0]]
     assert rows["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
@@ -155,14 +168,27 @@ def train(data, collator, tmp_path, *, plain=False, steps=3):
     if plain:
         from transformers import Trainer
 
-        trainer = Trainer(model=model, args=args, train_dataset=plan.attach(data), data_collator=collator,
-                          optimizers=sgd(model, lr=0.1))  # fmt: skip
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=plan.attach(data),
+            data_collator=collator,
+            optimizers=sgd(model, lr=0.1),
+        )
         GhostClippingCallback.attach(trainer, plan, clip_norm=0.5, dp_seed=1234)
     else:
-        trainer = SecretProtectionTrainer(model=model, args=args, train_dataset=plan.attach(data),
-                                          data_collator=collator, plan=plan, optimizers=sgd(model, lr=0.1))  # fmt: skip
+        trainer = SecretProtectionTrainer(
+            model=model,
+            args=args,
+            train_dataset=plan.attach(data),
+            data_collator=collator,
+            plan=plan,
+            optimizers=sgd(model, lr=0.1),
+        )
     trainer.train()
-    return parameters(model), [log["dp_batch_size"] for log in trainer.state.log_history if "dp_batch_size" in log]
+    return parameters(model), [
+        log["dp_batch_size"] for log in trainer.state.log_history if "dp_batch_size" in log
+    ]
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["SecretProtectionTrainer", "attach"])
@@ -179,8 +205,16 @@ def test_flattened_and_unmasked_left_padded_runs_train_the_right_padded_model(tm
 
 def batch_size_token(features):
     """A planted coupling no row cut from the batch shows: every row starts with the batch's size."""
-    return pad_collate([{"input_ids": [3 + len(features)] + f["input_ids"], "labels": [3 + len(features)] + f["labels"],
-                         "attention_mask": [1] * (1 + len(f["input_ids"]))} for f in features])  # fmt: skip
+    return pad_collate(
+        [
+            {
+                "input_ids": [3 + len(features)] + f["input_ids"],
+                "labels": [3 + len(features)] + f["labels"],
+                "attention_mask": [1] * (1 + len(f["input_ids"])),
+            }
+            for f in features
+        ]
+    )
 
 
 def test_the_first_step_check_collates_each_row_alone(tmp_path):

@@ -144,8 +144,10 @@ def test_predict_on_rows_with_secrets_is_counted_warned_and_noted_on_the_card(tm
                           data_collator=pad_collate)  # fmt: skip
         GhostClippingCallback.attach(trainer, plan)
     else:
-        trainer = SecretProtectionTrainer(model=tiny_gpt2(), args=dp_config(tmp_path, max_steps=2),
-                                          train_dataset=train, data_collator=pad_collate, plan=plan)  # fmt: skip
+        args = dp_config(tmp_path, max_steps=2)
+        trainer = SecretProtectionTrainer(
+            model=tiny_gpt2(), args=args, train_dataset=train, data_collator=pad_collate, plan=plan
+        )
     test_rows = token_dataset(3, seed=6).add_column("secret_ids", [[0], [], [0]])
     with pytest.warns(UserWarning, match=r"eval dataset 'test': 2 of 3 rows hold protected secrets"):
         trainer.predict(test_rows)

@@ -1,8 +1,9 @@
 """TRL's SFTTrainer with DP through the documented attach path (docs/trl.md), with the real ``trl``:
 completion-only loss and 'wrapped' packing give one step's update equal to a torch.func reference
 (each prepared row's gradient of the model's own loss, clipped, summed, divided by B), and so do
-padding-free batches (``padding_free=True`` and TRL's default 'bfd' packing: each drawn row one example); ``save_model`` and ``push_to_hub`` publish TRL's own
-model card with the Secret protection section, the plan and the privacy report, through the allow-list."""
+padding-free batches (``padding_free=True`` and TRL's default 'bfd' packing: each drawn row one
+example); ``save_model`` and ``push_to_hub`` publish TRL's own model card with the Secret protection
+section, the plan and the privacy report, through the allow-list."""
 
 from __future__ import annotations
 

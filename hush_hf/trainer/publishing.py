@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hush_hf.trainer import transformers_api
+
 PUBLISHABLE = (
     # weights (full, sharded, adapters) and their index
     "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",
@@ -123,7 +125,7 @@ def save_model(
     if final and sharded_state_dict(trainer):
         state_dict = trainer.accelerator.get_state_dict(trainer.model)  # a collective: all ranks
         if trainer.args.should_save:
-            trainer._save(output_dir or trainer.args.output_dir, state_dict=state_dict)
+            transformers_api.save_weights(trainer, output_dir or trainer.args.output_dir, state_dict)
     else:
         save_weights(output_dir, internal_call)
     if trainer.args.should_save and final:
@@ -178,7 +180,7 @@ def push_to_hub(
         given = [given] if isinstance(given, str) else list(given)
         kwargs["tags"] = given + [t for t in tags if t not in given]
     trainer.create_model_card(model_name=model_name, **kwargs)
-    trainer._finish_current_push()
+    transformers_api.finish_current_push(trainer)
     return upload_publishable(
         hf_trainer.hf_api(),
         repo_id=trainer.hub_model_id,

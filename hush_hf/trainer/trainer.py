@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +10,7 @@ from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments
 
 from hush_hf.planning.plan import ProtectionPlan
-from hush_hf.trainer import publishing
-from hush_hf.trainer.callback import (
-    GhostClippingCallback,
-    check_clippable,
-    no_floating_point_ops,
-    no_grad_norm,
-    no_num_items_in_batch,
-    without_batch_statistics,
-)
+from hush_hf.trainer.callback import GhostClippingCallback, check_clippable
 from hush_hf.trainer.config import SecretProtectionConfig, as_secret_protection_config
 from hush_hf.trainer.distributed import broadcast_object, rank_and_world_size
 from hush_hf.trainer.evaluation import EvaluationCoverage
@@ -32,10 +23,12 @@ from hush_hf.trainer.plan_setup import (
     plan_for_dataset,
     prepare_secret_ids,
 )
+from hush_hf.trainer.routing import define_routes
 
 logger = logging.getLogger(__name__)
 
 
+@define_routes
 class SecretProtectionTrainer(Trainer):
     """A ``Trainer`` whose every step is a DP-SGD step of a protection plan.
 
@@ -169,84 +162,9 @@ class SecretProtectionTrainer(Trainer):
         """
         return lm_per_example_loss(model, inputs)
 
-    def train(
-        self,
-        resume_from_checkpoint: str | bool | None = None,
-        trial: Any = None,
-        ignore_keys_for_eval: list[str] | None = None,
-    ) -> Any:
-        self.dp.prepare_run(self, resume_from_checkpoint, trial)
-        try:
-            output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
-        finally:
-            self.dp.finish_run()
-        return without_batch_statistics(output)
-
-    def evaluate(
-        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
-    ) -> dict[str, float]:
-        # Metrics on rows holding secrets are outside the plan: recorded for the card (evaluation.py).
-        self.dp.evaluation.evaluating(eval_dataset, metric_key_prefix, self.eval_dataset)
-        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
-
-    def predict(
-        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
-    ) -> Any:
-        # Predictions on rows holding secrets are outside the plan, as evaluations are (evaluation.py).
-        self.dp.evaluation.predicting(test_dataset, metric_key_prefix)
-        return super().predict(test_dataset, ignore_keys, metric_key_prefix)
-
-    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
-        return no_floating_point_ops(inputs)  # total_flos would count the tokens actually drawn
-
-    def get_train_dataloader(self) -> Any:
-        return self.dp.train_dataloader(self)
-
-    def training_step(
-        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
-    ) -> Tensor:
-        return self.dp.training_step(self, model, inputs)
-
-    def _get_num_items_in_batch(self, batch_samples: list, device: Any) -> None:
-        return no_num_items_in_batch(batch_samples, device)
-
-    def set_initial_training_values(self, *args: Any, **kwargs: Any) -> tuple:
-        # CRT mode: the run takes the T DP steps plus the public steps.
-        return self.dp.training_values(super().set_initial_training_values(*args, **kwargs))
-
-    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> None:
-        # Trainer computes this before on_pre_optimizer_step, i.e. from the pre-noise gradient.
-        return no_grad_norm(model, grad_norm)
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        super().log(self.dp.add_log_fields(logs), start_time)
-
-    # -------------------------------------------------------------------- publishing
-    # The steps are shared with a plain/TRL Trainer given GhostClippingCallback.attach: trainer/publishing.py.
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the weights, and beside them the plan, the privacy report and the model card.
-
-        Checkpoints (``_internal_call`` with a folder) get only the weights and the DP state;
-        ``save_model()`` and ``push_to_hub()`` get the full protection artifacts (FSDP2 with a sharded
-        state dict: the full state dict is gathered and saved; see :func:`publishing.save_model`).
-        """
-        publishing.save_model(
-            self,
-            output_dir,
-            _internal_call,
-            save_weights=super().save_model,
-            write_artifacts=self.write_protection_artifacts,
-        )
-
-    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        # Trainer writes its own README.md here (push_to_hub); the Secret protection section is added back.
-        publishing.create_model_card(
-            self,
-            *args,
-            write_card=super().create_model_card,
-            write_artifacts=self.write_protection_artifacts,
-            **kwargs,
-        )
+    # The Trainer methods the DP step takes over (train, training_step, log, save_model, push_to_hub, ...)
+    # are defined from the table in trainer/routing.py by @define_routes, the same table that
+    # GhostClippingCallback.attach applies to a plain Trainer.
 
     def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
         """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit),
@@ -272,40 +190,4 @@ class SecretProtectionTrainer(Trainer):
             recall=self.args.crt_recall,
             conservative_recall=self.args.crt_conservative_recall,
             occurrences=self.crt_occurrences,
-        )
-
-    def push_to_hub(
-        self,
-        commit_message: str | None = "End of training",
-        blocking: bool = True,
-        token: str | None = None,
-        revision: str | None = None,
-        private: bool | None = None,
-        *,
-        extra_files: Sequence[str] = (),
-        **kwargs: Any,
-    ) -> Any:
-        """Upload the model, config, tokenizer, card, plan and privacy report, and nothing else.
-
-        Same steps as ``Trainer.push_to_hub`` (save, model card, one commit), but the commit holds only
-        the files :func:`hush_hf.trainer.publishing.publishable_files` allows: never trainer_state.json,
-        ``*_results.json``, ``runs/``, training_args.bin or checkpoints, unless listed in ``extra_files``
-        (paths relative to ``output_dir``).
-        """
-        return publishing.push_to_hub(
-            self, commit_message, blocking, token, revision, private,
-            save_weights=super().save_model, extra_files=extra_files, **kwargs,
-        )  # fmt: skip
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """``hub_strategy="every_save"``: push the current model with its artifacts, through the allow-list.
-
-        (Trainer's version uploads all of ``output_dir``; checkpoint strategies are refused at setup:
-        checkpoints hold the un-noised training logs and the optimizer state.)
-        """
-        publishing.push_from_checkpoint(
-            self,
-            checkpoint_folder,
-            save_weights=super().save_model,
-            write_artifacts=self.write_protection_artifacts,
         )

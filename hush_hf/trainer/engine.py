@@ -1,0 +1,357 @@
+"""The DP step, top to bottom (Hush Alg. 2, lines 8-11): one optimizer step of a protection plan.
+
+1. **draw** (:meth:`DPStep.data_loader`): the weighted Poisson sampler's logical batch, this rank's share,
+   collated by the user's collator into one row per drawn example (:mod:`hush_hf.trainer.example_rows`;
+   left padding moved right, :mod:`hush_hf.trainer.padding`).
+2. **micro-batches** (:meth:`DPStep.run`): the share cut into ``per_device_train_batch_size`` rows
+   (:mod:`hush_hf.trainer.micro_batches`); under FSDP2 every rank runs as many as the busiest one.
+3. **per-example losses**: ``loss_i`` of each row (:mod:`hush_hf.trainer.losses`); the first step of a run
+   checks that each depends on its example alone (:mod:`hush_hf.trainer.independence`).
+4. **clipped sums**: ``sum_i min(1, C/||g_i||) g_i`` by ghost clipping
+   (:class:`hush_hf.clipping.GhostClipper`), accumulated beside each parameter (float32 for bf16/fp16,
+   :mod:`hush_hf.clipping.clipped_sums`).
+5. **noise** (:meth:`DPStep.privatize`): summed over ranks, ``N(0, sigma^2 C^2 I)`` added once from the
+   secret seed, divided by the *expected* batch size B (:mod:`hush_hf.trainer.noise`).
+6. **record**: the drawn count of the step, for the logs (``dp_batch_size``).
+
+CRT public steps (:mod:`hush_hf.trainer.crt`) take 2-3 with a plain backward and 5 without noise: a mean.
+What the plan certifies (sigma, T, the seed, the schedule) is the callback's
+(:class:`hush_hf.trainer.GhostClippingCallback`); this class only runs steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from transformers import Trainer
+from transformers.trainer_utils import seed_worker
+
+from hush_hf.clipping import GhostClipper, clipped_sums
+from hush_hf.trainer import transformers_api
+from hush_hf.trainer.distributed import all_reduce_sum_, check_replicas_agree, rank_and_world_size, replicated
+from hush_hf.trainer.example_rows import ExampleRowsCollator, pad_token_id
+from hush_hf.trainer.fsdp import filler_micro_batches, is_sharded, max_across_ranks
+from hush_hf.trainer.independence import (
+    RTOL,
+    alone,
+    check_rows,
+    coupled_rows,
+    precision,
+    same_batch,
+    seed_random_states,
+)
+from hush_hf.trainer.losses import PerExampleLoss, model_inputs, unwrap_model
+from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
+from hush_hf.trainer.noise import privatize_gradients_
+from hush_hf.trainer.padding import right_align
+from hush_hf.trainer.plan_setup import is_plan_column
+
+logger = logging.getLogger(__name__)
+
+
+class DPStep:
+    """Runs DP steps on one model: ``data_loader`` once per run, ``begin`` when training starts, then per
+    optimizer step ``run`` (every micro-batch of the share) and ``privatize`` (before the optimizer),
+    ``end`` when training stops.
+
+    ``clip_norm``: C. ``per_example_loss(model, inputs) -> Tensor[b]``. ``dropped_columns``: dataset
+    columns that never reach the model beyond the plan's (the CRT public flag).
+    """
+
+    def __init__(
+        self, clip_norm: float, per_example_loss: PerExampleLoss, dropped_columns: tuple[str, ...]
+    ) -> None:
+        self.clip_norm = clip_norm
+        self.per_example_loss = per_example_loss
+        self.dropped_columns = dropped_columns
+        self.clipper: GhostClipper | None = None
+        self.model: nn.Module | None = None
+        self.params: list[nn.Parameter] = []
+        self.param_ids: set[int] = set()
+        self.sharded = False  # FSDP2: the model's parameters are shards
+        self.pending: tuple[int, int, bool] | None = None  # (step, examples on this rank, public)
+        self._source: tuple[Any, Any] | None = None  # (dataset, collator): check rows and fillers
+        self._independence_checked = False
+        self._told_left_padding = False
+
+    # ------------------------------------------------------------------------- 1. draw
+    def data_loader(self, trainer: Trainer, batch_sampler: Any) -> DataLoader:
+        """This rank's batches of ``batch_sampler``, one row per drawn example; ``len`` = its steps.
+
+        Not passed through ``accelerator.prepare``: its ``BatchSamplerShard`` would split and pad the
+        batches. Trainer's resume skips the first k batches with accelerate's ``SkipBatchSampler``,
+        which draws and discards them, so batch t still meets step t.
+        """
+        import datasets
+
+        args, dataset, collate_fn = trainer.args, trainer.train_dataset, trainer.data_collator
+        if isinstance(dataset, datasets.Dataset):
+            dataset = transformers_api.remove_unused_columns(trainer, dataset)
+            dropped = [c for c in dataset.column_names if is_plan_column(c) or c in self.dropped_columns]
+            dataset = dataset.remove_columns(dropped)
+        else:
+            collate_fn = transformers_api.collator_with_removed_columns(trainer, collate_fn)
+        # One row per drawn example whatever the collator's layout (padding-free included): example_rows.py
+        collate_fn = ExampleRowsCollator(collate_fn, pad_token_id(trainer))
+        self._source = (dataset, collate_fn)
+        workers = args.dataloader_num_workers
+        rank = rank_and_world_size()[0]
+        return DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,
+            collate_fn=collate_fn,
+            num_workers=workers,
+            pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers and workers > 0,
+            prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+            worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=rank),
+        )
+
+    def begin(self, model: nn.Module, params: list[nn.Parameter]) -> None:
+        """Hook the model: the clipping engine records every layer call of the steps to come."""
+        self.end()
+        self.sharded = is_sharded(model)
+        self.clipper = GhostClipper(model, self.clip_norm)
+        self._independence_checked = False
+        self.model, self.params, self.param_ids = model, params, {id(p) for p in params}
+
+    def end(self) -> None:
+        """Take the hooks off the model (also after an error)."""
+        if self.clipper is not None:
+            self.clipper.remove()
+        self.clipper, self.pending = None, None
+
+    # ------------------------------------------------------------------------- 2-4. one share, clipped
+    def run(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any], *, public: bool) -> Tensor:
+        """Accumulate this rank's ``sum_i clip(g_i, C)`` beside each parameter; return its mean loss (NaN
+        for an empty share, which Trainer's ``logging_nan_inf_filter`` skips). ``public``: a CRT public
+        step (plain backward, no clipping). The forward runs on the unwrapped model under DDP's
+        ``no_sync``: DDP's averaging hook must not touch the clipped sums."""
+        if self.clipper is None or self.model is None:
+            raise RuntimeError("the DP step is not set up: train through trainer.train()")
+        module = self.model
+        if trainer.accelerator.unwrap_model(model) is not module:
+            raise RuntimeError("training_step got a different model than the one the clipping hooks are on")
+        module.train()
+        if callable(getattr(trainer.optimizer, "train", None)):
+            trainer.optimizer.train()
+        clipped_sums.discard_(self.params)  # only this step's clipped sum may reach the optimizer
+        self.clipper.reset()
+        if not self._independence_checked:
+            self._check_independence(trainer)
+            self._independence_checked = True
+        inputs = self._right_aligned({k: v for k, v in inputs.items() if not is_plan_column(k)})
+        for name in self.dropped_columns:
+            inputs.pop(name, None)
+        micros = split_micro_batches(inputs, trainer.args.per_device_train_batch_size)
+        real = len(micros)
+        if self.sharded and not public:
+            # FSDP's all-gathers and the engine's reduce-scatters are collectives: every rank runs as many
+            # micro-batches as the busiest one, padding with zero-weight fillers (exactly 0, see fsdp.py).
+            busiest = max_across_ranks(real, trainer.args.device)
+            if busiest and not self.clipper.verified:
+                self._self_check_on_filler(trainer)
+            micros += [self._filler_batch()] * filler_micro_batches(real, busiest)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=trainer.args.device)
+        count = 0
+        with trainer.accelerator.no_sync(model):
+            for k, micro in enumerate(micros):
+                losses = self.losses(trainer, micro)
+                if public:
+                    self.clipper.reset()  # the hooks recorded this forward; a public step does not clip
+                    losses.sum().backward()
+                elif k >= real:  # a filler: its examples weigh 0
+                    self.clipper.clipped_backward(losses * 0.0)
+                    continue
+                else:
+                    self.clipper.clipped_backward(losses)
+                loss_sum += losses.detach().sum().to(torch.float64)
+                count += losses.shape[0]
+        self.pending = (trainer.state.global_step, count, public)
+        nan = torch.tensor(math.nan, dtype=torch.float64, device=trainer.args.device)
+        return (loss_sum / count if count else nan).to(torch.float32)
+
+    def losses(self, trainer: Trainer, micro: dict[str, Any]) -> Tensor:
+        """``per_example_loss`` of one micro-batch, as the DP step computes it (shape checked: (rows,))."""
+        rows = batch_size(micro)
+        batch = model_inputs(self.model, micro, trainer.args.device)
+        with trainer.compute_loss_context_manager():
+            losses = self.per_example_loss(self.model, batch)
+        if not isinstance(losses, Tensor) or tuple(losses.shape) != (rows,):
+            shape = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
+            raise ValueError(f"per_example_loss must return a tensor of shape ({rows},), got {shape}")
+        return losses
+
+    # ------------------------------------------------------------------------- 5-6. noise, record
+    def privatize(
+        self, step: int, *, noise_multiplier: float, expected_batch_size: float, dp_seed: int, noise_step: int
+    ) -> tuple[int, bool]:
+        """Before optimizer step ``step``: the clipped sums of all ranks, plus N(0, sigma^2 C^2 I) drawn
+        from ``dp_seed`` at ``noise_step``, divided by B; a CRT public step's sum divided by its rows (a
+        mean, no noise). Returns (rows drawn over all ranks, whether the step was public)."""
+        if self.pending is None or self.pending[0] != step:
+            raise RuntimeError(
+                f"optimizer step {step} was not preceded by a DP training step; refusing to apply gradients "
+                "that were not clipped and noised"
+            )
+        _, count, public = self.pending
+        self.pending = None
+        sums = clipped_sums.clipped_sums_for_noise(self.params)  # float32 for bf16/fp16 parameters
+        count = self._reduce_across_ranks(count, sums)
+        if public:
+            with torch.no_grad():
+                for grad in sums:
+                    grad.div_(max(count, 1))
+            clipped_sums.round_into_grads_(self.params)
+            return count, True
+        privatize_gradients_(
+            self.params,
+            noise_multiplier=noise_multiplier,
+            clip_norm=self.clip_norm,
+            expected_batch_size=expected_batch_size,
+            dp_seed=dp_seed,
+            step=noise_step,
+        )
+        check_replicas_agree(replicated([p.grad for p in self.params]))  # FSDP2 shards differ by design
+        return count, False
+
+    def _reduce_across_ranks(self, count: int, sums: list[Tensor]) -> int:
+        """Sum every rank's gradient sums (in place) and drawn-row counts; returns the total count. FSDP2
+        shards already hold the sum over ranks (the clipping engine reduce-scatters each clipped sum)."""
+        _, world_size = rank_and_world_size()
+        if world_size == 1:
+            return count
+        all_reduce_sum_(replicated(sums))
+        drawn = torch.tensor([float(count)], dtype=torch.float64, device=self.params[0].device)
+        all_reduce_sum_([drawn])
+        return int(drawn.item())
+
+    # ------------------------------------------------------------------------- every example alone
+    @property
+    def _encoder_decoder(self) -> bool:
+        return bool(getattr(getattr(unwrap_model(self.model), "config", None), "is_encoder_decoder", False))
+
+    def _right_aligned(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch with left padding moved to the right (exact; refused where it cannot be, see
+        :mod:`hush_hf.trainer.padding`); said once per run."""
+        aligned = right_align(batch, encoder_decoder=self._encoder_decoder)
+        if aligned is not batch and not self._told_left_padding:
+            logger.info(
+                "left-padded batches are re-padded to the right before the DP step (a left-padded row's "
+                "loss depends on the other rows' lengths); set tokenizer.padding_side = 'right' to skip this"
+            )
+            self._told_left_padding = True
+        return aligned
+
+    def _collated(self, rows: list[Any]) -> dict[str, Any]:
+        """Training rows collated like every batch (one row per example, see example_rows.py), plan
+        columns dropped, right-aligned."""
+        if self._source is None:
+            raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
+        _, collate_fn = self._source
+        batch = collate_fn(rows).items()
+        return self._right_aligned(
+            {k: v for k, v in batch if not is_plan_column(k) and k not in self.dropped_columns}
+        )
+
+    def _filler_batch(self) -> dict[str, Any]:
+        """Row 0 of the training set, collated like every batch: the input of a filler micro-batch."""
+        if self._source is None:
+            raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
+        return split_micro_batches(self._collated([self._source[0][0]]), 1)[0]
+
+    def _check_independence(self, trainer: Trainer) -> None:
+        """ValueError unless each check row's per-example loss is the same inside a batch and alone.
+
+        See :mod:`hush_hf.trainer.independence`. Runs at the first step of a run, before any gradient,
+        on every rank at once (the rows do not depend on the draw; under FSDP the forwards are
+        collectives) and every rank raises if any rank found a difference.
+        """
+        if self._source is None:
+            raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
+        dataset, _ = self._source
+        indices = check_rows(dataset)
+        rows = [dataset[i] for i in indices]
+        with preserved_random_state(trainer.args.device):  # a masking collator draws from the global RNGs
+            seed_random_states(0)
+            batch = self._collated(rows)
+            # A deterministic collator collates each row alone too (whatever its layout: padded either
+            # side, with or without a mask, flattened); a random one (MLM masking) would draw other
+            # masks alone, so its rows are cut from the batch instead (independence.alone).
+            seed_random_states(1)
+            deterministic = same_batch(batch, self._collated(rows))
+            singles = [self._collated([row]) for row in rows] if deterministic else None
+        module, args = self.model, trainer.args
+        tf32 = args.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
+        mixed = trainer.accelerator.mixed_precision not in (None, "no") or args.bf16 or args.fp16
+        kind = precision([p.dtype for p in module.parameters()], mixed_precision=bool(mixed), tf32=tf32)
+        in_batch: list[float] = []
+        by_itself: list[float] = []
+        module.eval()  # dropout would make the two forwards differ
+        try:
+            with torch.no_grad():
+                for micro in split_micro_batches(batch, args.per_device_train_batch_size):
+                    in_batch += self.losses(trainer, micro).double().tolist()
+                    if singles is not None:
+                        continue
+                    for row in range(batch_size(micro)):
+                        single = alone(micro, row, encoder_decoder=self._encoder_decoder)
+                        by_itself += self.losses(trainer, single).double().tolist()
+                for single in singles or ():
+                    by_itself += self.losses(trainer, single).double().tolist()
+        finally:
+            module.train()
+        coupled = coupled_rows(in_batch, by_itself, RTOL[kind])
+        if max_across_ranks(int(bool(coupled)), args.device):
+            rows_named = sorted(indices[i] for i in coupled)
+            where = f"training rows {rows_named}" if coupled else "another rank's rows"
+            raise ValueError(
+                f"example independence check failed: {where} get a different per_example_loss inside a batch "
+                f"of {len(indices)} than alone (beyond {RTOL[kind]:g} relative, {kind} precision), so one "
+                "example's clipped gradient depends on the others and C no longer bounds its influence; look "
+                "for a per_example_loss normalised over the batch, labels on padding positions (make them "
+                "-100), packed rows without a per-row attention mask, or a model whose forward mixes rows"
+            )
+
+    def _self_check_on_filler(self, trainer: Trainer) -> None:
+        """FSDP: run the clipper's first-call self-check on every rank at once, on the same row.
+
+        The self-check runs one extra backward (FSDP all-gathers in it) on the first call whose gradient
+        is nonzero; a rank whose first micro-batch is a filler (gradient 0) would run it later than the
+        others and the collectives would no longer match. Checked here on the filler row with weight 1,
+        identically on every rank; ``p.grad`` is not touched (``per_example_norms``).
+        """
+        losses = self.losses(trainer, self._filler_batch())
+        self.clipper.per_example_norms(losses)
+        del losses
+        if not self.clipper.verified:
+            raise RuntimeError(
+                "FSDP: the clipping self-check could not run on row 0 of the training set (its loss has a "
+                "zero gradient); every rank must run it at the same step: put a row with a nonzero loss first"
+            )
+
+
+@contextlib.contextmanager
+def preserved_random_state(device: torch.device) -> Iterator[None]:
+    """Python's, NumPy's and torch's global random states (CPU and ``device``) are restored on exit: a
+    check that calls the collator once more leaves the training batches (e.g. MLM masks) as they were."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = []
+    if device.type == "cuda":
+        devices = [torch.cuda.current_device() if device.index is None else device.index]
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
