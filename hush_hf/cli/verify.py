@@ -87,7 +87,7 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
         from hush_hf.secrets import tag_dataset, tagger_for
 
         dataset = tag_dataset(dataset, tagger_for(secret_set), text_column=args.text_column,
-                              num_secrets=len(secret_set))
+                              num_secrets=len(secret_set), overwrite=True)  # a tagged folder: tag it again
         source = f"its column {args.text_column!r} tagged with --secrets"
     elif SECRET_IDS_COLUMN in names:
         from hush_hf.secrets.tagging import check_secret_ids_current
@@ -117,7 +117,8 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
 
 def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification: Any) -> list:
     """The weights against the record's digests; the card and privacy report against the recomputation."""
-    from hush_hf.audit.certificate import certificate_block, check_card, check_report, recomputed_report
+    from hush_hf.audit.certificate import certificate_block, recomputed_report
+    from hush_hf.audit.published import check_card, check_report
     from hush_hf.planning.consistency import Check
     from hush_hf.planning.record import compare_weights
 
@@ -133,9 +134,10 @@ def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification:
                                                                        if len(problems) > 3 else "")
                     if problems else f"{len(record.weights)} file(s) match the SHA-256 digests in the plan")]
     block = certificate_block(plan, plan_digest, verification)
-    report = recomputed_report(plan, verification, block)
-    checks.append(check_card(model_dir / CARD_FILE, block, report))
-    checks.append(check_report(model_dir / REPORT_FILE, report))
+    recomputed = recomputed_report(plan, verification, block)
+    report_check, stated = check_report(model_dir / REPORT_FILE, recomputed, plan)
+    checks.append(check_card(model_dir / CARD_FILE, block, stated))
+    checks.append(report_check)
     return checks
 
 

@@ -63,7 +63,11 @@ def weight_digests(folder: str | Path) -> dict[str, str]:
 
 def compare_weights(recorded: Mapping[str, str], folder: str | Path) -> list[str]:
     """What differs between the recorded weight digests and the weight files in ``folder``, one
-    sentence per file (empty: the same files with the same bytes)."""
+    sentence per file (empty: the same files with the same bytes). Besides the top-level weight files
+    (``WEIGHT_FILE_PATTERNS``), any weight-like file at any depth
+    (:mod:`hush_hf.planning.weight_files`) that the record does not name is a difference."""
+    from hush_hf.planning.weight_files import weight_like_files
+
     found = weight_digests(folder)
     problems = []
     for name in sorted(set(recorded) | set(found)):
@@ -73,6 +77,10 @@ def compare_weights(recorded: Mapping[str, str], folder: str | Path) -> list[str
             problems.append(f"{name} is not certified by the plan (a weight file the plan does not name)")
         elif found[name] != recorded[name]:
             problems.append(f"{name} differs from the digest recorded in the plan")
+    for name in weight_like_files(folder):
+        if name not in recorded and name not in found:
+            problems.append(f"{name} is a weight-like file the plan does not name: it is not certified "
+                            "(remove it from what you publish)")
     return problems
 
 
