@@ -4,10 +4,12 @@
 plan's sampling probabilities and recorded memberships, at the noise multiplier and the number of DP
 steps of the plan's training record (what the weights went through; never the plan's intention),
 with the plan's accountant. It checks that the plan's numbers agree among themselves (rho_i = B w_i /
-sum(w), the per-secret columns, a calibrated sigma being the smallest for its T), that the weight
-files in MODEL_DIR are exactly those whose SHA-256 the record lists, and that the model card's
-`hush_hf` metadata and guarantee text and privacy_report.json/.md state what the recomputation gives
-(an absent card or report is reported, not counted as a pass or a failure).
+sum(w), the per-secret columns, a calibrated sigma meeting every target at its T and being the
+smallest that does), that the weight files in MODEL_DIR are exactly those whose SHA-256 the record
+lists and that no other weight-like file lies at any depth (``hush_hf.planning.weight_files``), and
+that the model card's `hush_hf` metadata and whole Secret protection section and privacy_report.json/.md
+state exactly what the recomputation gives (``hush_hf.audit.published``; an absent card or report is
+reported, not counted as a pass or a failure).
 `--plan PLAN` checks a plan file (with MODEL_DIR, instead of MODEL_DIR/hush_plan.json); a plan no run
 published (no training record) certifies no model. `--secrets FILE` compares the number of secrets and
 each secret's prior and target with the plan. `--dataset DATA` recomputes the memberships (its text
