@@ -567,3 +567,17 @@ def test_verify_with_secrets_on_a_tokenized_tagged_folder(published, tmp_path, c
     assert "its column 'text' tagged with --secrets" in text
     code, found, text = verify(capsys, "--plan", tmp_path / "local.json", "--dataset", tmp_path / "tagged")
     assert code == 0 and found["memberships"] == "ok", text
+
+
+def test_as_pushed_counts_only_the_files_push_to_hub_uploads(published, tmp_path, capsys):
+    folder = copy_of(published.good, tmp_path)
+    (folder / "checkpoint-2").mkdir()  # what Trainer leaves in output_dir; push_to_hub never uploads it
+    shutil.copy(published.weak / "model.safetensors", folder / "checkpoint-2" / "model.safetensors")
+    assert verify(capsys, folder)[1]["weights"] == "FAILED"
+    code, found, text = verify(capsys, folder, "--as-pushed")
+    assert code == 0 and found["weights"] == "ok", text
+    shutil.copy(published.weak / "model.safetensors", folder / "model-00001-of-00002.safetensors")  # uploaded
+    code, _, text = verify(capsys, folder, "--as-pushed")
+    assert code == 1 and "model-00001-of-00002.safetensors is not certified by the plan" in text
+    assert main(["verify", "--plan", str(folder / "hush_plan.json"), "--as-pushed"]) == 2
+    assert "--as-pushed needs MODEL_DIR" in capsys.readouterr().err

@@ -10,6 +10,7 @@ lists and that no other weight-like file lies at any depth (``hush_hf.planning.w
 that the model card's `hush_hf` metadata and whole Secret protection section and privacy_report.json/.md
 state exactly what the recomputation gives (``hush_hf.audit.published``; an absent card or report is
 reported, not counted as a pass or a failure).
+`--as-pushed` counts only the files `push_to_hub` uploads from MODEL_DIR (for a local output_dir).
 `--plan PLAN` checks a plan file (with MODEL_DIR, instead of MODEL_DIR/hush_plan.json); a plan no run
 published (no training record) certifies no model. `--secrets FILE` compares the number of secrets and
 each secret's prior and target with the plan. `--dataset DATA` recomputes the memberships (its text
@@ -42,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="secrets file: compare priors and targets (and tag --dataset's text with it)")
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--show", type=int, default=20, help="secrets listed (closest to their target first)")
+    parser.add_argument("--as-pushed", action="store_true",
+                        help="check only the files push_to_hub() uploads from MODEL_DIR (a local output_dir: "
+                             "its checkpoints, logs and training_args.bin are never uploaded); without it "
+                             "every weight-like file at any depth must be certified")
 
 
 def check_arguments(args: argparse.Namespace) -> Path:
@@ -55,6 +60,8 @@ def check_arguments(args: argparse.Namespace) -> Path:
         raise ValueError(f"plan file {str(plan)!r} does not exist")
     if args.secrets is not None and not Path(args.secrets).is_file():
         raise ValueError(f"--secrets file {args.secrets!r} does not exist")
+    if args.as_pushed and args.model_dir is None:
+        raise ValueError("--as-pushed needs MODEL_DIR")
     if args.show < 0:
         raise ValueError(f"--show must be >= 0, got {args.show}")
     return plan
@@ -117,8 +124,10 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
     return checks, membership, columns, f"--dataset ({source})"
 
 
-def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification: Any) -> list:
-    """The weights against the record's digests; the card and privacy report against the recomputation."""
+def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification: Any, *,
+                     as_pushed: bool = False) -> list:
+    """The weights against the record's digests; the card and privacy report against the recomputation.
+    ``as_pushed``: only the files ``push_to_hub`` uploads from ``model_dir`` count."""
     from hush_hf.audit.certificate import certificate_block, recomputed_report
     from hush_hf.audit.published import check_card, check_report
     from hush_hf.planning.consistency import Check
@@ -129,7 +138,12 @@ def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification:
         detail = (f"the plan records no training run, so it certifies none of the weights in "
                   f"{str(model_dir)!r} (a plan from `hush plan`, or the record was removed)")
         return [Check("training record", False, detail)]
-    problems = compare_weights(record.weights, model_dir)
+    among = None
+    if as_pushed:
+        from hush_hf.trainer.publishing import publishable_files
+
+        among = publishable_files(model_dir)
+    problems = compare_weights(record.weights, model_dir, among=among)
     if not record.weights and not problems:
         problems = ["the training record lists no weight files, and there are none here"]
     checks = [Check("weights", not problems, "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
@@ -183,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
             priors, targets = secret_set.priors, secret_set.targets
     checks.append(consistency.check_lp_constraints(plan, priors, targets, used))
     if args.model_dir is not None:
-        checks += model_dir_checks(Path(args.model_dir), plan, data["digest"], verification)
+        checks += model_dir_checks(Path(args.model_dir), plan, data["digest"], verification,
+                                   as_pushed=args.as_pushed)
     elif plan.training is not None:
         checks.append(Check("weights", None, "not compared with the record's digests: give MODEL_DIR"))
 
