@@ -581,3 +581,32 @@ def test_as_pushed_counts_only_the_files_push_to_hub_uploads(published, tmp_path
     assert code == 1 and "model-00001-of-00002.safetensors is not certified by the plan" in text
     assert main(["verify", "--plan", str(folder / "hush_plan.json"), "--as-pushed"]) == 2
     assert "--as-pushed needs MODEL_DIR" in capsys.readouterr().err
+
+
+def test_a_card_with_audit_crt_and_evaluation_parts_verifies_whole_and_their_edits_fail(published, tmp_path,
+                                                                                       capsys):
+    from hush_hf.crt.confidentiality import crt_section
+    from tests.test_audit_report import ATTACKS
+
+    folder = copy_of(published.good, tmp_path)
+    plan = ProtectionPlan.load(folder / "hush_plan.json")
+    occurrences = {"rows": [3, 3, 2], "unique": [2, 3, 1], "sentences": [3, 3, 1]}
+    crt = crt_section(plan, recall=0.99, conservative_recall=0.999, noise_multiplier=plan.noise_multiplier,
+                      occurrences=occurrences)
+    evaluation = {"evaluations": ["eval"], "rows_with_secrets": 2, "unchecked": []}
+    write_protection_artifacts(folder, plan, clip_norm=1.0, report=ATTACKS, crt=crt, evaluation=evaluation,
+                               model_name="tiny-gpt2-protected")
+    card = (folder / "README.md").read_text()
+    assert "### Redaction (CRT)" in card and "### Evaluation" in card and "Canary exposure" in card
+    code, found, text = verify(capsys, folder)
+    assert code == 0 and found["card README.md"] == found["privacy report privacy_report.json"] == "ok", text
+    for old, new in (("rows that hold protected secrets", "rows without secrets"),
+                     ("Bayesian confidentiality", "Bayesian confidentiality (independently audited)")):
+        assert old in card
+        (folder / "README.md").write_text(card.replace(old, new, 1))
+        assert verify(capsys, folder)[1]["card README.md"] == "FAILED", old
+    (folder / "README.md").write_text(card)
+    report = json.loads((folder / "privacy_report.json").read_text())
+    (folder / "privacy_report.json").write_text(json.dumps({**report, "verified_by": "a third party"}))
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and "section 'verified_by' is not one hush_hf writes" in text
