@@ -170,6 +170,8 @@ def test_a_run_below_the_planned_noise_fails_from_the_plan_alone(published, tmp_
     assert verify(capsys, "--plan", weak / "hush_plan.json", "--dataset", published.data,
                   "--secrets", published.secrets)[0] == 1
     (weak / "privacy_report.json").unlink()
+    assert verify(capsys, weak)[1]["privacy report privacy_report.json"] == "FAILED"  # the .md alone
+    (weak / "privacy_report.md").unlink()
     code, found, text = verify(capsys, weak)
     assert code == 1 and found["privacy report privacy_report.json"] == "not checked"
     (weak / "README.md").unlink()
@@ -445,6 +447,9 @@ def test_a_false_table_appended_to_the_markdown_report_fails(published, tmp_path
     markdown.write_text("Audited by a third party: no secret can be reconstructed.\n"
                         + (published.good / "privacy_report.md").read_text())  # added before: also caught
     assert verify(capsys, folder)[1]["privacy report privacy_report.json"] == "FAILED"
+    (folder / "privacy_report.json").unlink()  # the false Markdown alone, its JSON removed
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and "absent, but privacy_report.md is there" in text
 
 
 @pytest.mark.parametrize("where", ["after", "before", "inside the audit part"])

@@ -80,8 +80,8 @@ def certificate_block(plan: Any, plan_digest: str, verification: Any) -> dict[st
 
 
 def recomputed_report(plan: Any, verification: Any, certificate: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The report the recomputation gives (no attacks, no CRT section: the parts compared with the
-    published report and card do not depend on them)."""
+    """The report the recomputation gives (no attacks, no CRT section, no evaluation note: verify takes
+    those from the published report, ``hush_hf.audit.published``)."""
     from hush_hf.audit.report import build_privacy_report
 
     certified = plan.with_bounds(np.asarray(verification.bound))

@@ -14,7 +14,7 @@ compared, so nothing can be added before, after or inside them:
 The parts no file lets verify recompute (the attacks' results, CRT's section, the evaluation note, the
 model name) are taken from privacy_report.json: the card and the Markdown must state what it states.
 Without privacy_report.json, the card's section is compared with the one the recomputation alone gives
-(no attacks, no CRT section, no evaluation note).
+(no attacks, no CRT section, no evaluation note), and a privacy_report.md alone fails.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ def check_report(path: str | Path, recomputed: Mapping[str, Any], plan: Any) -> 
     path = Path(path)
     name = f"privacy report {path.name}"
     if not path.is_file():
+        if path.with_name(REPORT_MARKDOWN).is_file():
+            return Check(name, False, f"absent, but {REPORT_MARKDOWN} is there: nothing it states can be "
+                                      "checked (publish both or neither)"), dict(recomputed)
         return Check(name, None, "absent: not checked"), dict(recomputed)
     written = read_json(path, what="privacy report")
     if not isinstance(written, Mapping):
