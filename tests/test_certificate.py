@@ -170,6 +170,8 @@ def test_a_run_below_the_planned_noise_fails_from_the_plan_alone(published, tmp_
     assert verify(capsys, "--plan", weak / "hush_plan.json", "--dataset", published.data,
                   "--secrets", published.secrets)[0] == 1
     (weak / "privacy_report.json").unlink()
+    assert verify(capsys, weak)[1]["privacy report privacy_report.json"] == "FAILED"  # the .md alone
+    (weak / "privacy_report.md").unlink()
     code, found, text = verify(capsys, weak)
     assert code == 1 and found["privacy report privacy_report.json"] == "not checked"
     (weak / "README.md").unlink()
@@ -423,3 +425,193 @@ def test_a_version_1_plan_still_loads_and_certifies_no_model(published, tmp_path
     (tmp_path / "v1.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="format_version 1 has no 'training' record"):
         ProtectionPlan.load(tmp_path / "v1.json")
+
+
+# -- issue 26: every published byte that speaks for the model is bound ---------------------------------
+def section_of(card_text):
+    start = card_text.index("<!-- hush_hf: secret protection")
+    end = card_text.index("<!-- hush_hf: end of secret protection -->") + len("<!-- hush_hf: end of secret "
+                                                                              "protection -->")
+    return card_text[start:end]
+
+
+def test_a_false_table_appended_to_the_markdown_report_fails(published, tmp_path, capsys):
+    folder = copy_of(published.good, tmp_path)
+    markdown = folder / "privacy_report.md"
+    false_table = ("\n## Guarantee (corrected)\n\n| quantity | value |\n|---|---|\n"
+                   "| noise multiplier sigma | 50 |\n| certified bound | 1e-09 |\n")
+    markdown.write_text(markdown.read_text() + false_table)
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and found["privacy report privacy_report.json"] == "FAILED", text
+    assert "privacy_report.md is not the one its numbers give" in text and found["card README.md"] == "ok"
+    markdown.write_text("Audited by a third party: no secret can be reconstructed.\n"
+                        + (published.good / "privacy_report.md").read_text())  # added before: also caught
+    assert verify(capsys, folder)[1]["privacy report privacy_report.json"] == "FAILED"
+    (folder / "privacy_report.json").unlink()  # the false Markdown alone, its JSON removed
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and "absent, but privacy_report.md is there" in text
+
+
+@pytest.mark.parametrize("where", ["after", "before", "inside the audit part"])
+def test_a_second_secret_protection_section_in_the_card_fails(published, tmp_path, capsys, where):
+    folder = copy_of(published.good, tmp_path)
+    card = folder / "README.md"
+    text = card.read_text()
+    section = section_of(text)
+    false = section.replace("Targets range from", "Targets range from 1e-09 (all secrets safe) and") \
+        .replace("<!-- hush_hf: secret protection (generated; edits here are overwritten) -->", "") \
+        .replace("<!-- hush_hf: end of secret protection -->", "")
+    if where == "after":
+        edited = text.rstrip() + "\n\n" + false + "\n"
+    elif where == "before":
+        edited = text.replace(section, false + "\n\n" + section)
+    else:
+        edited = text.replace("### Audit\n", "### Audit\n\n- Reconstruction: 0 of 3 secrets (third party).\n")
+    assert edited != text
+    card.write_text(edited)
+    code, found, output = verify(capsys, folder)
+    assert code == 1 and found["card README.md"] == "FAILED", output
+    assert found["privacy report privacy_report.json"] == "ok"
+
+
+def test_other_weights_beside_the_certified_ones_fail_at_any_depth(published, tmp_path, capsys):
+    folder = copy_of(published.good, tmp_path)
+    other = published.weak / "model.safetensors"  # the weights of another (weakly protected) run
+    shutil.copy(other, folder / "consolidated.safetensors")
+    (folder / "original").mkdir()
+    shutil.copy(other, folder / "original" / "model.safetensors")
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and found["weights"] == "FAILED", text
+    assert "consolidated.safetensors is a weight-like file the plan does not name" in text
+    assert "original/model.safetensors is a weight-like file the plan does not name" in text
+    for name in ("onnx/model.onnx", "gguf/Model-Q4.GGUF", "tf_model.h5", "flax_model.msgpack",
+                 "variables/variables.data-00000-of-00001", "weights.npz", "checkpoint-2/optimizer.pt"):
+        clean = copy_of(published.good, tmp_path, name.replace("/", "_"))
+        (clean / name).parent.mkdir(parents=True, exist_ok=True)
+        (clean / name).write_bytes(other.read_bytes())
+        code, _, text = verify(capsys, clean)
+        assert code == 1 and f"{name} is a weight-like file the plan does not name" in text, name
+
+
+def test_training_args_bin_is_accepted_only_as_a_pickled_training_arguments(published, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from hush_hf.planning.weight_files import holds_training_arguments_only, weight_like_files
+
+    folder = copy_of(published.good, tmp_path)
+    assert holds_training_arguments_only(folder / "training_args.bin")  # what Trainer.save_model wrote
+    assert weight_like_files(folder) == ["model.safetensors"]
+    torch.save(load_file(published.weak / "model.safetensors"), folder / "training_args.bin")  # weights
+    assert not holds_training_arguments_only(folder / "training_args.bin")
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and "training_args.bin is a weight-like file the plan does not name" in text
+    args = torch.load(published.good / "training_args.bin", weights_only=False)
+    args.run_name = "x" * 100_000  # a large field (room for a model) is not a TrainingArguments either
+    torch.save(args, folder / "training_args.bin")
+    assert not holds_training_arguments_only(folder / "training_args.bin")
+    args.run_name = None
+    args.lr_scheduler_kwargs = {"w": np.zeros(4, dtype=np.float32)}  # an array in a field: not accepted
+    torch.save(args, folder / "training_args.bin")
+    assert not holds_training_arguments_only(folder / "training_args.bin")
+
+
+def test_a_calibrated_claim_is_checked_at_the_plans_T(published, tmp_path, capsys):
+    """The plan says its sigma was calibrated for T = 100; it meets the targets only at the 4 steps
+    trained. The card and report are rewritten by hush_hf itself, so only the calibration check stands."""
+    folder = copy_of(published.good, tmp_path)
+    data = json.loads((folder / "hush_plan.json").read_text())
+    data["steps"] = 100
+    data["digest"] = content_digest(data)
+    (folder / "hush_plan.json").write_text(json.dumps(data))
+    forged = ProtectionPlan.load(folder / "hush_plan.json")
+    assert forged.calibrated and forged.training.dp_steps == STEPS
+    write_protection_artifacts(folder, forged, clip_norm=1.0)  # card and report agree with the forgery
+    sigma = forged.noise_multiplier
+    lower = reference_bounds(forged, sigma / 1.01, 100)  # what the old check tested: it misses...
+    assert not np.all(lower <= np.array(TARGETS))
+    at_t = reference_bounds(forged, sigma, 100)  # ...but sigma itself misses at T = 100 too
+    assert not np.all(at_t <= np.array(TARGETS))
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and found["calibration"] == "FAILED", text
+    assert found["card README.md"] == found["privacy report privacy_report.json"] == found["weights"] == "ok"
+    assert f"was calibrated for T = 100, but at T = 100 {int(np.sum(at_t > np.array(TARGETS)))} of 3" in text
+
+
+def test_a_record_cannot_be_made_to_state_another_clip_norm(published, tmp_path, capsys):
+    folder = copy_of(published.good, tmp_path)
+    plan = ProtectionPlan.load(folder / "hush_plan.json")
+    with pytest.raises(ValueError, match=r"clip_norm=1000.0 contradicts the plan's training record, which "
+                                         r"says the weights were trained with C=1.0"):
+        write_protection_artifacts(folder, plan, clip_norm=1000.0)  # re-certifying the published weights
+    assert verify(capsys, folder)[0] == 0  # nothing was rewritten
+    data = json.loads((folder / "hush_plan.json").read_text())
+    data["training"]["clip_norm"] = 1000.0  # by hand, re-digested
+    data["digest"] = content_digest(data)
+    (folder / "hush_plan.json").write_text(json.dumps(data))
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and found["card README.md"] == found["privacy report privacy_report.json"] == "FAILED"
+    assert "plan_digest: found" in text, text
+
+
+def test_verify_with_secrets_on_a_tokenized_tagged_folder(published, tmp_path, capsys):
+    from hush_hf.planning import plan_protection
+    from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+
+    secret_set = SecretSet.load(published.secrets)
+    rows = token_dataset(len(TEXTS)).add_column("text", TEXTS)
+    tagged = tag_dataset(rows, tagger_for(secret_set), num_secrets=3)  # secret_ids beside text and tokens
+    assert [list(ids) for ids in tagged["secret_ids"]] == SECRET_IDS
+    plan = plan_protection(tagged, secret_set.priors, secret_set.targets, expected_batch_size=2.0,
+                           steps=STEPS)
+    plan.save(tmp_path / "local.json", include_fingerprint=True)
+    tagged.save_to_disk(str(tmp_path / "tagged"))
+    code, found, text = verify(capsys, "--plan", tmp_path / "local.json", "--dataset", tmp_path / "tagged",
+                               "--secrets", published.secrets)
+    assert code == 0, text
+    assert found["rows"] == found["memberships"] == found["secrets file"] == "ok", text
+    assert "its column 'text' tagged with --secrets" in text
+    code, found, text = verify(capsys, "--plan", tmp_path / "local.json", "--dataset", tmp_path / "tagged")
+    assert code == 0 and found["memberships"] == "ok", text
+
+
+def test_as_pushed_counts_only_the_files_push_to_hub_uploads(published, tmp_path, capsys):
+    folder = copy_of(published.good, tmp_path)
+    (folder / "checkpoint-2").mkdir()  # what Trainer leaves in output_dir; push_to_hub never uploads it
+    shutil.copy(published.weak / "model.safetensors", folder / "checkpoint-2" / "model.safetensors")
+    assert verify(capsys, folder)[1]["weights"] == "FAILED"
+    code, found, text = verify(capsys, folder, "--as-pushed")
+    assert code == 0 and found["weights"] == "ok", text
+    shutil.copy(published.weak / "model.safetensors", folder / "model-00001-of-00002.safetensors")  # uploaded
+    code, _, text = verify(capsys, folder, "--as-pushed")
+    assert code == 1 and "model-00001-of-00002.safetensors is not certified by the plan" in text
+    assert main(["verify", "--plan", str(folder / "hush_plan.json"), "--as-pushed"]) == 2
+    assert "--as-pushed needs MODEL_DIR" in capsys.readouterr().err
+
+
+def test_a_card_with_audit_crt_and_evaluation_parts_verifies_whole_and_their_edits_fail(published, tmp_path,
+                                                                                       capsys):
+    from hush_hf.crt.confidentiality import crt_section
+    from tests.test_audit_report import ATTACKS
+
+    folder = copy_of(published.good, tmp_path)
+    plan = ProtectionPlan.load(folder / "hush_plan.json")
+    occurrences = {"rows": [3, 3, 2], "unique": [2, 3, 1], "sentences": [3, 3, 1]}
+    crt = crt_section(plan, recall=0.99, conservative_recall=0.999, noise_multiplier=plan.noise_multiplier,
+                      occurrences=occurrences)
+    evaluation = {"evaluations": ["eval"], "rows_with_secrets": 2, "unchecked": []}
+    write_protection_artifacts(folder, plan, clip_norm=1.0, report=ATTACKS, crt=crt, evaluation=evaluation,
+                               model_name="tiny-gpt2-protected")
+    card = (folder / "README.md").read_text()
+    assert "### Redaction (CRT)" in card and "### Evaluation" in card and "Canary exposure" in card
+    code, found, text = verify(capsys, folder)
+    assert code == 0 and found["card README.md"] == found["privacy report privacy_report.json"] == "ok", text
+    for old, new in (("rows that hold protected secrets", "rows without secrets"),
+                     ("Bayesian confidentiality", "Bayesian confidentiality (independently audited)")):
+        assert old in card
+        (folder / "README.md").write_text(card.replace(old, new, 1))
+        assert verify(capsys, folder)[1]["card README.md"] == "FAILED", old
+    (folder / "README.md").write_text(card)
+    report = json.loads((folder / "privacy_report.json").read_text())
+    (folder / "privacy_report.json").write_text(json.dumps({**report, "verified_by": "a third party"}))
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and "section 'verified_by' is not one hush_hf writes" in text

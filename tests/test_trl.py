@@ -152,7 +152,10 @@ def test_sft_trainer_publishes_trls_card_with_the_protection_artifacts(tmp_path,
     assert PUBLISHED | {"checkpoint-1", "training_args.bin"} <= names
     card = (tmp_path / "README.md").read_text()
     assert TRL_CARD in card and card.count(SECTION) == 1 and card.index(TRL_CARD) < card.index(SECTION)
-    assert hush(["verify", str(tmp_path)]) == 0, capsys.readouterr()
+    assert hush(["verify", str(tmp_path), "--as-pushed"]) == 0, capsys.readouterr()
+    assert hush(["verify", str(tmp_path)]) == 1  # all of output_dir: checkpoint-1's weights are not certified
+    uncertified = "checkpoint-1/model.safetensors is a weight-like file the plan does not name"
+    assert uncertified in capsys.readouterr().out
 
     trainer.create_model_card(model_name="tiny-sft")  # TRL rewrites README.md: the section comes back
     card = (tmp_path / "README.md").read_text()
@@ -163,4 +166,4 @@ def test_sft_trainer_publishes_trls_card_with_the_protection_artifacts(tmp_path,
     assert paths == PUBLISHED and kwargs["repo_id"] == "me/tiny-sft"
     card = (tmp_path / "README.md").read_text()  # what the commit uploaded
     assert TRL_CARD in card and card.count(SECTION) == 1
-    assert hush(["verify", str(tmp_path)]) == 0, capsys.readouterr()
+    assert hush(["verify", str(tmp_path), "--as-pushed"]) == 0, capsys.readouterr()

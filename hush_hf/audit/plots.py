@@ -105,20 +105,31 @@ def plot_reconstruction(reconstruction: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def report_plot_names(*, plan: Any = None, attacks: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Caption -> file name of every plot the report has for this plan and these attacks (what
+    :func:`write_report_plots` draws, and what ``hush verify`` expects privacy_report.md to show)."""
+    attacks = attacks or {}
+    names: dict[str, str] = {}
+    if plan is not None and plan.num_secrets:
+        names["Certified bound over target, per secret"] = "bound_over_target.png"
+        names["Priors, targets and certified bounds"] = "targets.png"
+    if attacks.get("exposure"):
+        names["Canary exposure"] = "exposure.png"
+    reconstruction = attacks.get("reconstruction")
+    if reconstruction and any(r.get("bound_at_candidate_prior") for r in reconstruction["secrets"]):
+        names["Secret reconstruction against the bound"] = "reconstruction.png"
+    return names
+
+
 def write_report_plots(output_dir: Path, *, plan: Any = None, attacks: Mapping[str, Any] | None = None
                        ) -> dict[str, Path]:
     """All plots that the available data allows, keyed by caption."""
     attacks = attacks or {}
-    plots: dict[str, Path] = {}
-    if plan is not None and plan.num_secrets:
-        plots["Certified bound over target, per secret"] = plot_bound_over_target(
-            plan, output_dir / "bound_over_target.png")
-        plots["Priors, targets and certified bounds"] = plot_targets_and_bounds(
-            plan, output_dir / "targets.png")
-    if attacks.get("exposure"):
-        plots["Canary exposure"] = plot_exposure(attacks["exposure"], output_dir / "exposure.png")
-    reconstruction = attacks.get("reconstruction")
-    if reconstruction and any(r.get("bound_at_candidate_prior") for r in reconstruction["secrets"]):
-        plots["Secret reconstruction against the bound"] = plot_reconstruction(
-            reconstruction, output_dir / "reconstruction.png")
-    return plots
+    draw = {
+        "bound_over_target.png": lambda path: plot_bound_over_target(plan, path),
+        "targets.png": lambda path: plot_targets_and_bounds(plan, path),
+        "exposure.png": lambda path: plot_exposure(attacks["exposure"], path),
+        "reconstruction.png": lambda path: plot_reconstruction(attacks["reconstruction"], path),
+    }
+    return {caption: draw[name](output_dir / name)
+            for caption, name in report_plot_names(plan=plan, attacks=attacks).items()}

@@ -4,10 +4,13 @@
 plan's sampling probabilities and recorded memberships, at the noise multiplier and the number of DP
 steps of the plan's training record (what the weights went through; never the plan's intention),
 with the plan's accountant. It checks that the plan's numbers agree among themselves (rho_i = B w_i /
-sum(w), the per-secret columns, a calibrated sigma being the smallest for its T), that the weight
-files in MODEL_DIR are exactly those whose SHA-256 the record lists, and that the model card's
-`hush_hf` metadata and guarantee text and privacy_report.json/.md state what the recomputation gives
-(an absent card or report is reported, not counted as a pass or a failure).
+sum(w), the per-secret columns, a calibrated sigma meeting every target at its T and being the
+smallest that does), that the weight files in MODEL_DIR are exactly those whose SHA-256 the record
+lists and that no other weight-like file lies at any depth (``hush_hf.planning.weight_files``), and
+that the model card's `hush_hf` metadata and whole Secret protection section and privacy_report.json/.md
+state exactly what the recomputation gives (``hush_hf.audit.published``; an absent card or report is
+reported, not counted as a pass or a failure).
+`--as-pushed` counts only the files `push_to_hub` uploads from MODEL_DIR (for a local output_dir).
 `--plan PLAN` checks a plan file (with MODEL_DIR, instead of MODEL_DIR/hush_plan.json); a plan no run
 published (no training record) certifies no model. `--secrets FILE` compares the number of secrets and
 each secret's prior and target with the plan. `--dataset DATA` recomputes the memberships (its text
@@ -40,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="secrets file: compare priors and targets (and tag --dataset's text with it)")
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--show", type=int, default=20, help="secrets listed (closest to their target first)")
+    parser.add_argument("--as-pushed", action="store_true",
+                        help="check only the files push_to_hub() uploads from MODEL_DIR (a local output_dir: "
+                             "its checkpoints, logs and training_args.bin are never uploaded); without it "
+                             "every weight-like file at any depth must be certified")
 
 
 def check_arguments(args: argparse.Namespace) -> Path:
@@ -53,6 +60,8 @@ def check_arguments(args: argparse.Namespace) -> Path:
         raise ValueError(f"plan file {str(plan)!r} does not exist")
     if args.secrets is not None and not Path(args.secrets).is_file():
         raise ValueError(f"--secrets file {args.secrets!r} does not exist")
+    if args.as_pushed and args.model_dir is None:
+        raise ValueError("--as-pushed needs MODEL_DIR")
     if args.show < 0:
         raise ValueError(f"--show must be >= 0, got {args.show}")
     return plan
@@ -87,7 +96,7 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
         from hush_hf.secrets import tag_dataset, tagger_for
 
         dataset = tag_dataset(dataset, tagger_for(secret_set), text_column=args.text_column,
-                              num_secrets=len(secret_set))
+                              num_secrets=len(secret_set), overwrite=True)  # a tagged folder: tag it again
         source = f"its column {args.text_column!r} tagged with --secrets"
     elif SECRET_IDS_COLUMN in names:
         from hush_hf.secrets.tagging import check_secret_ids_current
@@ -115,9 +124,12 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
     return checks, membership, columns, f"--dataset ({source})"
 
 
-def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification: Any) -> list:
-    """The weights against the record's digests; the card and privacy report against the recomputation."""
-    from hush_hf.audit.certificate import certificate_block, check_card, check_report, recomputed_report
+def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification: Any, *,
+                     as_pushed: bool = False) -> list:
+    """The weights against the record's digests; the card and privacy report against the recomputation.
+    ``as_pushed``: only the files ``push_to_hub`` uploads from ``model_dir`` count."""
+    from hush_hf.audit.certificate import certificate_block, recomputed_report
+    from hush_hf.audit.published import check_card, check_report
     from hush_hf.planning.consistency import Check
     from hush_hf.planning.record import compare_weights
 
@@ -126,16 +138,22 @@ def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification:
         detail = (f"the plan records no training run, so it certifies none of the weights in "
                   f"{str(model_dir)!r} (a plan from `hush plan`, or the record was removed)")
         return [Check("training record", False, detail)]
-    problems = compare_weights(record.weights, model_dir)
+    among = None
+    if as_pushed:
+        from hush_hf.trainer.publishing import publishable_files
+
+        among = publishable_files(model_dir)
+    problems = compare_weights(record.weights, model_dir, among=among)
     if not record.weights and not problems:
         problems = ["the training record lists no weight files, and there are none here"]
     checks = [Check("weights", not problems, "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
                                                                        if len(problems) > 3 else "")
                     if problems else f"{len(record.weights)} file(s) match the SHA-256 digests in the plan")]
     block = certificate_block(plan, plan_digest, verification)
-    report = recomputed_report(plan, verification, block)
-    checks.append(check_card(model_dir / CARD_FILE, block, report))
-    checks.append(check_report(model_dir / REPORT_FILE, report))
+    recomputed = recomputed_report(plan, verification, block)
+    report_check, stated = check_report(model_dir / REPORT_FILE, recomputed, plan)
+    checks.append(check_card(model_dir / CARD_FILE, block, stated))
+    checks.append(report_check)
     return checks
 
 
@@ -179,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
             priors, targets = secret_set.priors, secret_set.targets
     checks.append(consistency.check_lp_constraints(plan, priors, targets, used))
     if args.model_dir is not None:
-        checks += model_dir_checks(Path(args.model_dir), plan, data["digest"], verification)
+        checks += model_dir_checks(Path(args.model_dir), plan, data["digest"], verification,
+                                   as_pushed=args.as_pushed)
     elif plan.training is not None:
         checks.append(Check("weights", None, "not compared with the record's digests: give MODEL_DIR"))
 

@@ -7,7 +7,8 @@ known:
 - among themselves: rho_i = B w_i / sum(w) exactly as hush_hf computes it (Hush Alg. 2 line 3),
   0 <= rho_i <= 1 and sum(rho) = B; the per-secret columns and bounds the plan states equal the
   recomputed ones; the record took no more DP steps than the plan's T; a plan that says its sigma
-  was calibrated has the smallest sigma meeting every target at its T (to ``CALIBRATION_SLACK``);
+  was calibrated meets every target at that sigma and its T, and has the smallest such sigma (to
+  ``CALIBRATION_SLACK``);
 - against the secrets file: the number of secrets and every secret's prior and target, by index
   (and the secret-set fingerprint, which only a local plan holds);
 - against the data: the exact (secret, example) memberships, and the LP constraints of Hush eq. (1)
@@ -110,23 +111,32 @@ def check_stated_numbers(plan: Any, verification: Verification, membership: Any,
 
 
 def check_calibration(plan: Any, membership: Any) -> Check:
-    """A plan that says its sigma was calibrated must miss a target at sigma / (1 + CALIBRATION_SLACK)
-    and its own T: otherwise its priors, targets, rho, memberships or T are not the ones it was
-    calibrated with (e.g. T lowered, or a binding secret's target raised, after planning)."""
+    """A plan that says its sigma was calibrated must meet every target at sigma and its own T, and
+    miss one at sigma / (1 + CALIBRATION_SLACK) and T: otherwise its priors, targets, rho, memberships
+    or T are not the ones it was calibrated with (e.g. T raised or lowered, or a binding secret's target
+    raised, after planning)."""
     name = "calibration"
     sigma = float(plan.noise_multiplier)
     if not plan.calibrated:
         return Check(name, None, "the plan's sigma was given, not calibrated: nothing to re-check")
     if sigma == 0:
         return Check(name, None, "the plan needs no noise (no secret is ever sampled)")
+    at_sigma = recompute_bounds(plan, sigma, steps=plan.steps, membership=membership)
+    if not at_sigma.meets_targets:
+        over = f"{at_sigma.over_target.size} of {plan.num_secrets}"
+        return Check(name, False, f"the plan says sigma = {sigma:.6g} was calibrated for T = {plan.steps}, "
+                                  f"but at T = {plan.steps} {over} secrets exceed their targets "
+                                  f"({at_sigma.worst()}): its T, targets, priors, rho or memberships are not "
+                                  "those it was calibrated with")
     lower = sigma / (1 + CALIBRATION_SLACK)
     weaker = recompute_bounds(plan, lower, steps=plan.steps, membership=membership)
     if weaker.meets_targets:
         return Check(name, False, f"the plan says sigma = {sigma:.6g} is the smallest meeting every target "
                                   f"at T = {plan.steps}, but every target also holds at {lower:.6g}: its T, "
                                   "targets, priors, rho or memberships are not those it was calibrated with")
-    return Check(name, True, f"sigma = {sigma:.6g} is the smallest meeting every target at T = {plan.steps} "
-                             f"(to {CALIBRATION_SLACK:.0%}; {weaker.worst()} at sigma {lower:.6g})")
+    return Check(name, True, f"sigma = {sigma:.6g} meets every target at T = {plan.steps} and is the "
+                             f"smallest that does (to {CALIBRATION_SLACK:.0%}; {weaker.worst()} at sigma "
+                             f"{lower:.6g})")
 
 
 def check_secret_set(plan: Any, priors: Any, targets: Any, fingerprint: str | None) -> list[Check]:

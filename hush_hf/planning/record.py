@@ -22,7 +22,7 @@ import hashlib
 import math
 import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,10 +61,18 @@ def weight_digests(folder: str | Path) -> dict[str, str]:
     return {name: file_digest(folder / name) for name in names}
 
 
-def compare_weights(recorded: Mapping[str, str], folder: str | Path) -> list[str]:
+def compare_weights(recorded: Mapping[str, str], folder: str | Path, *,
+                    among: Collection[str] | None = None) -> list[str]:
     """What differs between the recorded weight digests and the weight files in ``folder``, one
-    sentence per file (empty: the same files with the same bytes)."""
+    sentence per file (empty: the same files with the same bytes). Besides the top-level weight files
+    (``WEIGHT_FILE_PATTERNS``), any weight-like file at any depth
+    (:mod:`hush_hf.planning.weight_files`) that the record does not name is a difference. ``among``:
+    only these files (relative POSIX paths, e.g. what ``push_to_hub`` uploads) are looked at."""
+    from hush_hf.planning.weight_files import weight_like_files
+
     found = weight_digests(folder)
+    if among is not None:
+        found = {name: digest for name, digest in found.items() if name in set(among)}
     problems = []
     for name in sorted(set(recorded) | set(found)):
         if name not in found:
@@ -73,6 +81,10 @@ def compare_weights(recorded: Mapping[str, str], folder: str | Path) -> list[str
             problems.append(f"{name} is not certified by the plan (a weight file the plan does not name)")
         elif found[name] != recorded[name]:
             problems.append(f"{name} differs from the digest recorded in the plan")
+    for name in weight_like_files(folder):
+        if name not in recorded and name not in found and (among is None or name in set(among)):
+            problems.append(f"{name} is a weight-like file the plan does not name: it is not certified "
+                            "(remove it from what you publish)")
     return problems
 
 

@@ -14,6 +14,7 @@ beside published weights. Which ``Trainer`` methods are taken over, and why, is 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,13 @@ from hush_hf.trainer.plan_setup import (
 )
 from hush_hf.trainer.routing import BATCH_STATISTICS, route_instance
 from hush_hf.trainer.run_state import RunState, load_run_state, same_sampling, save_run_state
-from hush_hf.trainer.seed_store import load_dp_seed, new_run_id, resolve_dp_state_dir, save_dp_seed
+from hush_hf.trainer.seed_store import (
+    load_dp_seed,
+    new_run_id,
+    resolve_dp_state_dir,
+    save_dp_seed,
+    seed_commitment,
+)
 from hush_hf.trainer.transformers_api import check_trainer_api
 from hush_hf.trainer.validation import (
     check_dp_training_arguments,
@@ -421,7 +428,8 @@ class GhostClippingCallback(TrainerCallback):
                 )
             saved.check_continues(self._run_state(run_id=saved.run_id, step=saved.global_step))
             state_dir = self._state_dir
-            seed = on_rank_zero(lambda: load_dp_seed(state_dir, saved.run_id, checkpoint=checkpoint))
+            seed = on_rank_zero(lambda: load_dp_seed(state_dir, saved.run_id, checkpoint=checkpoint,
+                                                     commitment=saved.seed_digest))
             if self._configured_seed is not None and self._configured_seed != seed:
                 raise ValueError(
                     "dp_seed was given but is not the seed the checkpoint's run was trained with (values not "
@@ -556,7 +564,9 @@ class GhostClippingCallback(TrainerCallback):
         if args.should_save:
             save_dp_seed(self._state_dir, self._run_id, self._dp_seed)
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            save_run_state(folder, self._run_state(run_id=self._run_id, step=state.global_step), self.plan)
+            run_state = replace(self._run_state(run_id=self._run_id, step=state.global_step),
+                                seed_digest=seed_commitment(self._state_dir, self._run_id))
+            save_run_state(folder, run_state, self.plan)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.finish_run()

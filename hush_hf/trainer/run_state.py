@@ -4,7 +4,8 @@ Batch t and noise t are functions of ``(dp_seed, t)``, so the seed and the step 
 sampler and noise RNG state. The seed is secret and is NOT in the checkpoint: ``hush_state.json``
 records the run's random id, and the seed is looked up under that id in the private ``dp_state_dir``
 (:mod:`hush_hf.trainer.seed_store`), outside ``output_dir``, so no upload of ``output_dir`` or of a
-checkpoint can carry it.
+checkpoint can carry it. The state also records the keyed digest of the seed (``seed_digest``), so a
+resume can refuse a seed file that is not the run's own.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import numpy as np
 
 from hush_hf.jsonfile import read_json
 from hush_hf.planning.plan import ProtectionPlan
-from hush_hf.trainer.seed_store import check_run_id
+from hush_hf.trainer.seed_store import check_commitment, check_run_id
 
 RUN_STATE_NAME = "hush_state.json"
 PLAN_NAME = "hush_plan.json"
-RUN_STATE_VERSION = 2  # 1 held the seed itself
+RUN_STATE_VERSION = 3  # 1 held the seed itself; 2 did not bind the seed file to the run
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class RunState:
     clip_norm: float
     expected_batch_size: float
     steps: int
+    #: ``hmac-sha256:<hex>`` of the run's seed (:func:`hush_hf.trainer.seed_store.seed_commitment`);
+    #: None only in a state being compared, never in one saved.
+    seed_digest: str | None = None
 
     def check_continues(self, other: RunState) -> None:
         """ValueError unless ``other`` (the resuming run) has the same DP parameters."""
@@ -48,10 +52,12 @@ class RunState:
 
 
 def save_run_state(folder: str | Path, state: RunState, plan: ProtectionPlan) -> None:
-    """Write ``hush_state.json`` (no secret in it) and ``hush_plan.json`` into the checkpoint ``folder``."""
+    """Write ``hush_state.json`` (no secret in it) and ``hush_plan.json`` into the checkpoint ``folder``;
+    ``state`` must carry its seed's digest."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"checkpoint folder {str(folder)!r} does not exist")
+    check_commitment(state.seed_digest, f"DP state of checkpoint {str(folder)!r}")
     data = {"format_version": RUN_STATE_VERSION, **asdict(state)}
     (folder / RUN_STATE_NAME).write_text(json.dumps(data))
     plan.save(folder / PLAN_NAME)
@@ -74,7 +80,9 @@ def load_run_state(folder: str | Path) -> tuple[RunState, ProtectionPlan]:
     if data.get("format_version") != RUN_STATE_VERSION:
         raise ValueError(
             f"{source}: format_version={data.get('format_version')!r} is not supported (expected "
-            f"{RUN_STATE_VERSION}; version 1 checkpoints hold the secret seed: delete them, never upload)"
+            f"{RUN_STATE_VERSION}; version 1 checkpoints hold the secret seed: delete them, never upload; "
+            "version 2 checkpoints record no digest of the seed, so no seed file can be shown to be their "
+            "run's: start again from step 0 with a fresh model)"
         )
     missing = [name for name in names if name not in data]
     if missing:
@@ -86,6 +94,7 @@ def load_run_state(folder: str | Path) -> tuple[RunState, ProtectionPlan]:
         clip_norm=_field(data, "clip_norm", float, source),
         expected_batch_size=_field(data, "expected_batch_size", float, source),
         steps=_field(data, "steps", int, source),
+        seed_digest=check_commitment(data["seed_digest"], source),
     )
     return state, ProtectionPlan.load(folder / PLAN_NAME)
 

@@ -27,11 +27,22 @@ on them; the tool can verify neither:
   reproduces the same run, so there is nothing to choose from.
 
 So the only sound continuation without the seed is a new run from step 0 with a fresh model.
+
+The seed file must also be the run's own: a file with the right run id but another valid seed (copied
+from another run, or rewritten) would resume with randomness nobody accounted for. The seed file holds
+a random 256-bit key beside the seed, and every checkpoint records the keyed digest
+HMAC-SHA256(key, run id, seed) (:func:`seed_commitment`); a resume recomputes it from the file and
+refuses one that differs. The key is secret like the seed and stays in the file, so the digest in a
+checkpoint (which may be uploaded) reveals nothing about the seed, even an explicit low-entropy
+``dp_seed``; finding another (key, seed) pair with the same digest is finding an HMAC-SHA256 collision.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -39,9 +50,13 @@ from hush_hf.jsonfile import loads_json, read_text
 from hush_hf.sampling.seeds import check_dp_seed
 
 DP_STATE_DIR_ENV = "HUSH_HF_DP_STATE_DIR"
-SEED_FILE_VERSION = 1
+SEED_FILE_VERSION = 2  # 1 held no digest key: its seed cannot be bound to the run
 RUN_ID_BYTES = 16
-SEED_FILE_KEYS = ("format_version", "run_id", "dp_seed")
+DIGEST_KEY_BYTES = 32
+SEED_FILE_KEYS = ("format_version", "run_id", "dp_seed", "digest_key")
+COMMITMENT_PREFIX = "hmac-sha256:"
+_COMMITMENT = re.compile(re.escape(COMMITMENT_PREFIX) + "[0-9a-f]{64}")
+_DOMAIN = b"hush_hf dp seed commitment\0"
 
 
 def default_dp_state_dir() -> Path:
@@ -86,16 +101,19 @@ def seed_path(folder: str | Path, run_id: str) -> Path:
 
 
 def save_dp_seed(folder: str | Path, run_id: str, dp_seed: int) -> Path:
-    """Write ``<folder>/<run_id>.json`` holding the seed (0600, folder 0700), atomically; a file already
-    there must hold the same seed (it is written once per run and never changes)."""
+    """Write ``<folder>/<run_id>.json`` holding the seed and a fresh digest key (0600, folder 0700),
+    atomically; a file already there must hold the same seed (it is written once per run and never
+    changes, so its key, and the digest checkpoints record, stay the same)."""
     path = seed_path(folder, run_id)
     dp_seed = check_dp_seed(dp_seed)
     if path.is_file():
-        if load_dp_seed(folder, run_id, checkpoint=None) != dp_seed:
+        if _read_seed_file(path, run_id)[0] != dp_seed:
             raise RuntimeError(f"seed file {str(path)!r} holds another seed than this run's")
         return path
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    text = f'{{"format_version": {SEED_FILE_VERSION}, "run_id": "{run_id}", "dp_seed": "{dp_seed}"}}\n'
+    key = secrets.token_hex(DIGEST_KEY_BYTES)
+    text = (f'{{"format_version": {SEED_FILE_VERSION}, "run_id": "{run_id}", "dp_seed": "{dp_seed}", '
+            f'"digest_key": "{key}"}}\n')
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -109,12 +127,34 @@ def save_dp_seed(folder: str | Path, run_id: str, dp_seed: int) -> Path:
     return path
 
 
-def load_dp_seed(folder: str | Path, run_id: str, *, checkpoint: str | Path | None) -> int:
-    """The seed of run ``run_id`` from ``<folder>/<run_id>.json``; a one-line ValueError naming the file
-    and how to provide it when it is missing (``checkpoint``: what is being resumed, for the message)."""
+def seed_commitment(folder: str | Path, run_id: str) -> str:
+    """``hmac-sha256:<hex>``: HMAC-SHA256 keyed with the seed file's key over the run id and the seed
+    (16 bytes, big-endian); what a checkpoint records so that a resume can tell the run's own seed file."""
     path = seed_path(folder, run_id)
+    return _commitment(*_read_seed_file(path, run_id), run_id)
+
+
+def check_commitment(commitment: object, where: str) -> str:
+    if not isinstance(commitment, str) or not _COMMITMENT.fullmatch(commitment):
+        raise ValueError(f"{where}: seed_digest must be '{COMMITMENT_PREFIX}' and 64 hex digits")
+    return commitment
+
+
+def _commitment(dp_seed: int, key: bytes, run_id: str) -> str:
+    message = _DOMAIN + run_id.encode("ascii") + b"\0" + dp_seed.to_bytes(16, "big")
+    return COMMITMENT_PREFIX + hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def load_dp_seed(folder: str | Path, run_id: str, *, checkpoint: str | Path | None,
+                 commitment: str | None = None) -> int:
+    """The seed of run ``run_id`` from ``<folder>/<run_id>.json``; a one-line ValueError naming the file
+    and how to provide it when it is missing (``checkpoint``: what is being resumed, for the message).
+
+    ``commitment``: the keyed digest the checkpoint recorded (:func:`seed_commitment`); a file whose
+    key and seed give another one is refused in one line naming it (it is not this run's seed file)."""
+    path = seed_path(folder, run_id)
+    what = f"checkpoint {str(checkpoint)!r}" if checkpoint is not None else f"run {run_id}"
     if not path.is_file():
-        what = f"checkpoint {str(checkpoint)!r}" if checkpoint is not None else f"run {run_id}"
         raise ValueError(
             f"cannot resume {what}: the secret DP seed of its run is not in {str(path)!r}. Put the file "
             f"{run_id}.json from the dp_state_dir of the machine that trained it there, or point "
@@ -122,8 +162,23 @@ def load_dp_seed(folder: str | Path, run_id: str, *, checkpoint: str | Path | No
             "continue soundly (fresh randomness would redo steps whose results may have been released; see "
             "hush_hf.trainer.seed_store): start again from step 0 with a fresh model"
         )
+    seed, key = _read_seed_file(path, run_id)
+    if commitment is not None and not hmac.compare_digest(_commitment(seed, key, run_id), commitment):
+        raise ValueError(
+            f"cannot resume {what}: DP seed file {str(path)!r} has the run id {run_id} but not the seed of "
+            "the run that saved the checkpoint (its keyed digest differs from the one the checkpoint "
+            "recorded); put that run's own seed file there, or start again from step 0 with a fresh model"
+        )
+    return seed
+
+
+def _read_seed_file(path: Path, run_id: str) -> tuple[int, bytes]:
+    """(seed, digest key) of a seed file; a one-line ValueError naming the file (never the values)."""
     data = loads_json(read_text(path, what="DP seed file"), source=f"DP seed file {str(path)!r}",
                       shown_keys=SEED_FILE_KEYS)
+    if isinstance(data, dict) and data.get("format_version") == 1:
+        raise ValueError(f"DP seed file {str(path)!r}: format_version 1 holds no digest key, so its seed "
+                         "cannot be bound to a checkpoint; start again from step 0 with a fresh model")
     if not isinstance(data, dict) or data.get("format_version") != SEED_FILE_VERSION:
         raise ValueError(f"DP seed file {str(path)!r}: not a seed file of format_version {SEED_FILE_VERSION}")
     if data.get("run_id") != run_id:
@@ -131,4 +186,8 @@ def load_dp_seed(folder: str | Path, run_id: str, *, checkpoint: str | Path | No
     seed = data.get("dp_seed")
     if not isinstance(seed, str) or not (seed.isascii() and seed.isdigit()):
         raise ValueError(f"DP seed file {str(path)!r}: dp_seed must be a decimal string (value not shown)")
-    return check_dp_seed(int(seed), f"DP seed file {str(path)!r} dp_seed")
+    key = data.get("digest_key")
+    if not isinstance(key, str) or not re.fullmatch(f"[0-9a-f]{{{2 * DIGEST_KEY_BYTES}}}", key):
+        raise ValueError(f"DP seed file {str(path)!r}: digest_key must be {2 * DIGEST_KEY_BYTES} lowercase "
+                         "hex digits (value not shown)")
+    return check_dp_seed(int(seed), f"DP seed file {str(path)!r} dp_seed"), bytes.fromhex(key)
