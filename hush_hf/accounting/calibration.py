@@ -407,7 +407,7 @@ class _Search:
         if excess is not None and floor > 0 and self._slope < 0:  # extrapolate from the floor
             x = floor * np.exp(np.minimum(1.2 * state.f_lo / -self._slope, math.log(4.0)))
             x = np.maximum(x, floor * (1.0 + 2 * self.tolerance))
-        probes: list[tuple[int, float]] = [(j, float(x[j])) for j in range(k)]
+        probes: list[tuple[int, float]] = [(j, min(float(x[j]), MAX_SIGMA)) for j in range(k)]
         while probes:
             rows = np.array([j for j, _ in probes])
             sigmas = np.array([t for _, t in probes])
@@ -417,12 +417,13 @@ class _Search:
             closed = (state.hi <= state.lo * (1.0 + self.tolerance)) | (state.hi <= floor)
             open_ = np.flatnonzero(~(np.isfinite(state.hi) & closed))
             probes = [(int(j), t) for j in open_ for t in self._next_probes(state, int(j), floor)]
-            if any(t > MAX_SIGMA for _, t in probes):  # only where no sigma has passed yet
-                # Name the secret failing at the largest sigma: a probe exceeds MAX_SIGMA only through
-                # its own extrapolation or because that failure raised the floor every open bracket
-                # starts from (issue 22: the first open bracket was named, a feasible secret).
-                unmet = np.flatnonzero(~np.isfinite(state.hi))
-                j = int(unmet[np.argmax(state.lo[unmet])])
+            # A probe above MAX_SIGMA is tried at MAX_SIGMA unless its bracket already fails there.
+            probes = [(j, min(t, MAX_SIGMA)) for j, t in probes if t <= MAX_SIGMA or state.lo[j] < MAX_SIGMA]
+            if float(state.lo.max()) >= MAX_SIGMA:
+                # Name the secret failing at the largest sigma (issue 22: the first open bracket was
+                # named, a feasible secret; issue 29: a bracket whose end lay above the cap left no
+                # unmet secret to name and numpy raised "argmax of an empty sequence").
+                j = int(np.argmax(state.lo))
                 raise ValueError(
                     f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
                     f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g} (its bound "
