@@ -21,13 +21,19 @@ PRIOR, TARGET = 1e-10, 1.001e-10  # the issue's case: r - p = 1e-13
 
 def exact_bound(prior: float, steps: int, sigma: float) -> float:
     with mpmath.workdps(40):
-        return float(mpmath.ncdf(-mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * mpmath.mpf(prior)) + mpmath.sqrt(steps) / sigma))
+        return float(
+            mpmath.ncdf(
+                -mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * mpmath.mpf(prior)) + mpmath.sqrt(steps) / sigma
+            )
+        )
 
 
 def exact_sigma(prior: float, target: float, steps: int) -> float:
     with mpmath.workdps(40):
         z = -mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * mpmath.mpf(prior))
-        shift = mpmath.findroot(lambda c: mpmath.ncdf(z + c) - mpmath.mpf(target), 1e-4 * (target / prior - 1))
+        shift = mpmath.findroot(
+            lambda c: mpmath.ncdf(z + c) - mpmath.mpf(target), 1e-4 * (target / prior - 1)
+        )
         return float(mpmath.sqrt(steps) / shift)
 
 
@@ -53,9 +59,7 @@ def test_with_targets_the_calibration_at_a_million_steps_is_within_a_percent():
     assert least <= cal.sigma <= 1.01 * least  # measured 1.0001x
 
 
-@pytest.mark.parametrize(
-    "steps, points", [(10_000, 15), pytest.param(1_000_000, 7, marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("steps, points", [(10_000, 15), pytest.param(1_000_000, 7, marks=pytest.mark.slow)])
 def test_the_tight_bound_falls_with_sigma_on_a_grid(steps, points):
     # A larger sigma gave a larger bound (T = 1e6: 1.00125 r at 1.1x the calibrated sigma, 0.9996 r
     # at 1.15x, 1.00106 r at 1.2x).
@@ -83,8 +87,11 @@ def test_a_sigma_needed_above_the_cap_is_refused_by_name(accountant):
     # Exact sigma 5.0e9 > MAX_SIGMA: numpy's "argmax of an empty sequence" came out of ``tight``.
     prior, target = 0.3, 0.3 * (1 + 2.3e-10)
     assert exact_sigma(prior, target, 1) > 4 * MAX_SIGMA
-    with pytest.raises(ValueError, match=rf"^targets\[0\] = .* cannot be met by the '{accountant}' accountant "
-                       r"at any sigma <= 1e\+09 \(its bound still exceeds it at sigma = 1e\+09\)$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^targets\[0\] = .* cannot be met by the '{accountant}' accountant "
+        r"at any sigma <= 1e\+09 \(its bound still exceeds it at sigma = 1e\+09\)$",
+    ):
         calibrate_noise(ONE_ALWAYS, [prior], [target], 1, accountant)
 
 
