@@ -21,6 +21,9 @@ logger = logging.getLogger("hush.plan")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hush_hf.accounting.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+    from hush_hf.accounting.budgets import LP_BUDGET_KINDS
+
     data = parser.add_argument_group("data")
     data.add_argument(
         "--dataset",
@@ -59,11 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--steps", type=int, required=True, help="number of steps T")
     planning = parser.add_argument_group("planning")
     planning.add_argument("--c", type=float, default=1.0, dest="lp_c", help="LP constant c")
-    planning.add_argument("--accountant", default="tight", choices=("tight", "rdp", "kl"))
+    planning.add_argument("--accountant", default=DEFAULT_ACCOUNTANT, choices=tuple(ACCOUNTANTS))
     planning.add_argument(
         "--budget",
         default=None,
-        choices=("kl", "tight", "rdp", "paper"),
+        choices=LP_BUDGET_KINDS,
         help="LP budget per secret (default: follows the accountant)",
     )
     planning.add_argument("--solver", default="highs", help="highs, or pulp[:CBC|GUROBI|CPLEX|...]")

@@ -15,9 +15,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from hush_hf.accounting import (
-    ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
+    LP_BUDGET_KINDS,
     SecretGroups,
     calibrate_noise,
+    get_accountant,
     lp_budget,
     posterior_bounds,
 )
@@ -33,7 +35,6 @@ logger = logging.getLogger(__name__)
 #: plan rather than certify a model at the plan's intended sigma and T.
 PLAN_FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
-BUDGET_KINDS = ("kl", "tight", "rdp", "paper")
 WEIGHT_COLUMN = "hush_weight"
 SAMPLING_PROB_COLUMN = "hush_sampling_prob"
 OVERTAGGING_SHARE = 0.05  # a secret marking more than this share of the examples is reported
@@ -250,8 +251,9 @@ class ProtectionPlan:
             lp=dict(data.get("lp", {})),
             calibrated=bool(data.get("calibrated", True)),
             secret_set_fingerprint=data.get("secret_set_fingerprint"),
-            memberships=_memberships_from_json(data.get("memberships"), len(data["secrets"]["target"]),
-                                               weights.size),
+            memberships=_memberships_from_json(
+                data.get("memberships"), len(data["secrets"]["target"]), weights.size
+            ),
             training=TrainingRecord.from_json(data["training"]) if "training" in data else None,
             rows=RowBinding.from_json(data["rows"], weights.size) if "rows" in data else None,
         )
@@ -333,8 +335,13 @@ def _memberships_from_json(data: Any, num_secrets: int, num_examples: int) -> sp
         return None
     indptr = np.asarray(data["indptr"], dtype=np.int64)
     indices = np.asarray(data["indices"], dtype=np.int64)
-    if indptr.size != num_secrets + 1 or indptr[0] != 0 or np.any(np.diff(indptr) < 0) \
-            or indptr[-1] != indices.size or np.any((indices < 0) | (indices >= num_examples)):
+    if (
+        indptr.size != num_secrets + 1
+        or indptr[0] != 0
+        or np.any(np.diff(indptr) < 0)
+        or indptr[-1] != indices.size
+        or np.any((indices < 0) | (indices >= num_examples))
+    ):
         raise ValueError("memberships do not describe the plan's secrets and examples")
     ones = np.ones(indices.size, dtype=np.float64)
     return sp.csr_matrix((ones, indices, indptr), shape=(num_secrets, num_examples))
@@ -348,7 +355,7 @@ def plan_protection(
     expected_batch_size: float,
     steps: int,
     lp_c: float = 1.0,
-    accountant: str = "tight",
+    accountant: str = DEFAULT_ACCOUNTANT,
     budget: str | None = None,
     solver: str = "highs",
     drop_secretless: bool = False,
@@ -380,9 +387,9 @@ def plan_protection(
     priors, targets = np.asarray(priors, dtype=np.float64), np.asarray(targets, dtype=np.float64)
     _validate_plan_args(expected_batch_size, steps, lp_c, accountant, noise_multiplier)
     rows, secret_ids = _rows_and_secret_ids(secret_ids)
-    budget = budget or ("kl" if accountant == "kl" else "tight")
-    if budget not in BUDGET_KINDS:
-        raise ValueError(f"budget must be one of {BUDGET_KINDS}, got {budget!r}")
+    budget = budget or get_accountant(accountant).lp_budget
+    if budget not in LP_BUDGET_KINDS:
+        raise ValueError(f"budget must be one of {LP_BUDGET_KINDS}, got {budget!r}")
     capacity = lp_c * lp_budget(priors, targets, budget)  # validates priors and targets
 
     membership = membership_matrix(secret_ids, num_secrets=priors.size)
@@ -557,7 +564,6 @@ def _validate_plan_args(
         raise ValueError(f"expected_batch_size (B) must be a positive number, got {expected_batch_size!r}")
     if not (isinstance(lp_c, (int, float, np.number)) and np.isfinite(lp_c) and lp_c > 0):
         raise ValueError(f"lp_c must be a positive number, got {lp_c!r}")
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {tuple(ACCOUNTANTS)}, got {accountant!r}")
+    get_accountant(accountant)  # ValueError listing the registered names
     if noise_multiplier is not None and not (np.isfinite(noise_multiplier) and noise_multiplier >= 0):
         raise ValueError(f"noise_multiplier must be None or a number >= 0, got {noise_multiplier!r}")
