@@ -17,7 +17,7 @@ from hush_hf.accounting import (
     posterior_bounds,
 )
 
-REFERENCE = SecretGroups.from_lists([[0.004] * 75])  # DESIGN.md sec. 3: p=1e-10, r=5e-4, T=2000
+REFERENCE = SecretGroups.from_lists([[0.004] * 75])  # docs/design.md: p=1e-10, r=5e-4, T=2000
 
 
 @pytest.mark.parametrize(("accountant", "sigma"), [("kl", 111.708), ("rdp", 4.742), ("tight", 4.461)])

@@ -43,7 +43,7 @@ class Accountant:
 
     name: str
     bounds: BoundFn | str
-    sigma_factor: float  # sigma_j ~ factor * sqrt(T) * E[S_j] / gap_j (docs/design.md, "LP budgets")
+    sigma_factor: float  # sigma_j ~ factor * sqrt(T) * E[S_j] / gap_j (docs/design.md#lp-budgets)
     gap: GapFn
     lp_budget: str
     description: str

@@ -42,9 +42,9 @@ from hush_hf.audit.report import (
     write_privacy_report,
 )
 from hush_hf.audit.scoring import ModelKind, check_positive_int
+from hush_hf.data import SECRET_IDS_COLUMN
 
 logger = logging.getLogger(__name__)
-SECRET_IDS_COLUMN = "secret_ids"
 
 
 def load_model(model_dir: str | Path, *, kind: ModelKind | None = None, device: str | None = None

@@ -23,7 +23,8 @@ from hush_hf.accounting import (
     lp_budget,
     posterior_bounds,
 )
-from hush_hf.planning.binding import RowBinding, unbound_plan_error
+from hush_hf.data import SECRET_IDS_COLUMN
+from hush_hf.planning.binding import SAMPLING_PROB_COLUMN, WEIGHT_COLUMN, RowBinding, unbound_plan_error
 from hush_hf.planning.lp import solve_example_weights
 from hush_hf.planning.memberships import membership_matrix
 from hush_hf.planning.probabilities import sampling_probabilities
@@ -35,8 +36,6 @@ logger = logging.getLogger(__name__)
 #: plan rather than certify a model at the plan's intended sigma and T.
 PLAN_FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
-WEIGHT_COLUMN = "hush_weight"
-SAMPLING_PROB_COLUMN = "hush_sampling_prob"
 OVERTAGGING_SHARE = 0.05  # a secret marking more than this share of the examples is reported
 
 
@@ -376,7 +375,7 @@ def plan_protection(
     ``priors``/``targets``: p_j and r_j per secret (e.g. ``SecretSet.priors``/``.targets``).
     ``budget``: the LP's per-secret budget, ``c * budget_j``; default follows the accountant
     (``sqrt(mu_j)`` for kl, ``g_j = Phi^-1(1-p_j) - Phi^-1(1-r_j)`` for tight and rdp, since sigma_j is
-    linear in sum(rho) with those slopes, DESIGN.md sec. 3); ``"paper"`` uses mu_j as in the paper.
+    linear in sum(rho) with those slopes, docs/design.md#lp-budgets); ``"paper"``: mu_j, as in the paper.
     ``noise_multiplier``: None calibrates; a number is used as is and the plan reports the bounds it
     gives (``meets_targets`` says whether every target holds).
     ``allow_unmatched``: a secret that marks no example is an error unless this is set (its sigma
@@ -467,16 +466,16 @@ def _rows_and_secret_ids(secret_ids: Any) -> tuple[Any, Any]:
     datasets = sys.modules.get("datasets")
     if datasets is None or not isinstance(secret_ids, datasets.Dataset):
         return None, secret_ids
-    if "secret_ids" not in secret_ids.column_names:
+    if SECRET_IDS_COLUMN not in secret_ids.column_names:
         raise ValueError(
-            f"the dataset has no 'secret_ids' column (columns: {secret_ids.column_names}); tag it first "
-            "(hush_hf.secrets.tag_dataset) or derive it from secret marks (secret_ids_from_marks)"
+            f"the dataset has no '{SECRET_IDS_COLUMN}' column (columns: {secret_ids.column_names}); tag it "
+            "first (hush_hf.secrets.tag_dataset) or derive it from secret marks (secret_ids_from_marks)"
         )
     from hush_hf.data import arrow_columns
     from hush_hf.secrets.tagging import check_secret_ids_current
 
     check_secret_ids_current(secret_ids)  # ids tagged from other text than the rows hold: refused
-    return secret_ids, arrow_columns(secret_ids, ["secret_ids"])[0][1]
+    return secret_ids, arrow_columns(secret_ids, [SECRET_IDS_COLUMN])[0][1]
 
 
 def check_row_memberships(memberships: sp.csr_matrix, dataset: Any, *, what: str = "dataset") -> None:
@@ -489,8 +488,8 @@ def check_row_memberships(memberships: sp.csr_matrix, dataset: Any, *, what: str
     marks = [c for c in names if c.startswith(MARKS_PREFIX)]
     if marks:
         ids, source = secret_ids_from_marks(arrow_columns(dataset, marks[:1])[0][1]), "secret marks"
-    elif "secret_ids" in names:
-        ids, source = arrow_columns(dataset, ["secret_ids"])[0][1], "'secret_ids'"
+    elif SECRET_IDS_COLUMN in names:
+        ids, source = arrow_columns(dataset, [SECRET_IDS_COLUMN])[0][1], f"'{SECRET_IDS_COLUMN}'"
     else:
         return
     rows = differing_memberships(memberships, ids)
