@@ -3,8 +3,8 @@
 Two instances (seeded, built in memory, nothing downloaded):
 - ``planned``: what an LP plan produces. Secrets of a few (prior, target) kinds share examples
   (~4.4 secrets per example); example weights are raised by progressive filling until the budgets
-  sum_{D_j} w <= c * budget_j bind (DESIGN Sec. 3), so many secrets are saturated and have nearly
-  the same sigma_j; rho = B * w / sum(w).
+  sum_{D_j} w <= c * budget_j bind (docs/design.md#lp-budgets), so many secrets are saturated and
+  have nearly the same sigma_j; rho = B * w / sum(w).
 - ``random``: the same membership structure with independent random sampling probabilities and
   random per-secret priors and targets.
 

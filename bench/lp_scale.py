@@ -2,8 +2,9 @@
 
 Instances follow the paper's setup (Hush Sec. 5.1): each secret is in 50-100 examples, p_j = 1e-10,
 r_j ~ U[2e-4, 1e-3]; the LP budget is g_j = Phi^-1(1 - p_j) - Phi^-1(1 - r_j) (the tight accountant's
-slope, DESIGN.md sec. 3) and capacity_j = c * g_j. Example memberships are skewed: example i's chance
-to be drawn into a secret is proportional to a lognormal popularity (a few long, many short documents).
+slope, docs/design.md#lp-budgets) and capacity_j = c * g_j. Example memberships are skewed: example
+i's chance to be drawn into a secret is proportional to a lognormal popularity (a few long, many short
+documents).
 
     python bench/lp_scale.py                      # 200K x 20K and 1.7M x 100K, c = 2^-2 ... 2^4
     python bench/lp_scale.py --scale small --c 1 4

@@ -15,6 +15,8 @@ from typing import Any
 
 from hush_hf.jsonfile import decode_utf8
 
+#: The column of a tagged dataset holding each row's secret indices (one list per row).
+SECRET_IDS_COLUMN = "secret_ids"
 LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}
 
 

@@ -17,7 +17,7 @@ from hush_hf.accounting import (
     posterior_bounds,
 )
 
-REFERENCE = SecretGroups.from_lists([[0.004] * 75])  # DESIGN.md sec. 3: p=1e-10, r=5e-4, T=2000
+REFERENCE = SecretGroups.from_lists([[0.004] * 75])  # docs/design.md: p=1e-10, r=5e-4, T=2000
 
 
 @pytest.mark.parametrize(("accountant", "sigma"), [("kl", 111.708), ("rdp", 4.742), ("tight", 4.461)])
@@ -188,8 +188,13 @@ def test_calibrate_noise_rejects_bad_input(kwargs, field):
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"sigma": -1.0}, "sigma"), ({"sigma": float("nan")}, "sigma"), ({"steps": -3}, "steps"),
-     ({"accountant": "KL"}, "accountant"), ({"priors": [1.5]}, "priors")],
+    [
+        ({"sigma": -1.0}, "sigma"),
+        ({"sigma": float("nan")}, "sigma"),
+        ({"steps": -3}, "steps"),
+        ({"accountant": "KL"}, "accountant"),
+        ({"priors": [1.5]}, "priors"),
+    ],
 )
 def test_posterior_bounds_rejects_bad_input(kwargs, field):
     args = {"groups": REFERENCE, "priors": [1e-10], "sigma": 4.0, "steps": 2000} | kwargs
@@ -244,11 +249,11 @@ def test_law_aware_ranking_keeps_the_mean_order_at_large_sigma(scale):
     # At sigma0 ~ 1e10 the chi-square is ~1e-19, below the rounding of 1 + chi2: computed as
     # sum pi pi' expm1(.) it still gives mu = E[S], so the re-ranked estimate keeps the order of E[S].
     from hush_hf.accounting import calibration
-    from hush_hf.accounting.accountants import ACCOUNTANT_IMPLEMENTATIONS
+    from hush_hf.accounting.accountants import REGISTRY
 
     groups = SecretGroups.from_lists([[0.029] * 10, [0.03] * 10, [0.028] * 10, [0.027] * 5])
     priors, targets = np.full(4, 1e-10), np.full(4, 1e-3)
-    tight = ACCOUNTANT_IMPLEMENTATIONS["tight"]
+    tight = REGISTRY["tight"]
     search = calibration._Search(groups, priors, targets, 40, tight, 1e-4, False)
     estimate = scale * groups.sum_rho()
     refined = search._law_aware(np.arange(4), estimate)

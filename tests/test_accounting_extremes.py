@@ -16,6 +16,7 @@ number with max(p, lower) <= bound <= B_0, non-increasing in sigma, equal to B_0
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import mpmath
@@ -134,8 +135,8 @@ def test_a_bound_that_cannot_be_computed_is_a_refusal_not_a_certificate(monkeypa
     from hush_hf.accounting import accountants
 
     groups = SecretGroups.from_lists([[0.01] * 5])
-    broken = accountants.Accountant("tight", lambda *args: np.array([np.nan]), 1.02, accountants.gaussian_gap)
-    monkeypatch.setitem(accountants.ACCOUNTANT_IMPLEMENTATIONS, "tight", broken)
+    broken = dataclasses.replace(accountants.REGISTRY["tight"], bounds=lambda *args: np.array([np.nan]))
+    monkeypatch.setitem(accountants.REGISTRY, "tight", broken)
     with pytest.raises(RuntimeError, match=r"computed the bound nan for prior 0\.001 at sigma=2\.0"):
         posterior_bounds(groups, [1e-3], 2.0, 100, "tight")
     with pytest.raises(RuntimeError, match="computed the bound nan"):
@@ -151,8 +152,14 @@ def test_plans_and_verification_at_tiny_noise_refuse_to_certify(accountant):
     priors, targets = np.full(64, 1e-6), np.full(64, 1e-3)
     for sigma in (1e-10, 1e-300):
         plan = plan_protection(
-            secret_ids, priors, targets, expected_batch_size=8.0, steps=50, lp_c=1e12,
-            accountant=accountant, noise_multiplier=sigma,
+            secret_ids,
+            priors,
+            targets,
+            expected_batch_size=8.0,
+            steps=50,
+            lp_c=1e12,
+            accountant=accountant,
+            noise_multiplier=sigma,
         )
         expected = [noiseless_limit(1, float(r), 50, 1e-6) for r in plan.sampling_probs]  # rho = 1/8
         np.testing.assert_allclose(plan.secrets.bound, expected, rtol=2e-12)

@@ -260,7 +260,7 @@ def test_weights_beyond_the_lp_budget_fail_with_the_secrets_file(published, tmp_
 
     data = json.loads((published.good / "hush_plan.json").read_text())
     weights = np.array(data["weights"])
-    budget = norm.isf(PRIORS) - norm.isf(TARGETS)  # g_j, the 'tight' budget (DESIGN sec. 3), c = 1
+    budget = norm.isf(PRIORS) - norm.isf(TARGETS)  # g_j, the 'tight' budget (docs/design.md), c = 1
     sums = np.array([sum(weights[i] for i, ids in enumerate(SECRET_IDS) if j in ids) for j in range(3)])
     assert data["lp_c"] == 1.0 and np.all(sums <= budget * (1 + 1e-9))  # the published weights are feasible
     row = SECRET_IDS.index([2])  # secret #2's first row: raise its weight past g_2, rho consistent

@@ -1,4 +1,4 @@
-"""Every example's loss depends on that example alone (DP-SGD's sensitivity C; DESIGN section 7).
+"""Every example's loss depends on that example alone (DP-SGD's sensitivity C; docs/design.md).
 
 (a) The measurement of the issue, written here: five short rows and one long row, through the clipping
 engine; adding the long row must move the clipped sum by its own clipped gradient alone (at most C).

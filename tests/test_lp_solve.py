@@ -152,7 +152,7 @@ def test_first_order_path_on_skewed_memberships(monkeypatch, c, gap_tol):
 
 @pytest.mark.slow
 def test_benchmark_instance_reaches_one_percent():
-    """200K examples x 20K secrets (bench/lp_scale.py); DESIGN.md: plain HiGHS took 162-268 s here."""
+    """200K examples x 20K secrets (bench/lp_scale.py); docs/design.md: plain HiGHS took 162-268 s."""
     import importlib.util
     from pathlib import Path
 
@@ -261,8 +261,8 @@ def test_tiny_time_limit_raises_and_returns_nothing(solver):
 
 @pytest.mark.parametrize("name", ["PULP_CBC_CMD", "HiGHS"])
 def test_pulp_time_out_reported_as_optimal_is_rejected(name):
-    """DESIGN.md sec. 4: PuLP says "Optimal" after a solver's time-out (wrong objective; CBC's point was
-    infeasible here). The backend must refuse it."""
+    """docs/design.md#lp-solvers: PuLP says "Optimal" after a solver's time-out (wrong objective; CBC's
+    point was infeasible here). The backend must refuse it."""
     membership, capacity = _hard_instance(1, num_examples=12000, num_secrets=1200)
     with pytest.raises(LPSolverError, match=f"pulp:{name}"):
         solve_block_pulp(membership, capacity, np.ones(membership.shape[1]), method=name, tolerance=0.0,

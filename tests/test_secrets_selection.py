@@ -140,3 +140,18 @@ def test_input_errors():
     with pytest.raises(ValueError, match="iterable of strings, got a DatasetDict"):
         splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS})})
         select_by_document_frequency(splits, df_range=(1, 2))
+
+
+def test_words_the_tagger_cannot_tag_are_never_ranked_or_chosen():
+    # ACLSum paragraphs: "____" (a fill-in blank) was ranked, chosen by --df-ranks and then refused by
+    # the tagger ("contains no word characters": it reads underscores as separators).
+    docs = [f"{doc} ____ __ _" for doc in DOCS]
+    assert document_frequencies(docs)["____"] == len(DOCS)  # counted as a \w+ word, at the top by df
+    assert _names(select_by_document_frequency(docs, rank_range=(0, 10))) == RANKED  # the same ten
+    assert _names(select_by_document_frequency(docs, df_range=(6, 6))) == ["the"]
+    with pytest.raises(ValueError, match="has 10 distinct taggable words"):
+        select_by_document_frequency(docs, rank_range=(0, 11))
+    chosen = select_by_document_frequency(docs, df_range=(1, 6))
+    dataset = datasets.Dataset.from_dict({"text": docs})
+    tagged = tag_dataset(dataset, tagger_for(chosen), num_secrets=len(chosen))
+    assert sorted({j for ids in tagged["secret_ids"] for j in ids}) == list(range(len(chosen)))

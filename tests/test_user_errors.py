@@ -306,3 +306,17 @@ def test_a_malformed_canary_file_names_the_file(tmp_path, capsys):
         line = error_line(capsys)
         assert line.startswith(f"hush audit: error: canary file '{bad}'{message}"), (line, message)
         assert not any(value in line for value in values)
+
+
+def test_a_run_without_secrets_file_names_the_flag():
+    # README's run_clm.py line, run without --secrets_file: "got a NoneType" named nothing.
+    from transformers import HfArgumentParser
+
+    from hush_hf import SecretProtectionConfig, mark_secrets
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+
+    (config,) = HfArgumentParser(SecretProtectionConfig).parse_args_into_dataclasses(
+        ["--output_dir", "unused", "--max_steps", "5", "--use_cpu", "--report_to", "none"]
+    )
+    with pytest.raises(ValueError, match=r"^mark_secrets got no secrets: give the secrets file \(--secrets_"):
+        mark_secrets(gpt2_tokenizer(), config.secrets_file)

@@ -1,22 +1,42 @@
 """Accounting: per-secret posterior bounds and noise calibration (Hush Sec. 3.3 and 4).
 
-Three accountants (``ACCOUNTANTS``): ``tight`` (default; blow-up function of Hayes et al. 2023
-from a pessimistic PLD), ``rdp`` (Stock et al. 2022 with the exact Renyi divergence) and ``kl``
-(Hush Lemma 3.2 with the exact KL divergence).
+Accountants live in one table (``accountants.REGISTRY``; names in ``ACCOUNTANTS``, default first):
+``tight`` (default; blow-up function of Hayes et al. 2023 from a pessimistic PLD), ``rdp`` (Stock et
+al. 2022 with the exact Renyi divergence) and ``kl`` (Hush Lemma 3.2 with the exact KL divergence);
+``register_accountant`` adds one. Names are imported on first use, so that reading the table (the
+CLI's choices, the trainer config's check) does not import scipy.signal.
 """
 
-from hush_hf.accounting.budgets import bernoulli_kl, lp_budget
-from hush_hf.accounting.calibration import NoiseCalibration, calibrate_noise, posterior_bounds
-from hush_hf.accounting.groups import SecretGroups
-from hush_hf.accounting.validation import ACCOUNTANTS, validate_targets
+from __future__ import annotations
 
-__all__ = [
-    "ACCOUNTANTS",
-    "NoiseCalibration",
-    "SecretGroups",
-    "bernoulli_kl",
-    "calibrate_noise",
-    "lp_budget",
-    "posterior_bounds",
-    "validate_targets",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ACCOUNTANTS": "accountants",
+    "DEFAULT_ACCOUNTANT": "accountants",
+    "Accountant": "accountants",
+    "get_accountant": "accountants",
+    "register_accountant": "accountants",
+    "LP_BUDGET_KINDS": "budgets",
+    "bernoulli_kl": "budgets",
+    "lp_budget": "budgets",
+    "NoiseCalibration": "calibration",
+    "calibrate_noise": "calibration",
+    "posterior_bounds": "calibration",
+    "SecretGroups": "groups",
+    "validate_targets": "validation",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hush_hf.accounting' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"hush_hf.accounting.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -80,7 +80,7 @@ def gaussian_gap(priors: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def lp_budget(priors: np.ndarray, targets: np.ndarray, kind: str) -> np.ndarray:
-    """Per-secret LP budget, proportional to the allowed sum of sampling weights (DESIGN Sec. 3).
+    """Per-secret LP budget, proportional to the allowed sum of sampling weights (docs/design.md#lp-budgets).
 
     ``kl``: sqrt(mu) (sigma_kl ~ sum(rho) sqrt(T / (2 mu))); ``tight``/``rdp``: g
     (sigma_tight ~ 1.02 sqrt(T) sum(rho) / g); ``paper``: mu (Hush Algorithm 2, line 2).

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from hush_hf.accounting.accountants import ACCOUNTANT_IMPLEMENTATIONS, Accountant
+from hush_hf.accounting.accountants import DEFAULT_ACCOUNTANT, Accountant, get_accountant
 from hush_hf.accounting.counts import (
     CountDistributions,
     poisson_binomial,
@@ -40,7 +40,6 @@ from hush_hf.accounting.dominance import Cover, envelope_cover, poisson_cover
 from hush_hf.accounting.groups import SecretGroups
 from hush_hf.accounting.noiseless import noiseless_bounds
 from hush_hf.accounting.validation import (
-    validate_accountant,
     validate_num_secrets,
     validate_priors,
     validate_rtol,
@@ -100,7 +99,7 @@ class _Evaluations:
         """Bounds for queries (row, prior); ``targets``: what each is compared with (only lets ``tight``
         skip refinements that cannot change whether a bound meets it)."""
         sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (laws.num_rows,))
-        out = self.accountant.bounds(laws, sigma, self.steps, priors, rows, targets)
+        out = self.accountant.evaluate(laws, sigma, self.steps, priors, rows, targets)
         self.bar.update(laws.num_rows)
         return checked_bounds(out, priors, self.accountant.name, sigma[rows])
 
@@ -132,7 +131,7 @@ def posterior_bounds(
     priors: np.ndarray,
     sigma: float,
     steps: int,
-    accountant: str = "tight",
+    accountant: str = DEFAULT_ACCOUNTANT,
     *,
     resolution: float = 0.0,
 ) -> np.ndarray:
@@ -146,7 +145,7 @@ def posterior_bounds(
     noiseless blow-up function 1 - P(S=0)^T (1 - p) (``noiseless``: valid at every sigma, exact
     at sigma = 0, the limit of every accountant as sigma -> 0).
     """
-    name = validate_accountant(accountant)
+    implementation = get_accountant(accountant)
     p = validate_priors(priors)
     validate_num_secrets(groups.num_secrets, p)
     sigma = validate_sigma(sigma)
@@ -163,7 +162,7 @@ def posterior_bounds(
         return out
     laws = poisson_binomial(groups, active)
     cover = envelope_cover(laws, float(resolution))
-    evaluate = _Evaluations(ACCOUNTANT_IMPLEMENTATIONS[name], steps, False)
+    evaluate = _Evaluations(implementation, steps, False)
     out[active] = np.minimum(evaluate(cover.laws, sigma, p[active], cover.row_of, None), noiseless)
     return out
 
@@ -173,7 +172,7 @@ def calibrate_noise(
     priors: np.ndarray,
     targets: np.ndarray,
     steps: int,
-    accountant: str = "tight",
+    accountant: str = DEFAULT_ACCOUNTANT,
     rtol: float = 1e-4,
     progress: bool = False,
 ) -> NoiseCalibration:
@@ -183,14 +182,14 @@ def calibrate_noise(
     bound 1 - P(S=0)^T (1 - p) already meets its target (examples so rarely sampled that
     P(ever sampled) <= (r - p) / (1 - p)); with any accountant.
     """
-    name = validate_accountant(accountant)
+    implementation = get_accountant(accountant)
     validate_targets(priors, targets)
     p = np.asarray(priors, dtype=np.float64)
     r = np.asarray(targets, dtype=np.float64)
     validate_num_secrets(groups.num_secrets, p)
     steps = validate_steps(steps)
     rtol = validate_rtol(rtol)
-    search = _Search(groups, p, r, steps, ACCOUNTANT_IMPLEMENTATIONS[name], rtol, progress)
+    search = _Search(groups, p, r, steps, implementation, rtol, progress)
     try:
         return search.run()
     finally:
@@ -407,7 +406,7 @@ class _Search:
         if excess is not None and floor > 0 and self._slope < 0:  # extrapolate from the floor
             x = floor * np.exp(np.minimum(1.2 * state.f_lo / -self._slope, math.log(4.0)))
             x = np.maximum(x, floor * (1.0 + 2 * self.tolerance))
-        probes: list[tuple[int, float]] = [(j, float(x[j])) for j in range(k)]
+        probes: list[tuple[int, float]] = [(j, min(float(x[j]), MAX_SIGMA)) for j in range(k)]
         while probes:
             rows = np.array([j for j, _ in probes])
             sigmas = np.array([t for _, t in probes])
@@ -417,12 +416,13 @@ class _Search:
             closed = (state.hi <= state.lo * (1.0 + self.tolerance)) | (state.hi <= floor)
             open_ = np.flatnonzero(~(np.isfinite(state.hi) & closed))
             probes = [(int(j), t) for j in open_ for t in self._next_probes(state, int(j), floor)]
-            if any(t > MAX_SIGMA for _, t in probes):  # only where no sigma has passed yet
-                # Name the secret failing at the largest sigma: a probe exceeds MAX_SIGMA only through
-                # its own extrapolation or because that failure raised the floor every open bracket
-                # starts from (issue 22: the first open bracket was named, a feasible secret).
-                unmet = np.flatnonzero(~np.isfinite(state.hi))
-                j = int(unmet[np.argmax(state.lo[unmet])])
+            # A probe above MAX_SIGMA is tried at MAX_SIGMA unless its bracket already fails there.
+            probes = [(j, min(t, MAX_SIGMA)) for j, t in probes if t <= MAX_SIGMA or state.lo[j] < MAX_SIGMA]
+            if float(state.lo.max()) >= MAX_SIGMA:
+                # Name the secret failing at the largest sigma (issue 22: the first open bracket was
+                # named, a feasible secret; issue 29: a bracket whose end lay above the cap left no
+                # unmet secret to name and numpy raised "argmax of an empty sequence").
+                j = int(np.argmax(state.lo))
                 raise ValueError(
                     f"targets[{int(secrets[j])}] = {float(targets[j])!r} cannot be met by the "
                     f"{self.accountant.name!r} accountant at any sigma <= {MAX_SIGMA:g} (its bound "

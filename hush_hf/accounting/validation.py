@@ -10,10 +10,6 @@ import numbers
 
 import numpy as np
 
-#: Accountant names, default first: ``tight`` (Hayes et al. 2023 blow-up function),
-#: ``rdp`` (Stock et al. 2022), ``kl`` (Hush, Lemma 3.2).
-ACCOUNTANTS: tuple[str, ...] = ("tight", "rdp", "kl")
-
 
 def _first_bad(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
@@ -83,13 +79,6 @@ def validate_sigma(sigma: object) -> float:
     if float(sigma) < 0:
         raise ValueError(f"sigma must be >= 0, got {sigma!r}")
     return float(sigma)
-
-
-def validate_accountant(accountant: object) -> str:
-    """One of :data:`ACCOUNTANTS`."""
-    if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-    return accountant
 
 
 def validate_rtol(rtol: object) -> float:

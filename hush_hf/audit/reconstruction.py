@@ -182,6 +182,37 @@ def canary_probes(canaries: Sequence[Canary], secret_indices: Sequence[int], *, 
     return probes
 
 
+def input_length(tokenizer: Any, kind: ModelKind, context: Context, values: Sequence[str]) -> int:
+    """The longest model input scoring ``values`` in ``context`` takes, in tokens: the whole text for a
+    causal LM, the masked input of ``masked_fill_scores`` for a masked one."""
+    before, _, after = context
+    if kind == "masked":
+        head, tail = special_wrapping(tokenizer)
+        sides = encode(tokenizer, [before, after], add_special_tokens=False)
+        longest = max(len(ids) for ids in encode(tokenizer, values, add_special_tokens=False))
+        return len(head) + len(sides[0]) + longest + len(sides[1]) + len(tail)
+    return max(len(ids) for ids in encode(tokenizer, [before + value + after for value in values]))
+
+
+def fit_probe(probe: SecretProbe, tokenizer: Any, max_length: int, kind: ModelKind) -> SecretProbe | None:
+    """``probe`` with each context cut (the characters nearest the secret kept) until every candidate's
+    input fits in ``max_length`` tokens (the model's positions); None if a candidate alone does not fit.
+    Every candidate of a context is scored in the same cut context, so ranks stay comparable."""
+    contexts = []
+    for before, written, after in probe.contexts:
+        candidates = (written, *probe.alternatives)
+        while (length := input_length(tokenizer, kind, (before, written, after), candidates)) > max_length:
+            if not before and not after:
+                return None
+            share = min(0.95, 0.95 * max_length / length)  # about what fits, then check again
+            keep_before, keep_after = int(len(before) * share), int(len(after) * share)
+            if keep_before == len(before) and keep_after == len(after):
+                keep_before, keep_after = len(before) // 2, len(after) // 2
+            before, after = before[len(before) - keep_before:], after[:keep_after]
+        contexts.append((before, written, after))
+    return SecretProbe(probe.index, tuple(contexts), probe.alternatives)
+
+
 def _causal_scores(model: Any, tokenizer: Any, probe: SecretProbe, batch_size: int) -> np.ndarray:
     rows = []
     for before, written, after in probe.contexts:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,13 @@ from hush_hf.audit.extraction import extraction_attack_on_texts
 from hush_hf.audit.membership import DEFAULT_FPRS, membership_attacks
 from hush_hf.audit.reconstruction import (
     canary_probes,
+    fit_probe,
     probes_for_secrets,
     reconstruction_attack,
     summarize_reconstructions,
 )
 from hush_hf.audit.report import (
+    ATTACK_NAMES,
     AUDIT_JSON,
     REPORT_JSON,
     build_privacy_report,
@@ -42,9 +46,9 @@ from hush_hf.audit.report import (
     write_privacy_report,
 )
 from hush_hf.audit.scoring import ModelKind, check_positive_int
+from hush_hf.data import SECRET_IDS_COLUMN
 
 logger = logging.getLogger(__name__)
-SECRET_IDS_COLUMN = "secret_ids"
 
 
 def load_model(model_dir: str | Path, *, kind: ModelKind | None = None, device: str | None = None
@@ -66,6 +70,50 @@ def load_model(model_dir: str | Path, *, kind: ModelKind | None = None, device: 
         model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     return model.eval(), tokenizer, kind
+
+
+#: Model config fields that give the longest input its positions allow (the first one present).
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
+
+
+def model_max_length(model: Any, tokenizer: Any) -> int | None:
+    """The most tokens one input may have: the model's positions (RoBERTa-style offsets are caught by
+    the tokenizer's ``model_max_length``, the smaller wins); None when neither states one."""
+    config = getattr(model, "config", None)
+    limits = [getattr(config, f) for f in POSITION_FIELDS if isinstance(getattr(config, f, None), int)][:1]
+    declared = getattr(tokenizer, "model_max_length", None)
+    if isinstance(declared, int) and 0 < declared < 10**8:  # transformers' "no limit" is ~1e30
+        limits.append(declared)
+    return min(limits) if limits else None
+
+
+class _AuditFile:
+    """audit.json, rewritten after each attack: a later failure leaves what was computed, and the
+    attacks not finished are listed under ``not_run`` with why (``hush report`` shows them)."""
+
+    def __init__(self, path: Path, header: dict[str, Any], attacks: dict[str, Any], not_run: dict[str, str]):
+        self.path, self.header, self.attacks, self.not_run = path, header, attacks, not_run
+
+    def save(self, stopped: str | None = None) -> None:
+        pending = [n for n in ATTACK_NAMES if n not in self.attacks and n not in self.not_run]
+        why = (f"not finished: the audit stopped during {stopped}" if stopped
+               else "not reached yet when this file was written")
+        attacks = {**self.attacks, "not_run": {**self.not_run, **dict.fromkeys(pending, why)}}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps({**self.header, "complete": not pending, "attacks": attacks}, indent=2))
+        os.replace(partial, self.path)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Run one attack; saved after it, and saved with the reason when it fails (the error's type
+        only: a message may quote the data)."""
+        try:
+            yield
+        except BaseException as err:
+            self.save(stopped=f"{name} ({type(err).__name__})")
+            raise
+        self.save()
 
 
 def _as_dataset(data: Any, field: str, text_column: str) -> Any:
@@ -96,6 +144,13 @@ def _sample_texts(dataset: Any, text_column: str, limit: int, rng: np.random.Gen
     return [dataset[int(i)][text_column] for i in rows]
 
 
+def _longest_canary(tokenizer: Any, canaries: Sequence[Canary]) -> int:
+    """Tokens of the longest canary text (every candidate of a space has the canary's form)."""
+    from hush_hf.audit.scoring import encode
+
+    return max(len(ids) for ids in encode(tokenizer, [c.space.text(c.value) for c in canaries]))
+
+
 def _trained_rows(plan: Any, train: Any) -> tuple[np.ndarray | None, str]:
     """Rows the model can have trained on: w_i > 0 under the plan (others are never sampled, so they
     are not members and would dilute the attacks); all rows when the plan does not match the data."""
@@ -116,7 +171,7 @@ def _load_plan(plan: Any, model_dir: Path) -> Any:
 def _reconstruction(model: Any, tokenizer: Any, kind: ModelKind, secrets: Any, train: Any,
                     canaries: list[Canary], plan: Any, *, text_column: str, num_alternatives: int,
                     max_contexts: int, max_secrets: int, batch_size: int, rng: np.random.Generator,
-                    seed: int) -> dict[str, Any]:
+                    seed: int, max_length: int | None) -> dict[str, Any]:
     from hush_hf.secrets import tag_dataset, tagger_for
 
     canary_of = {c.name: c for c in canaries}
@@ -137,6 +192,11 @@ def _reconstruction(model: Any, tokenizer: Any, kind: ModelKind, secrets: Any, t
             secrets, train[text_column], train[SECRET_IDS_COLUMN], indices=other_secrets, pool=pool,
             num_alternatives=num_alternatives, max_contexts=max_contexts, seed=seed)
         probes += word_probes
+    if max_length is not None:  # contexts cut to the model's positions; a candidate alone too long: skipped
+        fitted = [(p, fit_probe(p, tokenizer, max_length, kind)) for p in probes]
+        skipped |= {p.index: f"a candidate alone exceeds max_length={max_length} tokens"
+                    for p, fit in fitted if fit is None}
+        probes = [fit for _, fit in fitted if fit is not None]
     results = reconstruction_attack(model, tokenizer, probes, plan=plan, kind=kind, batch_size=batch_size)
     summary = summarize_reconstructions(results, skipped)
     summary["num_secrets_total"] = len(secrets)
@@ -162,6 +222,7 @@ def run_audit(
     prefix_length: int = 50,
     suffix_length: int = 50,
     max_tokens: int = 512,
+    max_length: int | None = None,
     num_alternatives: int = 20,
     max_contexts: int = 4,
     max_secrets: int = 200,
@@ -183,12 +244,18 @@ def run_audit(
     guarantee.
     At most ``max_examples`` texts per data set and ``max_secrets`` secrets (besides canaries) are
     attacked, drawn with ``seed``; the report records how many.
+    ``max_length``: the most tokens any input to the model may have (default: the model's positions,
+    ``model_max_length``); membership texts are cut to the smaller of it and ``max_tokens``,
+    reconstruction contexts are cut around the secret, and an attack whose inputs cannot be cut to it
+    (canaries, prefix + suffix) is listed as not run. audit.json is rewritten after each attack.
     """
     for field, value in (("max_examples", max_examples), ("prefix_length", prefix_length),
                          ("suffix_length", suffix_length), ("max_tokens", max_tokens),
                          ("num_alternatives", num_alternatives), ("max_contexts", max_contexts),
                          ("max_secrets", max_secrets), ("batch_size", batch_size)):
         check_positive_int(field, value)
+    if max_length is not None:
+        check_positive_int("max_length", max_length)
     clip_norm = check_clip_norm(clip_norm, allow_none=True)
     noise_multiplier = check_noise_multiplier(noise_multiplier)
     if exposure_method not in ("auto", "exact", "empirical", "skewnorm"):
@@ -223,55 +290,71 @@ def run_audit(
     reference = None
     if reference_model_dir is not None:
         reference = load_model(reference_model_dir, kind="causal", device=device)[0]
+    max_length = model_max_length(model, tokenizer) if max_length is None else max_length
     rng = np.random.default_rng(seed)
     attacks: dict[str, Any] = {}
     not_run: dict[str, str] = {}
+    audit_file = _AuditFile(output_dir / AUDIT_JSON, {
+        "format_version": 1, "model_kind": kind, "clip_norm": clip_norm, "noise_multiplier": noise_multiplier,
+        "max_length": max_length}, attacks, not_run)
+    too_long = f"longer than max_length={max_length} tokens (the model's positions; see --max-length)"
 
     causal_only = "needs a causal LM" if kind != "causal" else None
-    if not canary_list:
-        not_run["exposure"] = "no canaries given"
-    elif causal_only:
-        not_run["exposure"] = causal_only
-    else:
-        logger.info("Exposure of %d canaries", len(canary_list))
-        attacks["exposure"] = summarize_exposures(canary_exposures(
-            model, tokenizer, canary_list, method=exposure_method, max_exact=max_exact,
-            num_samples=num_samples, batch_size=batch_size, seed=seed))
-    if train is None:
-        not_run["extraction"] = not_run["membership"] = "no training data given"
-    elif causal_only:
-        not_run["extraction"] = not_run["membership"] = causal_only
-    else:
-        trained, pool = _trained_rows(plan, train)
-        members = _sample_texts(train, text_column, max_examples, rng, trained)
-        logger.info("Extraction on %d training texts", len(members))
-        attacks["extraction"] = extraction_attack_on_texts(
-            model, tokenizer, members, prefix_length=prefix_length, suffix_length=suffix_length,
-            batch_size=batch_size).to_json()
-        attacks["extraction"]["sequences_from"] = pool
-        if held is None:
+    with audit_file.stage("exposure"):
+        if not canary_list:
+            not_run["exposure"] = "no canaries given"
+        elif causal_only:
+            not_run["exposure"] = causal_only
+        elif max_length is not None and _longest_canary(tokenizer, canary_list) > max_length:
+            not_run["exposure"] = f"canary texts {too_long}"
+        else:
+            logger.info("Exposure of %d canaries", len(canary_list))
+            attacks["exposure"] = summarize_exposures(canary_exposures(
+                model, tokenizer, canary_list, method=exposure_method, max_exact=max_exact,
+                num_samples=num_samples, batch_size=batch_size, seed=seed))
+    members: list[str] = []
+    pool = ""
+    with audit_file.stage("extraction"):
+        if train is None:
+            not_run["extraction"] = not_run["membership"] = "no training data given"
+        elif causal_only:
+            not_run["extraction"] = not_run["membership"] = causal_only
+        else:
+            trained, pool = _trained_rows(plan, train)
+            members = _sample_texts(train, text_column, max_examples, rng, trained)
+            if max_length is not None and prefix_length + suffix_length > max_length:
+                window = prefix_length + suffix_length
+                not_run["extraction"] = f"prefix_length + suffix_length = {window} is {too_long}"
+            else:
+                logger.info("Extraction on %d training texts", len(members))
+                attacks["extraction"] = extraction_attack_on_texts(
+                    model, tokenizer, members, prefix_length=prefix_length, suffix_length=suffix_length,
+                    batch_size=batch_size).to_json()
+                attacks["extraction"]["sequences_from"] = pool
+    with audit_file.stage("membership"):
+        if "membership" in not_run:  # no training data, or not a causal LM (set above)
+            pass
+        elif held is None:
             not_run["membership"] = "no held-out data given"
         else:
             nonmembers = _sample_texts(held, text_column, max_examples, rng)
             logger.info("Membership inference: %d members, %d non-members", len(members), len(nonmembers))
+            cut = max_tokens if max_length is None else min(max_tokens, max_length)
             attacks["membership"] = [{**r.to_json(), "members_from": pool} for r in membership_attacks(
                 model, tokenizer, members, nonmembers, reference_model=reference, fprs=fprs,
-                max_length=max_tokens, batch_size=batch_size)]
-    if secrets is None:
-        not_run["reconstruction"] = "no secrets given"
-    elif train is None and not any(s.name.startswith(CANARY_ID_PREFIX) for s in secrets):
-        not_run["reconstruction"] = "no training data given"
-    else:
-        logger.info("Reconstruction of up to %d secrets", max_secrets)
-        attacks["reconstruction"] = _reconstruction(
-            model, tokenizer, kind, secrets, train, canary_list, plan, text_column=text_column,
-            num_alternatives=num_alternatives, max_contexts=max_contexts, max_secrets=max_secrets,
-            batch_size=batch_size, rng=rng, seed=seed)
-    attacks["not_run"] = not_run
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / AUDIT_JSON).write_text(json.dumps(
-        {"format_version": 1, "model_kind": kind, "clip_norm": clip_norm,
-         "noise_multiplier": noise_multiplier, "attacks": attacks}, indent=2))
+                max_length=cut, batch_size=batch_size)]
+    with audit_file.stage("reconstruction"):
+        if secrets is None:
+            not_run["reconstruction"] = "no secrets given"
+        elif train is None and not any(s.name.startswith(CANARY_ID_PREFIX) for s in secrets):
+            not_run["reconstruction"] = "no training data given"
+        else:
+            logger.info("Reconstruction of up to %d secrets", max_secrets)
+            attacks["reconstruction"] = _reconstruction(
+                model, tokenizer, kind, secrets, train, canary_list, plan, text_column=text_column,
+                num_alternatives=num_alternatives, max_contexts=max_contexts, max_secrets=max_secrets,
+                batch_size=batch_size, rng=rng, seed=seed, max_length=max_length)
+    attacks = {**attacks, "not_run": not_run}
     report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks,
                                   noise_multiplier=noise_multiplier, bounds_verified=True)
     write_privacy_report(report, output_dir, plan=plan)

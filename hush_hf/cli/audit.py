@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-length", type=int, default=50)
     parser.add_argument("--suffix-length", type=int, default=50)
     parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="most tokens per model input; longer texts are cut (default: the model's positions)",
+    )
+    parser.add_argument(
         "--exposure-method", default="auto", choices=("auto", "exact", "empirical", "skewnorm")
     )
     parser.add_argument("--batch-size", type=int, default=16)
@@ -44,8 +50,8 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} file {value!r} does not exist")
     if args.reference_model is not None and not Path(args.reference_model).is_dir():
         raise ValueError(f"--reference-model {args.reference_model!r} is not a folder")
-    for name in ("max_examples", "prefix_length", "suffix_length", "batch_size"):
-        if getattr(args, name) < 1:
+    for name in ("max_examples", "prefix_length", "suffix_length", "batch_size", "max_length"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if Path(args.output_dir).is_file():
         raise ValueError(f"--output-dir {args.output_dir!r} is a file")
@@ -72,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         max_examples=args.max_examples,
         prefix_length=args.prefix_length,
         suffix_length=args.suffix_length,
+        max_length=args.max_length,
         exposure_method=args.exposure_method,
         batch_size=args.batch_size,
         seed=args.seed,

@@ -21,6 +21,9 @@ logger = logging.getLogger("hush.plan")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from hush_hf.accounting.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+    from hush_hf.accounting.budgets import LP_BUDGET_KINDS
+
     data = parser.add_argument_group("data")
     data.add_argument(
         "--dataset",
@@ -59,11 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--steps", type=int, required=True, help="number of steps T")
     planning = parser.add_argument_group("planning")
     planning.add_argument("--c", type=float, default=1.0, dest="lp_c", help="LP constant c")
-    planning.add_argument("--accountant", default="tight", choices=("tight", "rdp", "kl"))
+    planning.add_argument("--accountant", default=DEFAULT_ACCOUNTANT, choices=tuple(ACCOUNTANTS))
     planning.add_argument(
         "--budget",
         default=None,
-        choices=("kl", "tight", "rdp", "paper"),
+        choices=LP_BUDGET_KINDS,
         help="LP budget per secret (default: follows the accountant)",
     )
     planning.add_argument("--solver", default="highs", help="highs, or pulp[:CBC|GUROBI|CPLEX|...]")
@@ -120,9 +123,9 @@ def run(args: argparse.Namespace) -> int:
     secret_set = SecretSet.load(args.secrets) if args.secrets else None  # a bad file fails before the data
     dataset = load_text_dataset(args.dataset, split=args.split)
     secret_set, dataset = _secrets_and_tags(args, dataset, secret_set)
-    from hush_hf.data import arrow_columns
+    from hush_hf.data import SECRET_IDS_COLUMN, arrow_columns
 
-    secret_ids = arrow_columns(dataset, ["secret_ids"])[0][1]  # in row order
+    secret_ids = arrow_columns(dataset, [SECRET_IDS_COLUMN])[0][1]  # in row order
     plan_kwargs = dict(
         expected_batch_size=args.batch_size,
         steps=args.steps,
@@ -184,9 +187,10 @@ def _secrets_and_tags(args: argparse.Namespace, dataset, secret_set):
             num_proc=args.num_proc,
         )
     logger.info("%d secrets", len(secret_set))
+    from hush_hf.data import SECRET_IDS_COLUMN
     from hush_hf.secrets.marks import find_marks_column
 
-    if "secret_ids" in dataset.column_names or find_marks_column(dataset.column_names) is not None:
+    if SECRET_IDS_COLUMN in dataset.column_names or find_marks_column(dataset.column_names) is not None:
         from hush_hf.trainer.plan_setup import prepare_secret_ids
 
         # Marks -> ids (in step with input_ids); existing ids: fingerprint and tagged text checked.

@@ -35,7 +35,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
     for name, value in (("--plan", args.plan), ("--audit", args.audit)):
         if value is not None and not Path(value).is_file():
-            raise ValueError(f"{name} file {value!r} does not exist")
+            hint = " (`hush audit --output-dir DIR` writes DIR/audit.json)" if name == "--audit" else ""
+            raise ValueError(f"{name} file {value!r} does not exist{hint}")
     if args.clip_norm is not None and not (math.isfinite(args.clip_norm) and args.clip_norm > 0):
         raise ValueError(f"--clip-norm must be a positive number, got {args.clip_norm!r}")
     sigma = args.noise_multiplier

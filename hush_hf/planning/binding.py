@@ -25,13 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from hush_hf.data import arrow_columns, column_names
+from hush_hf.data import SECRET_IDS_COLUMN, arrow_columns, column_names
 from hush_hf.digests import DIGEST_BYTES, row_digests
 
 KEY_BYTES = 32
 #: Columns hush_hf adds beside a row's content and drops before the model: ``secret_ids`` and the
 #: plan's ``hush_weight`` / ``hush_sampling_prob`` (marks and tagged-text digests: see is_bookkeeping).
-BOOKKEEPING_COLUMNS = ("secret_ids", "hush_weight", "hush_sampling_prob")
+WEIGHT_COLUMN = "hush_weight"
+SAMPLING_PROB_COLUMN = "hush_sampling_prob"
+BOOKKEEPING_COLUMNS = (SECRET_IDS_COLUMN, WEIGHT_COLUMN, SAMPLING_PROB_COLUMN)
 
 RULE = (
     "a plan trains exactly the rows it was made from, in that order, with the same columns and values "

@@ -1,8 +1,8 @@
 """Any PuLP solver (CBC, GUROBI, CPLEX, HiGHS, ...) on a scipy.sparse block.
 
 PuLP's word is not trusted (pulp 3.3 reports HiGHS's time-limit stop as "Optimal" with a wrong
-objective, DESIGN.md sec. 4): we require its status AND its solution status to say optimal, and the
-caller still repairs and certifies the answer. Model names carry indices only, never secret text.
+objective, docs/design.md#lp-solvers): we require its status AND its solution status to say optimal,
+and the caller still repairs and certifies the answer. Model names carry indices only, never secret text.
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hush_hf.data import SECRET_IDS_COLUMN
 
-def membership_matrix(secret_ids: Any, num_secrets: int, *, field: str = "secret_ids") -> sp.csr_matrix:
+
+def membership_matrix(secret_ids: Any, num_secrets: int, *, field: str = SECRET_IDS_COLUMN) -> sp.csr_matrix:
     """A (num_secrets x num_examples) 0/1 CSR matrix with entry (j, i) = 1 iff example i contains secret j.
 
     ``secret_ids`` is one list of secret indices per example (a Python sequence, or a ``datasets`` column /

@@ -15,13 +15,16 @@ import numpy as np
 import scipy.sparse as sp
 
 from hush_hf.accounting import (
-    ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
+    LP_BUDGET_KINDS,
     SecretGroups,
     calibrate_noise,
+    get_accountant,
     lp_budget,
     posterior_bounds,
 )
-from hush_hf.planning.binding import RowBinding, unbound_plan_error
+from hush_hf.data import SECRET_IDS_COLUMN
+from hush_hf.planning.binding import SAMPLING_PROB_COLUMN, WEIGHT_COLUMN, RowBinding, unbound_plan_error
 from hush_hf.planning.lp import solve_example_weights
 from hush_hf.planning.memberships import membership_matrix
 from hush_hf.planning.probabilities import sampling_probabilities
@@ -33,9 +36,6 @@ logger = logging.getLogger(__name__)
 #: plan rather than certify a model at the plan's intended sigma and T.
 PLAN_FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
-BUDGET_KINDS = ("kl", "tight", "rdp", "paper")
-WEIGHT_COLUMN = "hush_weight"
-SAMPLING_PROB_COLUMN = "hush_sampling_prob"
 OVERTAGGING_SHARE = 0.05  # a secret marking more than this share of the examples is reported
 
 
@@ -250,8 +250,9 @@ class ProtectionPlan:
             lp=dict(data.get("lp", {})),
             calibrated=bool(data.get("calibrated", True)),
             secret_set_fingerprint=data.get("secret_set_fingerprint"),
-            memberships=_memberships_from_json(data.get("memberships"), len(data["secrets"]["target"]),
-                                               weights.size),
+            memberships=_memberships_from_json(
+                data.get("memberships"), len(data["secrets"]["target"]), weights.size
+            ),
             training=TrainingRecord.from_json(data["training"]) if "training" in data else None,
             rows=RowBinding.from_json(data["rows"], weights.size) if "rows" in data else None,
         )
@@ -333,8 +334,13 @@ def _memberships_from_json(data: Any, num_secrets: int, num_examples: int) -> sp
         return None
     indptr = np.asarray(data["indptr"], dtype=np.int64)
     indices = np.asarray(data["indices"], dtype=np.int64)
-    if indptr.size != num_secrets + 1 or indptr[0] != 0 or np.any(np.diff(indptr) < 0) \
-            or indptr[-1] != indices.size or np.any((indices < 0) | (indices >= num_examples)):
+    if (
+        indptr.size != num_secrets + 1
+        or indptr[0] != 0
+        or np.any(np.diff(indptr) < 0)
+        or indptr[-1] != indices.size
+        or np.any((indices < 0) | (indices >= num_examples))
+    ):
         raise ValueError("memberships do not describe the plan's secrets and examples")
     ones = np.ones(indices.size, dtype=np.float64)
     return sp.csr_matrix((ones, indices, indptr), shape=(num_secrets, num_examples))
@@ -348,7 +354,7 @@ def plan_protection(
     expected_batch_size: float,
     steps: int,
     lp_c: float = 1.0,
-    accountant: str = "tight",
+    accountant: str = DEFAULT_ACCOUNTANT,
     budget: str | None = None,
     solver: str = "highs",
     drop_secretless: bool = False,
@@ -369,7 +375,7 @@ def plan_protection(
     ``priors``/``targets``: p_j and r_j per secret (e.g. ``SecretSet.priors``/``.targets``).
     ``budget``: the LP's per-secret budget, ``c * budget_j``; default follows the accountant
     (``sqrt(mu_j)`` for kl, ``g_j = Phi^-1(1-p_j) - Phi^-1(1-r_j)`` for tight and rdp, since sigma_j is
-    linear in sum(rho) with those slopes, DESIGN.md sec. 3); ``"paper"`` uses mu_j as in the paper.
+    linear in sum(rho) with those slopes, docs/design.md#lp-budgets); ``"paper"``: mu_j, as in the paper.
     ``noise_multiplier``: None calibrates; a number is used as is and the plan reports the bounds it
     gives (``meets_targets`` says whether every target holds).
     ``allow_unmatched``: a secret that marks no example is an error unless this is set (its sigma
@@ -380,9 +386,9 @@ def plan_protection(
     priors, targets = np.asarray(priors, dtype=np.float64), np.asarray(targets, dtype=np.float64)
     _validate_plan_args(expected_batch_size, steps, lp_c, accountant, noise_multiplier)
     rows, secret_ids = _rows_and_secret_ids(secret_ids)
-    budget = budget or ("kl" if accountant == "kl" else "tight")
-    if budget not in BUDGET_KINDS:
-        raise ValueError(f"budget must be one of {BUDGET_KINDS}, got {budget!r}")
+    budget = budget or get_accountant(accountant).lp_budget
+    if budget not in LP_BUDGET_KINDS:
+        raise ValueError(f"budget must be one of {LP_BUDGET_KINDS}, got {budget!r}")
     capacity = lp_c * lp_budget(priors, targets, budget)  # validates priors and targets
 
     membership = membership_matrix(secret_ids, num_secrets=priors.size)
@@ -460,16 +466,16 @@ def _rows_and_secret_ids(secret_ids: Any) -> tuple[Any, Any]:
     datasets = sys.modules.get("datasets")
     if datasets is None or not isinstance(secret_ids, datasets.Dataset):
         return None, secret_ids
-    if "secret_ids" not in secret_ids.column_names:
+    if SECRET_IDS_COLUMN not in secret_ids.column_names:
         raise ValueError(
-            f"the dataset has no 'secret_ids' column (columns: {secret_ids.column_names}); tag it first "
-            "(hush_hf.secrets.tag_dataset) or derive it from secret marks (secret_ids_from_marks)"
+            f"the dataset has no '{SECRET_IDS_COLUMN}' column (columns: {secret_ids.column_names}); tag it "
+            "first (hush_hf.secrets.tag_dataset) or derive it from secret marks (secret_ids_from_marks)"
         )
     from hush_hf.data import arrow_columns
     from hush_hf.secrets.tagging import check_secret_ids_current
 
     check_secret_ids_current(secret_ids)  # ids tagged from other text than the rows hold: refused
-    return secret_ids, arrow_columns(secret_ids, ["secret_ids"])[0][1]
+    return secret_ids, arrow_columns(secret_ids, [SECRET_IDS_COLUMN])[0][1]
 
 
 def check_row_memberships(memberships: sp.csr_matrix, dataset: Any, *, what: str = "dataset") -> None:
@@ -482,8 +488,8 @@ def check_row_memberships(memberships: sp.csr_matrix, dataset: Any, *, what: str
     marks = [c for c in names if c.startswith(MARKS_PREFIX)]
     if marks:
         ids, source = secret_ids_from_marks(arrow_columns(dataset, marks[:1])[0][1]), "secret marks"
-    elif "secret_ids" in names:
-        ids, source = arrow_columns(dataset, ["secret_ids"])[0][1], "'secret_ids'"
+    elif SECRET_IDS_COLUMN in names:
+        ids, source = arrow_columns(dataset, [SECRET_IDS_COLUMN])[0][1], f"'{SECRET_IDS_COLUMN}'"
     else:
         return
     rows = differing_memberships(memberships, ids)
@@ -557,7 +563,6 @@ def _validate_plan_args(
         raise ValueError(f"expected_batch_size (B) must be a positive number, got {expected_batch_size!r}")
     if not (isinstance(lp_c, (int, float, np.number)) and np.isfinite(lp_c) and lp_c > 0):
         raise ValueError(f"lp_c must be a positive number, got {lp_c!r}")
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {tuple(ACCOUNTANTS)}, got {accountant!r}")
+    get_accountant(accountant)  # ValueError listing the registered names
     if noise_multiplier is not None and not (np.isfinite(noise_multiplier) and noise_multiplier >= 0):
         raise ValueError(f"noise_multiplier must be None or a number >= 0, got {noise_multiplier!r}")

@@ -228,6 +228,11 @@ def mark_secrets(
             f"mark_secrets needs a fast tokenizer (offset mappings), got {type(tokenizer).__name__}; "
             "load it with use_fast=True"
         )
+    if secrets is None:  # a training script run without --secrets_file (issue 29: "got a NoneType")
+        raise ValueError(
+            "mark_secrets got no secrets: give the secrets file (--secrets_file in a training script, "
+            "SecretProtectionConfig.secrets_file) or a SecretSet"
+        )
     marker = secrets if isinstance(secrets, SecretMarker) else SecretMarker(secrets, tagger=tagger)
     if isinstance(tokenizer, _MarkingTokenizer):
         tokenizer = tokenizer.__reduce_ex__(2)[1][0]  # the unmarked tokenizer

@@ -17,6 +17,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from hush_hf.secrets.matching import term_key
 from hush_hf.secrets.secret import Secret, check_probability
 from hush_hf.secrets.secret_set import SecretSet
 from hush_hf.secrets.words import words
@@ -113,7 +114,8 @@ def select_by_document_frequency(
       - ``df_range=(lo, hi)``: every word with lo <= df <= hi.
     Each secret gets ``prior`` and r ~ Uniform[target_range) from ``seed``; ``max_secrets`` keeps a
     uniformly random subset (same seed, rank order kept). Names are the words, with no terms, so
-    :func:`tagger_for` tags by the word itself.
+    :func:`tagger_for` tags by the word itself; words it cannot tag (``\\w+`` runs of separators only,
+    such as ``____``: the tagger reads underscores as separators) are neither ranked nor chosen.
     """
     if (rank_range is None) == (df_range is None):
         raise ValueError("select_by_document_frequency: give exactly one of rank_range and df_range")
@@ -129,12 +131,13 @@ def select_by_document_frequency(
     _check_optional_positive_int("num_proc", num_proc)
 
     counts = document_frequencies(texts_or_dataset, text_column=text_column, num_proc=num_proc)
-    ranked = rank_by_document_frequency(counts)
+    ranked = [(word, df) for word, df in rank_by_document_frequency(counts) if term_key(word)]
     if rank_range is not None:
         lo, hi = rank_range
         if hi > len(ranked):
             raise ValueError(
-                f"rank_range=({lo}, {hi}) reaches beyond the corpus, which has {len(ranked)} distinct words"
+                f"rank_range=({lo}, {hi}) reaches beyond the corpus, which has {len(ranked)} distinct "
+                "taggable words"
             )
         chosen = [word for word, _ in ranked[lo:hi]]
     else:
