@@ -1,4 +1,5 @@
-"""The recipes' corpora: an offline default or the user's dataset, and a seeded held-out split."""
+"""The data of an experiment: an offline corpus or the user's dataset, a seeded held-out split, tokenizing,
+and the secrets each example holds."""
 
 from __future__ import annotations
 
@@ -83,3 +84,20 @@ def tokenize_text(
 
     dropped = [] if keep_text else [text_column]
     return data.map(tokens, batched=True, remove_columns=dropped, desc="Tokenizing")
+
+
+def secret_ids_column(dataset: Any) -> Any:
+    """The ``secret_ids`` column of a tagged dataset in its current row order (an Arrow array for a
+    ``datasets.Dataset``, which respects ``shuffle``/``select`` where ``dataset.data`` does not)."""
+    from hush_hf.trainer.plan_setup import column
+
+    return column(dataset, "secret_ids")
+
+
+def secret_counts(secret_ids: Any, num_secrets: int) -> tuple[np.ndarray, int]:
+    """``(sizes, with_a_secret)``: ``sizes[j]`` = |D_j|, the number of examples holding secret j, and the
+    number of examples holding any secret, from a ``secret_ids`` column."""
+    from hush_hf.planning import membership_matrix
+
+    membership = membership_matrix(secret_ids, num_secrets)
+    return np.asarray(membership.sum(axis=1)).ravel(), int(np.count_nonzero(membership.sum(axis=0)))

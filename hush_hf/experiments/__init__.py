@@ -1,0 +1,146 @@
+"""Experiments as scripts state them: presets, arguments, validation, a run and its results.
+
+An experiment (``recipes/*.py`` are five) is a dataclass of arguments over ``SecretProtectionConfig``,
+named presets (``offline`` by default, ``smoke``, ``paper``), a ``validate`` that refuses bad values
+before any work, and a ``run`` that returns what ``results.json`` holds; :class:`Experiment` parses,
+validates, logs to ``run.log`` and runs it, and :class:`Session` writes ``results.json`` and
+``results.md``. One module per concept: ``experiment`` (the skeleton), ``arguments`` (presets,
+parsing), ``checks`` (one-line refusals), ``launch`` (launches the DP step cannot run), ``logs``
+(logging, stopwatch), ``data`` (corpora, held-out split, tokenizing, secrets per example),
+``canaries`` (planting, exposure), ``models`` (causal LMs, BERT masked LMs), ``training`` (one run,
+private or not), ``evaluation`` (token loss), ``planning`` (plans in parallel), ``sweep`` (the LP
+constant of Hush Fig. 1), ``results`` (``results.json``, ``results.md``, tables) and ``figures`` (PNG
+plots). Secrets are referred to by index only: nothing here writes a secret string.
+"""
+
+from hush_hf.experiments.arguments import (
+    ExperimentArguments,
+    TextExperimentArguments,
+    check_text_arguments,
+    non_private_config,
+    parse_experiment_arguments,
+    refuse_owned_fields,
+    run_config,
+)
+from hush_hf.experiments.canaries import exposure, plant_canaries, tag_with_canaries, uniform_targets
+from hush_hf.experiments.checks import (
+    check_choice,
+    check_int,
+    check_names,
+    check_number,
+    check_pair,
+    check_whole_batch_size,
+)
+from hush_hf.experiments.data import (
+    describe_counts,
+    load_corpus,
+    secret_counts,
+    secret_ids_column,
+    split_held_out,
+    tokenize_text,
+)
+from hush_hf.experiments.evaluation import collate_batches, mean_token_loss
+from hush_hf.experiments.experiment import Experiment, Session
+from hush_hf.experiments.figures import (
+    bar_panels,
+    comparison,
+    line_panels,
+    new_figure,
+    save_figure,
+    series_by,
+)
+from hush_hf.experiments.launch import refuse_unsupported_launch
+from hush_hf.experiments.logs import Stopwatch, experiment_logger, experiment_logging, loud
+from hush_hf.experiments.models import MASKED_LM_TRAINABLE, bert_masked_lm, causal_model, causal_tokenizer
+from hush_hf.experiments.planning import no_preprocessing_lp_c, plan_many
+from hush_hf.experiments.results import (
+    finish,
+    fmt,
+    json_ready,
+    markdown_table,
+    pivot_table,
+    results_page,
+    run_choices,
+)
+from hush_hf.experiments.sweep import (
+    FIG1_SETTINGS,
+    SweepArguments,
+    accounting_scale_warning,
+    c_unit_for,
+    check_sweep_arguments,
+    gap_closed,
+    plan_sweep,
+    same_run,
+    sweep_arms,
+    sweep_figure,
+    sweep_table,
+    train_sweep,
+)
+from hush_hf.experiments.training import train_model
+
+__all__ = [
+    "Experiment",
+    "ExperimentArguments",
+    "FIG1_SETTINGS",
+    "MASKED_LM_TRAINABLE",
+    "Session",
+    "Stopwatch",
+    "SweepArguments",
+    "TextExperimentArguments",
+    "accounting_scale_warning",
+    "bar_panels",
+    "bert_masked_lm",
+    "c_unit_for",
+    "causal_model",
+    "causal_tokenizer",
+    "check_choice",
+    "check_int",
+    "check_names",
+    "check_number",
+    "check_pair",
+    "check_sweep_arguments",
+    "check_text_arguments",
+    "check_whole_batch_size",
+    "collate_batches",
+    "comparison",
+    "describe_counts",
+    "experiment_logger",
+    "experiment_logging",
+    "exposure",
+    "finish",
+    "fmt",
+    "gap_closed",
+    "json_ready",
+    "line_panels",
+    "load_corpus",
+    "loud",
+    "markdown_table",
+    "mean_token_loss",
+    "new_figure",
+    "no_preprocessing_lp_c",
+    "non_private_config",
+    "parse_experiment_arguments",
+    "pivot_table",
+    "plan_many",
+    "plan_sweep",
+    "plant_canaries",
+    "refuse_owned_fields",
+    "refuse_unsupported_launch",
+    "results_page",
+    "run_choices",
+    "run_config",
+    "same_run",
+    "save_figure",
+    "secret_counts",
+    "secret_ids_column",
+    "series_by",
+    "split_held_out",
+    "sweep_arms",
+    "sweep_figure",
+    "sweep_table",
+    "tag_with_canaries",
+    "tokenize_text",
+    "train_model",
+    "train_sweep",
+    "uniform_targets",
+]
