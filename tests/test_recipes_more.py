@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from hush_hf import experiments as ex
 from tests.test_recipes_helpers import (
     assert_files,
     assert_no_secret_leaks,
@@ -175,7 +176,7 @@ def test_module_paths_and_length_matched_alternatives():
     tokenizer = gpt2_tokenizer()
     names = ["os", "re", "json", "asyncio.base_events", "email.mime.multipart", "ssl"]
     secrets = [Secret(name=n, prior=1e-4, target_posterior=1e-2, terms=(n,)) for n in names]
-    chosen = code_completion.length_matched_alternatives(secrets, tokenizer, 2, seed=0)
+    chosen = ex.length_matched_alternatives(secrets, tokenizer, 2, seed=0)
     length = {n: len(tokenizer(" " + n)["input_ids"]) for n in names}
     for j, name in enumerate(names):
         assert name not in chosen[j] and len(chosen[j]) == 2
@@ -193,16 +194,11 @@ def test_code_completion_refuses_bad_arguments_without_echoing_module_names(tmp_
     with pytest.raises(ValueError, match=r"sensitive_target=5e-05 must exceed prior=0\.0001"):
         code_completion.main(["--smoke", "--output_dir", str(out), "--sensitive_target", "5e-5"])
     assert not out.exists()
-    args, _ = recipe_module("common").parse_recipe_arguments(
-        code_completion.CodeCompletionArguments,
-        code_completion.PRESETS,
-        recipe_name="x",
-        argv=["--reveal-secret-names"],
-    )
+    args, _ = code_completion.EXPERIMENT.parse(["--reveal-secret-names"])
     assert args.reveal_secret_names is True
 
 
-def test_module_rows_name_modules_only_when_asked():
+def test_secret_rows_name_modules_only_when_asked():
     from hush_hf.planning.plan import plan_protection
 
     plan = plan_protection(
@@ -215,11 +211,13 @@ def test_module_rows_name_modules_only_when_asked():
         accountant="kl",
     )
     attacks = {"hush_hf": {"per_secret": {1: {"rank": 1.0, "probability": 0.5, "candidates": 3}}}}
-    hidden = code_completion.module_rows(plan, None, {1}, attacks, None, None)
+    hidden = ex.secret_rows(plan, {1}, attacks, name_key="module")
     assert [set(row) >= {"secret", "bound", "target"} and "module" not in row for row in hidden] == [
         True,
         True,
     ]
     assert hidden[1]["rank_hush_hf"] == 1.0 and hidden[0]["rank_hush_hf"] is None and hidden[1]["sensitive"]
-    shown = code_completion.module_rows(plan, None, {1}, attacks, ["alpha", "beta"], ["f0", "f1"])
+    shown = ex.secret_rows(
+        plan, {1}, attacks, names=["alpha", "beta"], fingerprints=["f0", "f1"], name_key="module"
+    )
     assert [(r["module"], r["fingerprint"]) for r in shown] == [("alpha", "f0"), ("beta", "f1")]

@@ -102,3 +102,12 @@ def membership_rows(
     ordinary = [t for t in train_texts if not any(c.text == t for c in canaries)]
     chosen = np.random.default_rng(seed).permutation(len(ordinary))[:count]
     return [ordinary[k] for k in np.sort(chosen)], list(test_texts[:count])
+
+
+def probed_secrets(sensitive: set[int], num_secrets: int, num_ordinary: int, seed: int) -> list[int]:
+    """The secrets an attack probes: every sensitive one, then ``num_ordinary`` of the others (at most all
+    of them), drawn at random (seeded); each part in index order."""
+    rng = np.random.default_rng(seed)
+    ordinary = [j for j in range(num_secrets) if j not in sensitive]
+    count = min(num_ordinary, len(ordinary))
+    return sorted(sensitive) + sorted(rng.choice(ordinary, size=count, replace=False).tolist())

@@ -101,3 +101,26 @@ def secret_counts(secret_ids: Any, num_secrets: int) -> tuple[np.ndarray, int]:
 
     membership = membership_matrix(secret_ids, num_secrets)
     return np.asarray(membership.sum(axis=1)).ravel(), int(np.count_nonzero(membership.sum(axis=0)))
+
+
+def chunk_texts(
+    texts: Sequence[str], secret_ids: Sequence[Sequence[int]], tokenizer: Any, *, block_size: int,
+    chunks_per_text: int, min_tokens: int = 8,
+) -> Any:
+    """Training sequences: the first ``chunks_per_text`` blocks of ``block_size`` tokens of each text
+    (blocks shorter than ``min_tokens`` dropped), each with its text's ``secret_ids`` (a block counts as
+    containing every secret of its text: more protection, never less) and its decoded ``text``."""
+    import datasets
+
+    rows: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], "secret_ids": [], "text": []}
+    for text, ids in zip(texts, secret_ids, strict=True):
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for start in range(0, min(len(tokens), block_size * chunks_per_text), block_size):
+            block = tokens[start : start + block_size]
+            if len(block) < min_tokens:
+                continue
+            rows["input_ids"].append(block)
+            rows["attention_mask"].append([1] * len(block))
+            rows["secret_ids"].append(ids)
+            rows["text"].append(tokenizer.decode(block))
+    return datasets.Dataset.from_dict(rows)

@@ -115,3 +115,21 @@ def series_by(rows: Sequence[Mapping[str, Any]], group: str, x: str, y: str) -> 
             xs.append(row[x])
             ys.append(row[y])
     return series
+
+
+def bounds_figure(rows: Sequence[Mapping[str, Any]], path: Path, *, what: str = "secret") -> Path:
+    """Per secret (a row with ``examples``, ``bound``, ``target`` and ``sensitive``): the certified posterior
+    bound over its target against the number of training examples holding it, sensitive secrets apart."""
+    figure, axes = new_figure(1, 1, width=6.5, height=4)
+    ax = axes[0, 0]
+    for flag, color, label in ((False, "tab:blue", "ordinary"), (True, "tab:red", "sensitive")):
+        group = [r for r in rows if r["sensitive"] == flag]
+        ax.scatter([r["examples"] for r in group], [r["bound"] / r["target"] for r in group], s=12,
+                   color=color, label=f"{label} {what}s ({len(group)})")
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="target")
+    ax.set(xscale="log", xlabel=f"training sequences containing the {what}",
+           ylabel="certified bound / target", title=f"Per-{what} certified posterior bound (hush_hf plan)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save_figure(figure, path)
+

@@ -65,3 +65,28 @@ def bert_masked_lm(model_name_or_path: str | None, *, trainable: str, seed: int,
         for parameter in model.parameters():
             parameter.requires_grad_(parameter.requires_grad or id(parameter) in head)
     return model
+
+
+def gemma2_model(
+    config_name: str | None, vocab_size: int, *, width: int, layers: int, max_length: int, seed: int
+) -> Any:
+    """A Gemma-2 causal LM trained from scratch (initialised with ``seed``, eager attention): from the
+    config ``config_name``, or a small one built from its config: ``layers`` layers of ``width``,
+    max(2, width / 32) query and half as many key-value heads of 32, FFN 2 x width, positions and
+    sliding window max(128, ``max_length``)."""
+    from transformers import AutoConfig, Gemma2ForCausalLM, set_seed
+
+    set_seed(seed)
+    if config_name is not None:
+        config = AutoConfig.from_pretrained(config_name, attn_implementation="eager")
+    else:
+        from hush_hf.assets import gemma2_small_config
+
+        heads = max(2, width // 32)
+        config = gemma2_small_config(
+            vocab_size, hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2), head_dim=32, intermediate_size=2 * width,
+            max_position_embeddings=max(128, max_length), sliding_window=max(128, max_length),
+            attn_implementation="eager",
+        )
+    return Gemma2ForCausalLM(config)

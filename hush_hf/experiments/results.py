@@ -141,3 +141,31 @@ def pivot_table(
         for line in lines
     ]
     return markdown_table(titles, body)
+
+
+def secret_rows(
+    plan: Any, sensitive: set[int], attacks: Mapping[str, Any], *, names: Sequence[str] | None = None,
+    fingerprints: Sequence[str] | None = None, name_key: str = "name",
+) -> list[dict[str, Any]]:
+    """One row per secret of ``plan``: its index (and keyed fingerprint, and name under ``name_key``, only
+    when given: a name is the secret),
+    whether it is ``sensitive``, its examples, sum of rho, prior, target and certified bound, and per
+    attack (``attacks[method]["per_secret"][j]``) its rank and posterior."""
+    rows = []
+    for j in range(plan.num_secrets):
+        row: dict[str, Any] = {"secret": j}
+        if fingerprints is not None:
+            row["fingerprint"] = fingerprints[j]
+        if names is not None:
+            row[name_key] = names[j]
+        found = plan.secrets
+        row.update(sensitive=j in sensitive, examples=int(found.num_examples[j]),
+                   sum_rho=float(found.sum_rho[j]))
+        row.update({key: float(getattr(found, key)[j]) for key in ("prior", "target", "bound")})
+        for method, found in attacks.items():
+            hit = found["per_secret"].get(j)
+            row[f"rank_{method}"] = None if hit is None else hit["rank"]
+            row[f"posterior_{method}"] = None if hit is None else hit["probability"]
+        rows.append(row)
+    return rows
+
