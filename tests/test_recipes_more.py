@@ -11,6 +11,7 @@ import pytest
 
 from hush_hf import experiments as ex
 from tests.test_recipes_helpers import (
+    RECIPES,
     assert_files,
     assert_no_secret_leaks,
     output_texts,
@@ -221,3 +222,51 @@ def test_secret_rows_name_modules_only_when_asked():
         plan, {1}, attacks, names=["alpha", "beta"], fingerprints=["f0", "f1"], name_key="module"
     )
     assert [(r["module"], r["fingerprint"]) for r in shown] == [("alpha", "f0"), ("beta", "f1")]
+
+
+# ------------------------------------------------------------------------------ sft_jsonl (a user's own file)
+def test_sft_jsonl_trains_a_users_file_and_publishes_a_model_that_verifies(tmp_path, capsys):
+    from hush_hf.cli import main as hush
+    from hush_hf.planning import ProtectionPlan
+
+    sft_jsonl = recipe_module("sft_jsonl")
+    texts = [f"note {i}: the budget review moved" + (" to project falcon" * (i % 4 == 0)) for i in range(32)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    secrets = "id,prior,target,terms\nproject-falcon,1e-6,1e-3,falcon;project falcon\n"
+    (tmp_path / "secrets.csv").write_text(secrets)
+    out = tmp_path / "out"
+    argv = ["--dataset_file", str(tmp_path / "data.jsonl"), "--secrets_file", str(tmp_path / "secrets.csv"),
+            "--output_dir", str(out), "--max_steps", "2", "--expected_batch_size", "4",
+            "--per_device_train_batch_size", "4", "--report_to", "none"]  # fmt: skip
+    trainer = sft_jsonl.main(argv)
+    assert trainer.state.global_step == 2
+    plan = ProtectionPlan.load(out / "hush_plan.json")
+    assert plan.secrets.num_examples.tolist() == [8]  # the rows holding the secret, found by the marks
+    assert plan.meets_targets and plan.noise_multiplier > 0
+    assert "Secret protection" in (out / "README.md").read_text()
+    assert hush(["verify", str(out)]) == 0  # what save_model published re-checks from the files alone
+    assert not whole_words_in(["falcon"], output_texts(out))
+    with pytest.raises(SystemExit):  # the secrets file is required, and the error says which flag
+        sft_jsonl.main(argv[:2] + argv[4:])
+    assert "--secrets_file is required" in capsys.readouterr().err
+
+
+def test_recipes_state_experiments_over_the_public_api_only():
+    """Each recipe is at most 250 lines and imports from hush_hf only the names a package exports
+    (``__all__`` of ``hush_hf`` or a subpackage, or a subpackage itself): no module internals."""
+    import ast
+    import importlib
+
+    for path in sorted(RECIPES.glob("*.py")):
+        source = path.read_text()
+        assert len(source.splitlines()) <= 250, path.name
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.startswith("hush_hf.")], path.name
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hush_hf":
+                package = importlib.import_module(node.module)
+                assert hasattr(package, "__path__"), f"{path.name} imports the module {node.module}"
+                for alias in node.names:
+                    exported = getattr(package, alias.name)
+                    public = alias.name in package.__all__ or hasattr(exported, "__path__")  # a subpackage
+                    assert public, f"{path.name} imports {node.module}.{alias.name}"
