@@ -364,6 +364,33 @@ def test_split_holds_out_whole_groups_and_keeps_the_order():
     assert not set(rows_train["text"]) & set(rows_test["text"])
 
 
+def test_keyed_fingerprints_create_a_private_key_once_and_are_stable(tmp_path):
+    import os
+    import stat
+
+    from hush_hf.secrets import Secret, secret_fingerprint
+
+    secrets = [Secret(name=n, prior=1e-4, target_posterior=1e-2, terms=(n,)) for n in ("hashlib", "ssl")]
+    assert ex.keyed_fingerprints(secrets, None) is None
+    key_file = tmp_path / "keys" / "fingerprint.key"
+    first = ex.keyed_fingerprints(secrets, key_file)
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600 and len(key_file.read_bytes()) == 32
+    assert first == [secret_fingerprint(n, key_file.read_bytes()) for n in ("hashlib", "ssl")]
+    assert ex.keyed_fingerprints(secrets, key_file) == first  # the existing key is read, not replaced
+    assert not any(n in f for n in ("hashlib", "ssl") for f in first)
+
+
+def test_blocks_are_consecutive_pieces_of_the_joined_texts():
+    texts = ["alpha beta", "gamma", "delta epsilon zeta", "eta"]
+    joined = list("\n\n".join(texts).encode()) + list(b"\n\n")
+    blocks = ex.make_blocks(texts, ex.ByteTokens(), 7, 4, list(b"\n\n"))
+    assert blocks == [joined[7 * k : 7 * k + 7] for k in range(4)]
+    with pytest.raises(ValueError, match="gives only 6 blocks of 7 tokens, 7 are needed"):  # 44 bytes
+        ex.make_blocks(texts, ex.ByteTokens(), 7, 7, list(b"\n\n"))
+    dataset = ex.block_dataset(blocks, with_secret_ids=True)
+    assert dataset["secret_ids"] == [[0], [1], [2], [3]] and dataset["labels"] == blocks
+
+
 # ------------------------------------------------------------------------------ launch configurations
 @pytest.mark.parametrize(
     ("environ", "match"),

@@ -1,6 +1,6 @@
 """Experiments as scripts state them: presets, arguments, validation, a run and its results.
 
-An experiment (``recipes/*.py`` are five) is a dataclass of arguments over ``SecretProtectionConfig``,
+An experiment (four recipes in ``recipes/`` are) is a dataclass of arguments over ``SecretProtectionConfig``,
 named presets (``offline`` by default, ``smoke``, ``paper``), a ``validate`` that refuses bad values
 before any work, and a ``run`` that returns what ``results.json`` holds; :class:`Experiment` parses,
 validates, logs to ``run.log`` and runs it, and :class:`Session` writes ``results.json`` and
