@@ -18,6 +18,7 @@ _EXPORTS = {
     "SecretSet": "hush_hf.secrets",
     "mark_secrets": "hush_hf.secrets",
     "secret_spans": "hush_hf.secrets",
+    "prepare_secret_ids": "hush_hf.trainer.plan_setup",
     "ProtectionPlan": "hush_hf.planning",
     "plan_protection": "hush_hf.planning",
     "calibrate_noise": "hush_hf.accounting",

@@ -20,51 +20,14 @@ then hold ONLY for a 10x larger run, as every output says in capitals).
 
 from __future__ import annotations
 
-import logging
-import math
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-from common import (
-    Stopwatch,
-    TextRecipeArguments,
-    check_choice,
-    check_int,
-    check_names,
-    check_number,
-    check_pair,
-    check_text_arguments,
-    collate_batches,
-    comparison,
-    describe_counts,
-    exposure,
-    finish,
-    load_corpus,
-    loud,
-    mean_token_loss,
-    plan_sweep,
-    plant_canaries,
-    recipe_main,
-    refuse_recipe_owned_fields,
-    results_page,
-    run_choices,
-    same_run,
-    split_held_out,
-    sweep_figure,
-    sweep_table,
-    tokenize_text,
-    train_model,
-    uniform_targets,
-)
-from tqdm.auto import tqdm
+from hush_hf import experiments as ex
 
 RECIPE = "arxiv_mlm"
 PAPER_MODEL = "google/bert_uncased_L-2_H-128_A-2"
-SETTINGS = {"paper": ("paper", "kl"), "hush_hf": ("tight", "tight")}  # name: (LP budget, accountant)
-TRAINABLE = ("head", "lora", "all")
 LORA_RANK = 8
 CANARY_DIGITS = 10  # p = 10^-10, the word secrets' prior
 # The comparison at one guarantee: arm -> (setting, c exponent) of its noisy run; None: the plain Trainer;
@@ -96,11 +59,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-logger = logging.getLogger("recipes.arxiv_mlm")
-
 
 @dataclass
-class ArxivMLMArguments(TextRecipeArguments):
+class ArxivMLMArguments(ex.SweepArguments, ex.TextExperimentArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
     trainable: str | None = field(default=None, metadata={"help": "What trains: head, lora or all."})
@@ -111,19 +72,13 @@ class ArxivMLMArguments(TextRecipeArguments):
     secret_target_range: list[float] = field(default_factory=lambda: [2e-4, 1e-3], metadata={"help": "r ~ U"})
     secret_seed: int = field(default=0, metadata={"help": "Seed of the targets, canaries and test split."})
     keep_secretless: bool = field(default=False, metadata={"help": "Train on examples without secrets too."})
-    settings: list[str] = field(default_factory=lambda: list(SETTINGS), metadata={"help": "paper, hush_hf."})
-    c_exponents: list[int] | None = field(default=None, metadata={"help": "Plan c = 2^k for these k."})
-    train_c_exponents: list[int] | None = field(default=None, metadata={"help": "Train these k (planned)."})
-    c_unit: str = field(default="relative", metadata={"help": "relative (c = 2^4 keeps all) or absolute."})
-    accounting_scale: float | None = field(default=None, metadata={"help": "Train with sigma/s: uncertified"})
     mlm_probability: float = field(default=0.15, metadata={"help": "Fraction of tokens masked."})
-    planning_workers: int | None = field(default=None, metadata={"help": "Processes computing the plans."})
     save_models: bool = field(default=False, metadata={"help": "Save every trained model under runs/."})
 
 
 def validate(args: ArxivMLMArguments, config: Any) -> None:
     """ValueError naming the field and value for every bad choice, before any work."""
-    refuse_recipe_owned_fields(config, {
+    ex.refuse_owned_fields(config, {
         "noise_multiplier": "use --accounting_scale to train with less noise than the certified",
         "secrets_file": "secrets are chosen by --secret_selection/--secret_band",
         "plan_file": "plans are computed for every c", "lp_c": "use --c_exponents",
@@ -131,34 +86,15 @@ def validate(args: ArxivMLMArguments, config: Any) -> None:
     })
     if args.preset == "paper" and args.dataset_name is None:
         raise ValueError("preset='paper' needs --dataset_name (no arXiv corpus exists offline)")
-    check_text_arguments(args, min_seq_length=8)
-    check_choice("trainable", args.trainable, TRAINABLE)
-    check_choice("c_unit", args.c_unit, ("relative", "absolute"))
-    check_choice("secret_selection", args.secret_selection, ("df", "rank"))
-    check_names("settings", args.settings, list(SETTINGS))
-    check_int("planning_workers", args.planning_workers, minimum=1)
-    check_pair("secret_band", args.secret_band, kind=int)
-    check_int("secret_band[0]", args.secret_band[0], minimum=0 if args.secret_selection == "rank" else 1)
-    check_int("max_secrets", args.max_secrets, minimum=1, allow_none=True)
-    check_pair("secret_target_range", args.secret_target_range, kind=float)
-    missing = sorted(set(args.train_c_exponents or []) - set(args.c_exponents or []))
-    if not args.c_exponents or missing:
-        raise ValueError(f"train_c_exponents {missing} are not in c_exponents={args.c_exponents!r}")
-    check_number("accounting_scale", args.accounting_scale, low=0.0, high=math.inf)
-    if args.accounting_scale < 1:
-        raise ValueError(f"accounting_scale must be >= 1 (1: certified noise), got {args.accounting_scale!r}")
-    check_number("mlm_probability", args.mlm_probability, low=0.0, high=1.0)
-
-
-def scale_warning(scale: float) -> str | None:
-    if scale == 1:
-        return None
-    return (
-        f"ACCOUNTING SCALE {scale:g}: EVERY MODEL IS TRAINED WITH sigma / {scale:g}. THE CERTIFIED "
-        f"PER-SECRET BOUNDS HOLD ONLY FOR THE SIMULATED SETTING WITH A {scale:g}x LARGER BATCH AND DATASET, "
-        "NOT FOR THE MODELS THIS RUN TRAINS (Hush Sec. 5.1 reproduction). Do not publish these models as "
-        "protected."
-    )
+    ex.check_text_arguments(args, min_seq_length=8)
+    ex.check_sweep_arguments(args)
+    ex.check_choice("trainable", args.trainable, ex.MASKED_LM_TRAINABLE)
+    ex.check_choice("secret_selection", args.secret_selection, ("df", "rank"))
+    ex.check_pair("secret_band", args.secret_band, kind=int)
+    ex.check_int("secret_band[0]", args.secret_band[0], minimum=0 if args.secret_selection == "rank" else 1)
+    ex.check_int("max_secrets", args.max_secrets, minimum=1, allow_none=True)
+    ex.check_pair("secret_target_range", args.secret_target_range, kind=float)
+    ex.check_number("mlm_probability", args.mlm_probability, low=0.0, high=1.0)
 
 
 # ----------------------------------------------------------------------------------- data and secrets
@@ -166,119 +102,35 @@ def load_data(args: ArxivMLMArguments) -> tuple[Any, Any, str, Any, list[Any], i
     """(tagged train with the canary rows, test, description, SecretSet of the words then the canaries,
     canaries, number of word secrets). Offline, whole papers are held out for the test set."""
     from hush_hf.assets import aclsum_paragraphs
-    from hush_hf.secrets import SecretSet, select_by_document_frequency, tag_dataset, tagger_for
+    from hush_hf.secrets import select_by_document_frequency
 
     column, group = args.text_column, "doc_id" if args.dataset_name is None else None
-    corpus, source = load_corpus(args.dataset_name, args.dataset_split, [column], offline=aclsum_paragraphs,
-                                 offline_source="ACLSum paragraphs (offline stand-in for arXiv abstracts)")
-    train, test = split_held_out(corpus, args.test_fraction, seed=args.secret_seed, group_column=group,
-                                 max_train=args.max_train_examples, max_test=args.max_test_examples)
+    corpus, source = ex.load_corpus(args.dataset_name, args.dataset_split, [column],
+                                    offline=aclsum_paragraphs,
+                                    offline_source="ACLSum paragraphs (offline stand-in for arXiv abstracts)")
+    train, test = ex.split_held_out(corpus, args.test_fraction, seed=args.secret_seed, group_column=group,
+                                    max_train=args.max_train_examples, max_test=args.max_test_examples)
     train, test, band = train.select_columns([column]), test.select_columns([column]), tuple(args.secret_band)
     words = select_by_document_frequency(  # Hush Sec. 5.1: a document-frequency band of the training texts
         train, text_column=column, rank_range=band if args.secret_selection == "rank" else None,
         df_range=band if args.secret_selection == "df" else None, prior=args.secret_prior,
         target_range=tuple(args.secret_target_range), seed=args.secret_seed, max_secrets=args.max_secrets,
     )
-    canaries, records = [], []
-    if args.num_canaries:
-        targets = uniform_targets(args.num_canaries, *args.secret_target_range, seed=args.secret_seed + 1)
-        train, canaries, records = plant_canaries(
-            train, num_canaries=args.num_canaries, repetitions=args.canary_repetitions, targets=targets,
-            seed=args.secret_seed, text_column=column, digits=CANARY_DIGITS,
-        )
-    secrets = SecretSet([*words, *SecretSet.from_records(records)])
-    train = tag_dataset(train, tagger_for(secrets), text_column=column, num_secrets=len(secrets))
+    targets = ex.uniform_targets(args.num_canaries, *args.secret_target_range, seed=args.secret_seed + 1)
+    train, secrets, canaries = ex.tag_with_canaries(
+        train, words, num_canaries=args.num_canaries, repetitions=args.canary_repetitions, targets=targets,
+        seed=args.secret_seed, text_column=column, digits=CANARY_DIGITS)
     logger.info("Secrets: %d words (%s band %s), %d canaries", len(words), args.secret_selection, band,
                 len(canaries))
     return train, test, source, secrets, canaries, len(words)
 
 
-# ----------------------------------------------------------------------------------- model and runs
-def build_model(args: ArxivMLMArguments, seed: int) -> Any:
-    """BERT with the MLM head at the masked positions (the same init every run), ``--trainable`` unfrozen."""
-    from transformers import set_seed
-
-    from hush_hf.assets import minilm_masked_lm
-    from hush_hf.trainer.masked_positions import BertForMaskedPositionsLM
-
-    set_seed(seed)
-    if args.model_name_or_path is None:
-        model = minilm_masked_lm(BertForMaskedPositionsLM, seed=seed)
-    else:
-        model = BertForMaskedPositionsLM.from_pretrained(args.model_name_or_path)
-    if args.trainable == "all":
-        return model
-    # The head's transform and output bias; its decoder is the (frozen) word embedding it is tied to.
-    head = {id(p) for p in model.cls.parameters()} - {id(model.bert.embeddings.word_embeddings.weight)}
-    for parameter in model.parameters():
-        parameter.requires_grad_(id(parameter) in head)
-    if args.trainable == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules=["query", "value"])
-        model = get_peft_model(model, lora)  # freezes everything but the adapters: unfreeze the head again
-        for parameter in model.parameters():
-            parameter.requires_grad_(parameter.requires_grad or id(parameter) in head)
-    return model
-
-
-def train_runs(args: ArxivMLMArguments, config: Any, rows: list[dict[str, Any]], plans: dict[Any, Any], *,
-               score: Any, train: Any, collator: Any, output_dir: Path) -> list[dict[str, Any]]:
-    """The plain Trainer, then each planned (setting, c) without noise and with its sigma, scored by
-    ``score``; the rows get their runs' test losses. A run equal to an earlier one is not trained again."""
-    from hush_hf.trainer.masked_positions import MaskedPositionsTrainer
-
-    jobs: list[tuple[Any, str, Any, float]] = [(None, "non_private", None, 0.0)]
-    for row in rows:
-        if (plan := plans.get((row["setting"], row["c_exponent"]))) is not None:
-            jobs += [(row, "no_noise", plan, 0.0), (row, "noise", plan, row["noise_multiplier_trained"])]
-    trained: list[tuple[Any, float, dict[str, Any]]] = []
-    for row, kind, plan, sigma in tqdm(jobs, desc="Training runs"):
-        name = kind if row is None else f"{row['setting']}_c{row['c_exponent']:+d}_{kind}"
-        record = next((r for p, s, r in trained if same_run(plan, sigma, p, s)), None)
-        if record is None:
-            logger.info("Run %s (sigma = %.4g)", name, sigma)
-            model, run_dir = build_model(args, config.seed), output_dir / "runs" / name
-            trainer, record = train_model(model, config, plan, train=train, collator=collator,
-                                          run_dir=run_dir, trainer_class=MaskedPositionsTrainer,
-                                          noise_multiplier=sigma)
-            if args.save_models and trainer.is_world_process_zero():
-                trainer.save_model(str(run_dir))
-            record = {"name": name, "sigma": sigma, **record, **score(model)}
-            trained.append((plan, sigma, record))
-        if row is not None:
-            row[f"test_loss_{kind}"], row[f"run_{kind}"] = record["test_loss"], record["name"]
-    return [record for _, _, record in trained]
-
-
 # ----------------------------------------------------------------------------------- outputs
-def arm_rows(args: ArxivMLMArguments, rows: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[Any]:
-    """The comparison at one guarantee: one row per arm that was trained."""
-    by_name, by_key = {r["name"]: r for r in runs}, {(r["setting"], r["c_exponent"]): r for r in rows}
-    found = []
-    for arm, key in ARMS.items():
-        key = ("hush_hf", min(args.train_c_exponents or [0])) if key == "min" else key
-        row = by_key.get(key, {}) if key else {"run_noise": "non_private"}
-        if (run := by_name.get(row.get("run_noise"))) is not None:
-            found.append({"arm": arm, "c": key and f"2^{key[1]}", "accountant": row.get("accountant"), **{
-                k: run[k] for k in ("sigma", "test_loss", "exposure_mean", "exposure_max", "name")}})
-    return found
-
-
-def gap_closed(arms: list[dict[str, Any]]) -> float | None:
-    """(L_paper_no_lp - L_hush_hf) / (L_paper_no_lp - L_non_private): the share of the paper baseline's
-    test-loss gap to non-private training that hush_hf closes."""
-    loss = {a["arm"]: a["test_loss"] for a in arms}
-    if {"non_private", "paper_no_lp", "hush_hf"} - set(loss) or loss["paper_no_lp"] == loss["non_private"]:
-        return None  # an arm was not trained, or there is no gap
-    return (loss["paper_no_lp"] - loss["hush_hf"]) / (loss["paper_no_lp"] - loss["non_private"])
-
-
 def page(results: dict[str, Any]) -> str:
     choices, data, gap = results["choices"], results["data"], results["gap_closed"]
     closed = "" if gap is None else (f"hush_hf closes **{100 * gap:.0f}%** of the test-loss gap between the "
                                      "paper's baseline (no LP, KL accountant) and non-private training. ")
-    return results_page("Hush Fig. 1 and the comparison at one guarantee: BERT masked LM", [
+    return ex.results_page("Hush Fig. 1 and the comparison at one guarantee: BERT masked LM", [
         f"Data: {data['source']}: {data['train_examples']} training / {data['test_examples']} test examples; "
         f"{data['word_secrets']} secret words (examples per word: {data['examples_per_secret']}) and "
         f"{data['canaries']} canaries x {choices['canary_repetitions']} copies (p = 1e-10, r ~ U"
@@ -291,81 +143,72 @@ def page(results: dict[str, Any]) -> str:
     ], [
         ("The comparison at one guarantee (same p, r, T, B)", f"{results['arms_table']}\n\n{closed}"
          "Exposure by chance: ~1.44 bits."),
-        ("Fig. 1: the LP constant c", f"{sweep_table(results['rows'])}\n\n![Fig. 1](fig1.png)"),
+        ("Fig. 1: the LP constant c", f"{ex.sweep_table(results['rows'])}\n\n![Fig. 1](fig1.png)"),
     ], results=results, warning=results["warning"])
 
 
-# ----------------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    return recipe_main(ArxivMLMArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run, argv=argv)
-
-
-def run(args: ArxivMLMArguments, config: Any) -> dict[str, Any]:
+# ----------------------------------------------------------------------------------- the experiment
+def run(args: ArxivMLMArguments, config: Any, session: ex.Session) -> dict[str, Any]:
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
     from hush_hf.assets import bert_uncased_tokenizer
-    from hush_hf.planning.memberships import membership_matrix
-    from hush_hf.trainer.distributed import broadcast_object
-    from hush_hf.trainer.masked_positions import masked_positions_loss
-    from hush_hf.trainer.plan_setup import column
+    from hush_hf.trainer import MaskedPositionsTrainer, masked_positions_loss
 
-    output_dir, main_process, watch = Path(config.output_dir), config.process_index == 0, Stopwatch()
-    if warning := scale_warning(args.accounting_scale):
-        loud(warning)
+    output_dir, main_process, watch = session.output_dir, session.main_process, session.watch
+    if warning := ex.accounting_scale_warning(args.accounting_scale):
+        ex.loud(warning)
     with watch("data and secrets"):
         train_text, test_text, source, secrets, canaries, num_words = load_data(args)
-        secret_ids = column(train_text, "secret_ids")
-        membership = membership_matrix(secret_ids, len(secrets))
-        sizes = np.asarray(membership.sum(axis=1)).ravel()
+        secret_ids = ex.secret_ids_column(train_text)
+        sizes, with_a_secret = ex.secret_counts(secret_ids, len(secrets))
     with watch("planning"):  # the main process plans; every rank trains with exactly its plans
-        planned = None
-        if main_process:
-            settings = {s: SETTINGS[s] for s in args.settings}
-            planned = plan_sweep(settings, args.c_exponents, secret_ids, secrets, sizes, config=config,
-                                 c_unit=args.c_unit, workers=args.planning_workers,
-                                 plan_dir=output_dir / "plans", keep=args.train_c_exponents or [],
-                                 drop_secretless=not args.keep_secretless)
-        rows, plans = broadcast_object(planned)
+        rows, plans = session.on_main_process(lambda: ex.plan_sweep(
+            {s: ex.FIG1_SETTINGS[s] for s in args.settings}, args.c_exponents, secret_ids, secrets, sizes,
+            config=config, c_unit=args.c_unit, workers=args.planning_workers, plan_dir=output_dir / "plans",
+            keep=args.train_c_exponents or [], drop_secretless=not args.keep_secretless))
         for row in (r for r in rows if "noise_multiplier" in r):
             row["noise_multiplier_trained"] = row["noise_multiplier"] / args.accounting_scale
     with watch("tokenizing"):
         name = args.model_name_or_path
         tokenizer = AutoTokenizer.from_pretrained(name) if name else bert_uncased_tokenizer()
-
-        encode = partial(tokenize_text, tokenizer=tokenizer, text_column=args.text_column,
+        encode = partial(ex.tokenize_text, tokenizer=tokenizer, text_column=args.text_column,
                          max_length=args.max_seq_length)
         train, test = encode(train_text, keep_text=True), encode(test_text)  # secret_ids checked on the text
         collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=args.mlm_probability)
         fixed = DataCollatorForLanguageModeling(tokenizer, args.mlm_probability, seed=args.secret_seed)
-        test_batches = collate_batches(test, fixed, args.eval_batch_size)  # the same masks for every model
+        test_batches = ex.collate_batches(test, fixed, args.eval_batch_size)  # the same masks for every model
+
+    def build_model() -> Any:
+        return ex.bert_masked_lm(name, trainable=args.trainable, seed=config.seed, lora_rank=LORA_RANK)
 
     def score(model: Any) -> dict[str, Any]:
         """Test loss, and canary exposure (the canaries' fill-in likelihood among random candidates)."""
-        found = exposure(model, tokenizer, canaries, kind="masked", samples=args.exposure_samples,
-                         batch_size=args.eval_batch_size, seed=args.secret_seed) if canaries else {}
-        loss = mean_token_loss(model, test_batches, masked_positions_loss, causal=False)
+        found = ex.exposure(model, tokenizer, canaries, kind="masked", samples=args.exposure_samples,
+                            batch_size=args.eval_batch_size, seed=args.secret_seed) if canaries else {}
+        loss = ex.mean_token_loss(model, test_batches, masked_positions_loss, causal=False)
         return {"test_loss": loss, "exposure_mean": None, "exposure_max": None, **found}
 
     with watch("training"):
-        initial = build_model(args, config.seed)
+        initial = build_model()
         init = score(initial)
-        runs = train_runs(args, config, rows, plans, score=score, train=train, collator=collator,
-                          output_dir=output_dir)
-    arms = arm_rows(args, rows, runs)
+        runs = ex.train_sweep(rows, plans, build_model=build_model, score=score, config=config, train=train,
+                              collator=collator, output_dir=output_dir, trainer_class=MaskedPositionsTrainer,
+                              save_models=args.save_models)
+    arms = ex.sweep_arms(ARMS, rows, runs, smallest_c=min(args.train_c_exponents or [0]))
     results = {
         "recipe": RECIPE, "certified_for_this_run": warning is None, "warning": warning,
-        "choices": run_choices(args, config),
+        "choices": ex.run_choices(args, config),
         "data": {
             "source": source, "train_examples": len(train), "test_examples": len(test),
             "model": args.model_name_or_path or "MiniLM-L6-H384 (pretrained, offline) + a new MLM head",
             "trainable_parameters": sum(p.numel() for p in initial.parameters() if p.requires_grad),
             "word_secrets": num_words, "canaries": len(canaries), "secrets": len(secrets),
-            "examples_with_a_secret": int(np.count_nonzero(membership.sum(axis=0))),
-            "examples_per_secret": describe_counts(sizes[:num_words]),
+            "examples_with_a_secret": with_a_secret,
+            "examples_per_secret": ex.describe_counts(sizes[:num_words]),
         },
         "init_test_loss": init["test_loss"], "init_exposure_mean": init["exposure_mean"],
-        "arms": arms, "gap_closed": gap_closed(arms), "rows": rows, "runs": runs,
+        "arms": arms, "rows": rows, "runs": runs,
+        "gap_closed": ex.gap_closed(arms, baseline="paper_no_lp", best="non_private", method="hush_hf"),
         "notes": [
             "Secrets and canaries are named by index only; the words and canary values are written nowhere.",
             f"c unit: {args.c_unit}" + (" (c = 2^4 keeps every example)" * (args.c_unit == "relative")),
@@ -378,18 +221,21 @@ def run(args: ArxivMLMArguments, config: Any) -> dict[str, Any]:
     }
     title = f"BERT MLM ({args.preset}): B={config.expected_batch_size:g}, T={config.max_steps}"
     title += f" | NOISE / {args.accounting_scale:g}: NOT CERTIFIED" if warning else ""
-    results["arms_table"] = comparison(  # table and bar chart (arms.png)
+    results["arms_table"] = ex.comparison(  # table and bar chart (arms.png)
         arms, ("arm", "c", "accountant", "sigma", "test_loss", "exposure_mean", "exposure_max"),
         [("test_loss", "test loss (dotted: at init)", init["test_loss"]),
          ("exposure_mean", "mean canary exposure, bits (dotted: chance)", 1.44)],
         output_dir / "arms.png", title=title, draw=main_process)
     if main_process:
-        sweep_figure(rows, output_dir / "fig1.png", init_loss=init["test_loss"], title=title)
-    finish(results, output_dir, watch, page, main_process=main_process)
+        ex.sweep_figure(rows, output_dir / "fig1.png", init_loss=init["test_loss"], title=title)
+    session.finish(results, page)
     if warning:
-        loud(warning)
+        ex.loud(warning)
     return results
 
+
+EXPERIMENT = ex.Experiment(RECIPE, ArxivMLMArguments, PRESETS, validate=validate, run=run)
+main, logger = EXPERIMENT.main, EXPERIMENT.logger
 
 if __name__ == "__main__":
     main()

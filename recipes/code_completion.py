@@ -26,34 +26,13 @@ files, T = 3. ``paper``: for a GPU (``--model_name_or_path``, ``--dataset_name``
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 from code_imports import import_graph
-from common import (
-    RecipeArguments,
-    Stopwatch,
-    causal_model,
-    causal_tokenizer,
-    check_int,
-    check_names,
-    check_number,
-    describe_counts,
-    finish,
-    load_corpus,
-    markdown_table,
-    new_figure,
-    recipe_main,
-    refuse_recipe_owned_fields,
-    results_page,
-    run_choices,
-    save_figure,
-    train_model,
-)
 from tqdm.auto import tqdm
+
+from hush_hf import experiments as ex
 
 RECIPE = "code_completion"
 METHODS = ("non_private", "hush_hf")
@@ -78,11 +57,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-logger = logging.getLogger("recipes.code_completion")
-
 
 @dataclass
-class CodeCompletionArguments(RecipeArguments):
+class CodeCompletionArguments(ex.ExperimentArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
     dataset_name: str | None = field(default=None, metadata={"help": "Your code: 'path', 'text' columns."})
@@ -110,38 +87,36 @@ class CodeCompletionArguments(RecipeArguments):
 
 def validate(args: CodeCompletionArguments, config: Any) -> None:
     """ValueError naming the field and value for every bad choice, before any work (names by position)."""
-    refuse_recipe_owned_fields(config, {"noise_multiplier": "hush_hf trains with its calibrated noise",
-                                        "secrets_file": "the modules are the secrets",
-                                        "plan_file": "the plan is computed from the import graph"})
+    ex.refuse_owned_fields(config, {"noise_multiplier": "hush_hf trains with its calibrated noise",
+                                    "secrets_file": "the modules are the secrets",
+                                    "plan_file": "the plan is computed from the import graph"})
     for name in ("model_layers", "model_width", "max_importers", "num_alternatives", "eval_batch_size"):
-        check_int(name, getattr(args, name), minimum=1)
-    check_int("block_size", args.block_size, minimum=8)
-    check_int("chunks_per_file", args.chunks_per_file, minimum=1)
-    check_int("max_files", args.max_files, minimum=2, allow_none=True)
-    check_int("num_probed_modules", args.num_probed_modules, minimum=0)
-    check_int("attack_seed", args.attack_seed, minimum=0)
-    check_number("prior", args.prior, low=0.0, high=0.5)
+        ex.check_int(name, getattr(args, name), minimum=1)
+    ex.check_int("block_size", args.block_size, minimum=8)
+    ex.check_int("chunks_per_file", args.chunks_per_file, minimum=1)
+    ex.check_int("max_files", args.max_files, minimum=2, allow_none=True)
+    ex.check_int("num_probed_modules", args.num_probed_modules, minimum=0)
+    ex.check_int("attack_seed", args.attack_seed, minimum=0)
+    ex.check_number("prior", args.prior, low=0.0, high=0.5)
     for name in ("target", "sensitive_target"):
         value = getattr(args, name)
-        check_number(name, value, low=0.0, high=1.0 - 1e-12)
+        ex.check_number(name, value, low=0.0, high=1.0 - 1e-12)
         if value <= args.prior:
             raise ValueError(f"{name}={value!r} must exceed prior={args.prior!r}")
     for k, module in enumerate(args.sensitive_modules):
         if not all(part.isidentifier() for part in module.split(".")):
             raise ValueError(f"sensitive_modules[{k}] is not a dotted module name")  # the name is not echoed
-    check_names("methods", args.methods, METHODS)
-    if config.expected_batch_size is None or config.expected_batch_size != int(config.expected_batch_size):
-        raise ValueError(f"expected_batch_size must be a whole number, got {config.expected_batch_size!r}")
+    ex.check_names("methods", args.methods, METHODS)
+    ex.check_whole_batch_size(config)
 
 
-# ----------------------------------------------------------------------------------- data and secrets
 def load_code(args: CodeCompletionArguments) -> tuple[Any, str]:
     """Files with ``path`` and ``text`` columns (the first ``--max_files``)."""
     from hush_hf.assets import stdlib_sources
 
-    files, source = load_corpus(args.dataset_name, args.dataset_split, ["path", "text"],
-                                offline=lambda: stdlib_sources(max_files=args.max_files),
-                                offline_source="CPython standard library (this interpreter)")
+    files, source = ex.load_corpus(args.dataset_name, args.dataset_split, ["path", "text"],
+                                   offline=lambda: stdlib_sources(max_files=args.max_files),
+                                   offline_source="CPython standard library (this interpreter)")
     if args.dataset_name is not None and args.max_files is not None:
         files = files.select(range(min(args.max_files, len(files))))
     return files.select_columns(["path", "text"]), source
@@ -171,136 +146,20 @@ def module_secrets(args: CodeCompletionArguments, files: Any) -> tuple[Any, list
     return secrets, [sorted(index[m] for m in names if m in index) for names in contains], stats
 
 
-def chunk_files(
-    files: Any, secret_ids: list[list[int]], tokenizer: Any, args: CodeCompletionArguments
-) -> Any:
-    """Training sequences: the first ``chunks_per_file`` blocks of each file, with the file's secrets."""
-    import datasets
-
-    rows: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], "secret_ids": [], "text": []}
-    size = args.block_size
-    for text, ids in zip(files["text"], secret_ids, strict=True):
-        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
-        for start in range(0, min(len(tokens), size * args.chunks_per_file), size):
-            block = tokens[start : start + size]
-            if len(block) < 8:
-                continue
-            rows["input_ids"].append(block)
-            rows["attention_mask"].append([1] * len(block))
-            rows["secret_ids"].append(ids)
-            rows["text"].append(tokenizer.decode(block))
-    return datasets.Dataset.from_dict(rows)
-
-
-# ----------------------------------------------------------------------------------- attack
-def fingerprints(secrets: Any, key_file: str | None) -> list[str] | None:
-    """Keyed fingerprints of the module names, with the key read from (or created in) ``key_file``."""
-    if key_file is None:
-        return None
-    import os
-    import secrets as random_source
-
-    from hush_hf.secrets import secret_fingerprint
-
-    path = Path(key_file)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
-            handle.write(random_source.token_bytes(32))
-        logger.info("Created a fingerprint key in %s: keep it private", path)
-    key = path.read_bytes()
-    return [secret_fingerprint(s.name, key) for s in secrets]
-
-
-def length_matched_alternatives(secrets: Any, tokenizer: Any, count: int, seed: int) -> dict[int, list[str]]:
-    """For each module, up to ``count`` other module names of the same token length (as written after
-    ``import ``), drawn at random (seeded); the nearest lengths fill up when too few match.
-
-    A causal LM scores a candidate by the sum of its tokens' log-probabilities, so a candidate longer
-    than the true name loses for its length alone; matching lengths makes the ranking measure what
-    the model learnt about the codebase, not the names' lengths.
-    """
-    names = [s.name for s in secrets]
-    encoded = tokenizer([" " + name for name in names], add_special_tokens=False)["input_ids"]
-    lengths = np.array([len(ids) for ids in encoded])
-    rng = np.random.default_rng(seed)
-    chosen: dict[int, list[str]] = {}
-    for j, length in enumerate(lengths):
-        others = np.array([k for k in range(len(names)) if k != j], dtype=np.int64)
-        if others.size:
-            # Nearest lengths first, in random order among equals.
-            order = np.lexsort((rng.random(others.size), np.abs(lengths[others] - length)))
-            chosen[j] = [names[k] for k in others[order[:count]]]
-    return chosen
-
-
-def attack(model: Any, tokenizer: Any, probes: list[Any], plan: Any, sensitive: set[int],
-           batch_size: int) -> dict[str, Any]:
-    """The reconstruction attack on every probe; summaries for sensitive and ordinary modules."""
-    from hush_hf.audit.reconstruction import reconstruction_attack, summarize_reconstructions
-
-    model.eval()
-    found = reconstruction_attack(model, tokenizer, probes, plan=plan, kind="causal", batch_size=batch_size)
-    groups = {"sensitive": [r for r in found if r.index in sensitive],
-              "ordinary": [r for r in found if r.index not in sensitive]}
-    per_secret = {r.index: {"rank": r.rank, "probability": r.probability, "candidates": r.num_candidates}
-                  for r in found}
-    return {"per_secret": per_secret, **{
-        name: {k: v for k, v in summarize_reconstructions(group).items() if k != "secrets"}
-        for name, group in groups.items()}}
-
-
-# ----------------------------------------------------------------------------------- outputs
-def module_rows(plan: Any, secrets: Any, sensitive: set[int], attacks: dict[str, Any],
-                names: list[str] | None, prints: list[str] | None) -> list[dict[str, Any]]:
-    rows = []
-    for j in range(plan.num_secrets):
-        row: dict[str, Any] = {"secret": j}
-        if prints is not None:
-            row["fingerprint"] = prints[j]
-        if names is not None:
-            row["module"] = names[j]
-        found = plan.secrets
-        row.update(sensitive=j in sensitive, examples=int(found.num_examples[j]),
-                   sum_rho=float(found.sum_rho[j]))
-        row.update({key: float(getattr(found, key)[j]) for key in ("prior", "target", "bound")})
-        for method, found in attacks.items():
-            hit = found["per_secret"].get(j)
-            row[f"rank_{method}"] = None if hit is None else hit["rank"]
-            row[f"posterior_{method}"] = None if hit is None else hit["probability"]
-        rows.append(row)
-    return rows
-
-
-def plot_bounds(rows: list[dict[str, Any]], path: Path) -> Path:
-    figure, axes = new_figure(1, 1, width=6.5, height=4)
-    ax = axes[0, 0]
-    for flag, color, label in ((False, "tab:blue", "ordinary"), (True, "tab:red", "sensitive")):
-        group = [r for r in rows if r["sensitive"] == flag]
-        ax.scatter([r["examples"] for r in group], [r["bound"] / r["target"] for r in group], s=12,
-                   color=color, label=f"{label} modules ({len(group)})")
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="target")
-    ax.set(xscale="log", xlabel="training sequences containing the module", ylabel="certified bound / target",
-           title="Per-module certified posterior bound (hush_hf plan)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return save_figure(figure, path)
-
-
 def page(results: dict[str, Any]) -> str:
     data, plan = results["data"], results["plan"]
     header = ["model", "modules", "evaluated", "ranked first", "mean posterior", "candidate prior",
               "mean certified bound at that prior"]
     keys = ("num_evaluated", "num_ranked_first", "mean_probability", "mean_candidate_prior",
             "mean_bound_at_candidate_prior")
-    attacks = markdown_table(header, [[method, group, *(found[group][k] for k in keys)]
+    attacks = ex.markdown_table(header, [[method, group, *(found[group][k] for k in keys)]
                                       for method, found in results["attacks"].items()
                                       for group in ("sensitive", "ordinary")])
     rows = [r for r in results["modules"] if r["sensitive"]]
     columns = [k for k in ("secret", "fingerprint", "module") if rows and k in rows[0]]
     columns += ["examples", "target", "bound"] + [f"rank_{m}" for m in results["attacks"]]
-    sensitive = markdown_table(columns, [[r.get(k) for k in columns] for r in rows])
-    return results_page("Code completion on the standard library: modules as secrets", [
+    sensitive = ex.markdown_table(columns, [[r.get(k) for k in columns] for r in rows])
+    return ex.results_page("Code completion on the standard library: modules as secrets", [
         f"Data: {data['source']}: {data['files']} files -> {data['train_examples']} sequences; "
         f"{data['secrets']} module secrets ({len(data['sensitive_secrets'])} sensitive), examples per secret "
         f"{data['examples_per_secret']}.",
@@ -310,47 +169,33 @@ def page(results: dict[str, Any]) -> str:
         ("Sensitive modules", f"{sensitive}\n\n![bounds](module_bounds.png)")], results=results)
 
 
-# ----------------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    return recipe_main(CodeCompletionArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run,
-                       argv=argv)
-
-
-def run(args: CodeCompletionArguments, config: Any) -> dict[str, Any]:
+def run(args: CodeCompletionArguments, config: Any, session: ex.Session) -> dict[str, Any]:
     from transformers import DataCollatorForLanguageModeling
 
-    from hush_hf.audit.reconstruction import probes_for_secrets
-    from hush_hf.planning.plan import plan_protection
-    from hush_hf.trainer.distributed import broadcast_object
+    from hush_hf.audit import probes_for_secrets
 
-    output_dir, main_process, watch = Path(config.output_dir), config.process_index == 0, Stopwatch()
+    output_dir, main_process, watch = session.output_dir, session.main_process, session.watch
     with watch("import graph"):
         files, source = load_code(args)
         secrets, file_secret_ids, stats = module_secrets(args, files)
         sensitive = set(stats["sensitive_secrets"])
     with watch("tokenizing"):
-        tokenizer = causal_tokenizer(args.model_name_or_path)
-        train = chunk_files(files, file_secret_ids, tokenizer, args)
+        tokenizer = ex.causal_tokenizer(args.model_name_or_path)
+        train = ex.chunk_texts(files["text"], file_secret_ids, tokenizer, block_size=args.block_size,
+                               chunks_per_text=args.chunks_per_file)
         texts, secret_ids = train["text"], train["secret_ids"]
         train = train.remove_columns("text")
     with watch("planning"):
-        plan = None
+        plan = session.on_main_process(
+            lambda: ex.plan_for_config(secret_ids, secrets, config, lp_c=config.lp_c, progress=True))
         if main_process:
-            plan = plan_protection(secret_ids, secrets.priors, secrets.targets, lp_c=config.lp_c,
-                                   progress=True, expected_batch_size=config.expected_batch_size,
-                                   steps=config.max_steps, accountant=config.accountant)
             plan.save(output_dir / "plans" / "hush_hf.json")
-        plan = broadcast_object(plan)
         logger.info("Plan: sigma %.4g, retained weight %.3f, all targets met: %s", plan.noise_multiplier,
                     plan.retained_weight_fraction, plan.meets_targets)
     with watch("probes"):
-        rng = np.random.default_rng(args.attack_seed)
-        ordinary = [j for j in range(len(secrets)) if j not in sensitive]
-        count = min(args.num_probed_modules, len(ordinary))
-        probed = sorted(sensitive) + sorted(rng.choice(ordinary, size=count, replace=False).tolist())
-        alternatives = length_matched_alternatives(secrets, tokenizer, args.num_alternatives,
-                                                   args.attack_seed)
+        probed = ex.probed_secrets(sensitive, len(secrets), args.num_probed_modules, seed=args.attack_seed)
+        alternatives = ex.length_matched_alternatives(secrets, tokenizer, args.num_alternatives,
+                                                      args.attack_seed)
         probes, skipped = probes_for_secrets(  # window: characters each side, ~one block of tokens in all
             secrets, texts, secret_ids, indices=probed, alternatives=alternatives, seed=args.attack_seed,
             window=args.block_size)
@@ -358,19 +203,20 @@ def run(args: CodeCompletionArguments, config: Any) -> dict[str, Any]:
     attacks, runs = {}, {}
     for method in tqdm(list(args.methods), desc="Models"):
         with watch(f"training {method}"):
-            model = causal_model(args.model_name_or_path, len(tokenizer), seed=config.seed, n_head=2,
-                                 n_layer=args.model_layers, n_embd=args.model_width,
-                                 n_positions=4 * args.block_size)  # attack contexts may exceed one block
+            model = ex.causal_model(args.model_name_or_path, len(tokenizer), seed=config.seed, n_head=2,
+                                    n_layer=args.model_layers, n_embd=args.model_width,
+                                    n_positions=4 * args.block_size)  # attack contexts may exceed one block
             private = method != "non_private"
-            _, runs[method] = train_model(model, config, plan if private else None, train=train,
-                                          collator=collator, run_dir=output_dir / "runs" / method)
+            _, runs[method] = ex.train_model(model, config, plan if private else None, train=train,
+                                             collator=collator, run_dir=output_dir / "runs" / method)
         with watch(f"attack {method}"):
-            attacks[method] = attack(model, tokenizer, probes, plan, sensitive, args.eval_batch_size)
+            attacks[method] = ex.reconstruction_attack_summary(model, tokenizer, probes, plan, sensitive,
+                                                               args.eval_batch_size)
         logger.info("%s: %d of %d sensitive modules ranked first", method,
                     *(attacks[method]["sensitive"][k] for k in ("num_ranked_first", "num_evaluated")))
     names = [s.name for s in secrets] if args.reveal_secret_names else None
-    prints = fingerprints(secrets, args.fingerprint_key_file)
-    modules = module_rows(plan, secrets, sensitive, attacks, names, prints)
+    prints = ex.keyed_fingerprints(secrets, args.fingerprint_key_file)
+    modules = ex.secret_rows(plan, sensitive, attacks, names=names, fingerprints=prints, name_key="module")
     notes = [
         "Modules are named by index" + (" and keyed fingerprint" if prints else "") + (
             " AND BY NAME (--reveal-secret-names): these outputs contain the secrets." if names
@@ -382,19 +228,21 @@ def run(args: CodeCompletionArguments, config: Any) -> dict[str, Any]:
     ]
     results = {
         "recipe": RECIPE, "names_revealed": bool(names),
-        "choices": {**run_choices(args, config, leave_out=() if names else ("sensitive_modules",)),
+        "choices": {**ex.run_choices(args, config, leave_out=() if names else ("sensitive_modules",)),
                     "num_sensitive_modules": len(args.sensitive_modules)},
         "data": {"source": source, **stats, "train_examples": len(train),
-                 "examples_per_secret": describe_counts(plan.secrets.num_examples)},
+                 "examples_per_secret": ex.describe_counts(plan.secrets.num_examples)},
         "plan": plan.summary(), "runs": runs, "modules": modules, "notes": notes,
         "attacks": {m: {k: v for k, v in a.items() if k != "per_secret"} for m, a in attacks.items()},
         "files": ["results.json", "results.md", "module_bounds.png", "plans/", "run.log"],
     }
     if main_process:
-        plot_bounds(modules, output_dir / "module_bounds.png")
-    finish(results, output_dir, watch, page, main_process=main_process)
-    return results
+        ex.bounds_figure(modules, output_dir / "module_bounds.png", what="module")
+    return session.finish(results, page)
 
+
+EXPERIMENT = ex.Experiment(RECIPE, CodeCompletionArguments, PRESETS, validate=validate, run=run)
+main, logger = EXPERIMENT.main, EXPERIMENT.logger
 
 if __name__ == "__main__":
     main()

@@ -24,34 +24,18 @@ results.json, results.md, fig2_fig3.png, run.log; no training text, only counts 
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import (
-    RecipeArguments,
-    Stopwatch,
-    check_int,
-    check_number,
-    finish,
-    load_corpus,
-    markdown_table,
-    new_figure,
-    recipe_main,
-    refuse_recipe_owned_fields,
-    results_page,
-    run_choices,
-    run_config,
-    save_figure,
-)
 from tqdm.auto import tqdm
+
+from hush_hf import experiments as ex
 
 RECIPE = "gemma2_pretrain"
 PAPER_NOISE_MULTIPLIERS = [0.0, 1e-3, 1e-2, 1e-1]
-BYTE_VOCAB = 256
 
 COMMON = {"learning_rate": 3e-3, "accountant": "kl"}
 PRESETS: dict[str, dict[str, Any]] = {
@@ -74,11 +58,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-logger = logging.getLogger("recipes.gemma2_pretrain")
-
 
 @dataclass
-class Gemma2PretrainArguments(RecipeArguments):
+class Gemma2PretrainArguments(ex.ExperimentArguments):
     """Arguments of the recipe (training arguments are those of SecretProtectionConfig)."""
 
     text_column: str = field(default="text", metadata={"help": "Column holding the text."})
@@ -100,17 +82,17 @@ class Gemma2PretrainArguments(RecipeArguments):
 
 def validate(args: Gemma2PretrainArguments, config: Any) -> None:
     """ValueError naming the field and value for every bad choice, before any work."""
-    refuse_recipe_owned_fields(config, {"noise_multiplier": "use --noise_multipliers", "plan_file": "per run",
-                                        "secrets_file": "each training sequence is a secret"})
+    ex.refuse_owned_fields(config, {"noise_multiplier": "use --noise_multipliers", "plan_file": "per run",
+                                    "secrets_file": "each training sequence is a secret"})
     if args.preset == "paper" and args.dataset_name is None:
         raise ValueError("preset='paper' needs --dataset_name (e.g. a web-text corpus)")
     for name in ("model_layers", "model_width", "eval_batch_size", "num_validation_sequences",
                  "prefix_length", "suffix_length"):
-        check_int(name, getattr(args, name), minimum=1)
-    check_int("block_size", args.block_size, minimum=4)
-    check_int("num_train_sequences", args.num_train_sequences, minimum=2)
-    check_int("split_seed", args.split_seed, minimum=0)
-    check_number("sequence_prior", args.sequence_prior, low=0.0, high=0.5)
+        ex.check_int(name, getattr(args, name), minimum=1)
+    ex.check_int("block_size", args.block_size, minimum=4)
+    ex.check_int("num_train_sequences", args.num_train_sequences, minimum=2)
+    ex.check_int("split_seed", args.split_seed, minimum=0)
+    ex.check_number("sequence_prior", args.sequence_prior, low=0.0, high=0.5)
     if args.prefix_length + args.suffix_length > args.block_size:
         raise ValueError(f"prefix_length + suffix_length = {args.prefix_length + args.suffix_length} exceeds "
                          f"block_size={args.block_size}")
@@ -123,97 +105,17 @@ def validate(args: Gemma2PretrainArguments, config: Any) -> None:
         raise ValueError("eval_steps must be set (validation loss every eval_steps steps)")
 
 
-# ----------------------------------------------------------------------------------- data
-class ByteTokens:
-    """UTF-8 bytes as token ids 0..255: no vocabulary to learn from (and leak) the training text."""
-
-    vocab_size = BYTE_VOCAB
-
-    def __call__(self, texts: list[str]) -> list[list[int]]:
-        return [list(text.encode("utf-8")) for text in texts]
-
-
 def load_texts(args: Gemma2PretrainArguments) -> tuple[list[str], str]:
     from hush_hf.assets import aclsum_paragraphs
 
-    corpus, source = load_corpus(args.dataset_name, args.dataset_split, [args.text_column],
-                                 offline=aclsum_paragraphs, offline_source="ACLSum paragraphs (offline)")
+    corpus, source = ex.load_corpus(args.dataset_name, args.dataset_split, [args.text_column],
+                                    offline=aclsum_paragraphs, offline_source="ACLSum paragraphs (offline)")
     return corpus[args.text_column], source
-
-
-def make_blocks(
-    texts: list[str], encode: Any, block_size: int, count: int, separator: list[int]
-) -> list[list[int]]:
-    """The first ``count`` blocks of ``block_size`` tokens of the texts joined by ``separator``."""
-    blocks: list[list[int]] = []
-    buffer: list[int] = []
-    for start in range(0, len(texts), 256):
-        for ids in encode(texts[start : start + 256]):
-            buffer.extend(ids + separator)
-            while len(buffer) >= block_size and len(blocks) < count:
-                blocks.append(buffer[:block_size])
-                buffer = buffer[block_size:]
-        if len(blocks) >= count:
-            return blocks
-    raise ValueError(f"the corpus gives only {len(blocks)} blocks of {block_size} tokens, {count} are needed")
-
-
-def split_blocks(
-    args: Gemma2PretrainArguments, texts: list[str], tokenizer: Any
-) -> tuple[list[list[int]], ...]:
-    """Training and validation blocks from disjoint texts (a seeded shuffle of the texts)."""
-    if tokenizer is None:
-        encode, separator = ByteTokens(), list(b"\n\n")
-    else:
-
-        def encode(batch: list[str]) -> list[list[int]]:
-            return tokenizer(batch, add_special_tokens=False)["input_ids"]
-
-        separator = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    order = np.random.default_rng(args.split_seed).permutation(len(texts))
-    held_out = max(1, len(texts) // 10)
-    validation_texts = [texts[k] for k in order[:held_out]]
-    train_texts = [texts[k] for k in order[held_out:]]
-    train = make_blocks(train_texts, encode, args.block_size, args.num_train_sequences, separator)
-    validation = make_blocks(validation_texts, encode, args.block_size, args.num_validation_sequences,
-                             separator)
-    return train, validation
-
-
-def block_dataset(blocks: list[list[int]], *, with_secret_ids: bool) -> Any:
-    import datasets
-
-    columns: dict[str, Any] = {"input_ids": blocks, "attention_mask": [[1] * len(b) for b in blocks],
-                               "labels": blocks}
-    if with_secret_ids:
-        columns["secret_ids"] = [[i] for i in range(len(blocks))]  # sequence i is secret i
-    return datasets.Dataset.from_dict(columns)
-
-
-# ----------------------------------------------------------------------------------- model and runs
-def build_model(args: Gemma2PretrainArguments, vocab_size: int, seed: int) -> Any:
-    from transformers import AutoConfig, Gemma2ForCausalLM, set_seed
-
-    set_seed(seed)  # the same initialisation for every sigma
-    if args.model_config_name is not None:
-        config = AutoConfig.from_pretrained(args.model_config_name, attn_implementation="eager")
-    else:
-        from hush_hf.assets import gemma2_small_config
-
-        heads = max(2, args.model_width // 32)
-        config = gemma2_small_config(
-            vocab_size, hidden_size=args.model_width, num_hidden_layers=args.model_layers,
-            num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=32,
-            intermediate_size=2 * args.model_width,
-            max_position_embeddings=max(128, args.block_size), sliding_window=max(128, args.block_size),
-            attn_implementation="eager",
-        )
-    return Gemma2ForCausalLM(config)
 
 
 def sequence_plan(args: Gemma2PretrainArguments, config: Any, num_sequences: int, sigma: float) -> Any:
     """Uniform sampling (every weight 1) at the given sigma, with the bound it gives each sequence."""
-    from hush_hf.planning.plan import plan_protection
+    from hush_hf.planning import plan_protection
 
     priors = np.full(num_sequences, args.sequence_prior)
     targets = np.full(num_sequences, min(0.5, 1e3 * args.sequence_prior))
@@ -229,14 +131,15 @@ def run_one(args: Gemma2PretrainArguments, config: Any, plan: Any, *, vocab_size
 
     from transformers import default_data_collator
 
-    from hush_hf.audit.extraction import extraction_attack
+    from hush_hf.audit import extraction_attack
     from hush_hf.trainer import SecretProtectionTrainer
 
     sigma = plan.noise_multiplier
-    model = build_model(args, vocab_size, config.seed)
+    model = ex.gemma2_model(args.model_config_name, vocab_size, width=args.model_width,  # the same init
+                            layers=args.model_layers, max_length=args.block_size, seed=config.seed)
     # sigma is swept on purpose: set explicitly, so a plan that misses its targets still trains (loudly).
-    run_args = run_config(config, output_dir / "runs" / f"sigma_{sigma:g}", eval_strategy="steps",
-                          noise_multiplier=sigma)
+    run_args = ex.run_config(config, output_dir / "runs" / f"sigma_{sigma:g}", eval_strategy="steps",
+                             noise_multiplier=sigma)
     trainer = SecretProtectionTrainer(model=model, args=run_args, train_dataset=train,
                                       plan=plan.bound_to(train),  # one secret per sequence, train's order
                                       eval_dataset=validation, data_collator=default_data_collator)
@@ -265,28 +168,6 @@ def run_one(args: Gemma2PretrainArguments, config: Any, plan: Any, *, vocab_size
     }
 
 
-# ----------------------------------------------------------------------------------- outputs
-def plot_figures(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
-    figure, axes = new_figure(1, 2, width=11, height=4)
-    curves, bars = axes[0]
-    for row in rows:
-        steps, losses = zip(*row["validation_curve"], strict=True) if row["validation_curve"] else ((), ())
-        curves.plot(steps, losses, marker="o", label=f"sigma = {row['noise_multiplier']:g}")
-    curves.set(xlabel="step", ylabel="validation loss (nats/token)", title="Fig. 2: validation loss")
-    curves.legend(fontsize=8)
-    curves.grid(alpha=0.3)
-    labels = [f"{r['noise_multiplier']:g}" for r in rows]
-    x = np.arange(len(rows))
-    bars.bar(x - 0.2, [r["extractable_fraction"] for r in rows], width=0.4, label="training sequences")
-    heldout = [r["heldout_extractable_fraction"] for r in rows]
-    bars.bar(x + 0.2, heldout, width=0.4, label="held-out (control)")
-    bars.set_xticks(x, labels)
-    bars.set(xlabel="noise multiplier sigma", ylabel="fraction k-extractable", title="Fig. 3: extraction")
-    bars.legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
-    return save_figure(figure, path)
-
-
 def page(results: dict[str, Any]) -> str:
     columns = {"noise_multiplier": "sigma", "validation_loss": "validation loss",
                "extractable_fraction": "k-extractable (train)",
@@ -294,8 +175,8 @@ def page(results: dict[str, Any]) -> str:
                "train_token_accuracy": "token accuracy (train)",
                "posterior_bound_max": "posterior bound per sequence"}
     c, data = results["choices"], results["data"]
-    table = markdown_table(list(columns.values()), [[r[k] for k in columns] for r in results["rows"]])
-    return results_page("Hush Fig. 2-3: Gemma-2 pretraining with DP-SGD noise", [
+    table = ex.markdown_table(list(columns.values()), [[r[k] for k in columns] for r in results["rows"]])
+    return ex.results_page("Hush Fig. 2-3: Gemma-2 pretraining with DP-SGD noise", [
         f"Data: {data['source']}, {data['tokens']}; {c['num_train_sequences']} training and "
         f"{c['num_validation_sequences']} validation sequences of {c['block_size']} tokens.",
         f"Training: B = {c['expected_batch_size']:g}, T = {c['max_steps']}, "
@@ -304,24 +185,19 @@ def page(results: dict[str, Any]) -> str:
     ], [("", f"{table}\n\n![Fig. 2-3](fig2_fig3.png)")], results=results)
 
 
-# ----------------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse and check the arguments, then run the experiment; returns what ``results.json`` holds."""
-    return recipe_main(Gemma2PretrainArguments, PRESETS, recipe_name=RECIPE, validate=validate, run=run,
-                       argv=argv)
-
-
-def run(args: Gemma2PretrainArguments, config: Any) -> dict[str, Any]:
+def run(args: Gemma2PretrainArguments, config: Any, session: ex.Session) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    output_dir, watch = Path(config.output_dir), Stopwatch()
+    output_dir, watch = session.output_dir, session.watch
     with watch("data"):
         texts, source = load_texts(args)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name) if args.tokenizer_name else None
-        vocab_size = BYTE_VOCAB if tokenizer is None else len(tokenizer)
-        train_blocks, validation_blocks = split_blocks(args, texts, tokenizer)
-        train = block_dataset(train_blocks, with_secret_ids=True)
-        validation = block_dataset(validation_blocks, with_secret_ids=False)
+        vocab_size = ex.BYTE_VOCAB if tokenizer is None else len(tokenizer)
+        train_blocks, validation_blocks = ex.split_blocks(
+            texts, tokenizer, block_size=args.block_size, num_train=args.num_train_sequences,
+            num_validation=args.num_validation_sequences, seed=args.split_seed)
+        train = ex.block_dataset(train_blocks, with_secret_ids=True)
+        validation = ex.block_dataset(validation_blocks, with_secret_ids=False)
     with watch("planning"):
         plans = [sequence_plan(args, config, len(train_blocks), sigma) for sigma in args.noise_multipliers]
     rows = []
@@ -348,17 +224,19 @@ def run(args: Gemma2PretrainArguments, config: Any) -> dict[str, Any]:
         notes.append("Tokens are UTF-8 bytes (no Gemma tokenizer offline; a tokenizer trained on this text "
                      "would leak it), so losses are in nats per byte.")
     results = {
-        "recipe": RECIPE, "choices": run_choices(args, config), "rows": rows, "notes": notes,
+        "recipe": RECIPE, "choices": ex.run_choices(args, config), "rows": rows, "notes": notes,
         "data": {"source": source, "tokens": "UTF-8 bytes" if tokenizer is None else args.tokenizer_name},
         "files": ["results.json", "results.md", "fig2_fig3.png", "run.log"],
     }
-    if config.process_index == 0:
+    if session.main_process:
         title = f"Gemma-2 from scratch ({args.preset}): B={config.expected_batch_size:g}, "
         title += f"T={config.max_steps}"
-        plot_figures(rows, output_dir / "fig2_fig3.png", title)
-    finish(results, output_dir, watch, page, main_process=config.process_index == 0)
-    return results
+        ex.fig2_fig3_figure(rows, output_dir / "fig2_fig3.png", title)
+    return session.finish(results, page)
 
+
+EXPERIMENT = ex.Experiment(RECIPE, Gemma2PretrainArguments, PRESETS, validate=validate, run=run)
+main, logger = EXPERIMENT.main, EXPERIMENT.logger
 
 if __name__ == "__main__":
     main()

@@ -17,11 +17,14 @@ of the same document defined. How a block runs, by its language:
   added import must run.
 - any other language: a failure (give it a runner here).
 
+Every block runs exactly as a reader copies it: nothing in a block's text is replaced or added.
 ``PRELUDES``: per document, the inputs a reader brings (a model, a tokenizer, a tokenized dataset, a
-secrets file, data files), small and offline. ``SUBSTITUTIONS``: where a block runs for hours, needs
-several processes or GPUs, or is the test suite itself, a cheaper equivalent runs instead; each entry
-says why, and an entry that matches no block fails the suite (``test_every_substitution_is_used``).
-``test_runner_fails_on_a_broken_block`` shows that a broken block fails.
+secrets file, data files), small and offline; a prelude brings inputs only, never code the blocks run.
+``SUBSTITUTIONS``: the few whole bash commands the suite cannot run (one that trains for minutes or
+hours, needs several processes or GPUs, or is the test suite itself) are checked instead (a dry run of
+the make target, the accelerate config and script); each entry says why, and an entry that matches no
+command fails the suite (``test_every_substitution_is_used``). ``test_runner_fails_on_a_broken_block``
+shows that a broken block fails, ``test_blocks_run_as_written`` that the runner runs the text as is.
 """
 
 from __future__ import annotations
@@ -111,14 +114,12 @@ def shell_commands(source: str) -> list[str]:
 # ------------------------------------------------------------------------------------------ substitutions
 @dataclass(frozen=True)
 class Substitution:
-    """``original``: a whole bash command (as ``shell_commands`` gives it) or, with ``fragment=True``, a
-    piece of a block's text. ``instead``: the command or text run in its place, or a check (a function of
-    the document's folder) run instead of the command."""
+    """``original``: a whole bash command (as ``shell_commands`` gives it) that the suite cannot run.
+    ``instead``: a cheaper check of it (a dry-run command, or a function of the document's folder)."""
 
     original: str
     instead: str | Callable[[Path], None]
     reason: str
-    fragment: bool = False
 
 
 def accelerate_launch_is_ready(config: str, script: str) -> Callable[[Path], None]:
@@ -133,10 +134,6 @@ def accelerate_launch_is_ready(config: str, script: str) -> Callable[[Path], Non
     return check
 
 
-SCALE = (
-    "T = 2000 DP steps of B = 2048 train for hours and B = 2048 needs >= 2048 examples; the prelude's "
-    "data has 48 rows, so the block runs its code path at B = 8 (and T = 2 where it trains)"
-)
 SUBSTITUTIONS = [
     Substitution("make demo", "make -n demo",
                  "the demo trains and audits 8 models (~11 min); the dry run checks the target and its "
@@ -160,29 +157,7 @@ SUBSTITUTIONS = [
         accelerate_launch_is_ready("configs/accelerate/fsdp.yaml", "recipes/gemma2_pretrain.py"),
         "needs several GPUs; FSDP2 steps on CPU processes are tests/test_fsdp_steps.py",
     ),
-    Substitution("max_steps=2000,", "max_steps=2,", SCALE, fragment=True),
-    Substitution("expected_batch_size=2048", "expected_batch_size=8", SCALE, fragment=True),
-    Substitution("--batch-size 2048", "--batch-size 8", SCALE, fragment=True),
-    Substitution(
-        "hush plan --dataset arxiv.jsonl --df-ranks 50000 150000 --batch-size 2048 --steps 2000 --sweep-c",
-        "hush plan --dataset data.jsonl --df-ranks 20 40 --batch-size 8 --steps 200 --sweep-c",
-        "the paper's selection needs an arXiv-sized corpus (>= 150,000 distinct words): the same command on "
-        "the prelude's data.jsonl, its words ranked [20, 40), and T = 200 (11 plans of the sweep)",
-    ),
-    Substitution("T, B = 2000, 256", "T, B = 2, 4",
-                 "T = 2000 DP steps train for hours; the prelude's chats.jsonl has 8 rows", fragment=True),
-    Substitution("    max_steps=T,\n", "    max_steps=T, use_cpu=True,\n",
-                 "SFTConfig's default bf16=True is refused by transformers on a machine without a GPU "
-                 "unless use_cpu=True (CI has no GPU); bf16 autocast then runs on the CPU", fragment=True),
 ]
-
-
-def substitute(text: str) -> str:
-    """``text`` with every fragment substitution made."""
-    for sub in SUBSTITUTIONS:
-        if sub.fragment:
-            text = text.replace(sub.original, sub.instead)
-    return text
 
 
 # ------------------------------------------------------------------------------------------ preludes
@@ -252,11 +227,16 @@ def readme_prelude(folder: Path) -> dict[str, Any]:
 
 
 def trl_prelude(folder: Path) -> dict[str, Any]:
-    """secrets.csv, chats.jsonl (8 prompt/completion rows); ``model`` (a tiny GPT-2) and ``tokenizer``."""
+    """secrets.csv, chats.jsonl (64 prompt/completion rows, 24 of them holding a secret); ``model`` (a
+    tiny GPT-2) and ``tokenizer``."""
     (folder / "secrets.csv").write_text(TRL_SECRETS)
     prompts = ["our project is called", "lunch today is", "the lab code is", "the meeting moved to"] * 2
     completions = [" falcon", " pasta", " zebra", " friday", " project falcon", " soup", " unknown", " noon"]
-    rows = [{"prompt": p, "completion": c} for p, c in zip(prompts, completions, strict=True)]
+    rows = [
+        {"prompt": f"note {k}: {p}", "completion": c}
+        for k in range(8)
+        for p, c in zip(prompts, completions, strict=True)
+    ]
     write_jsonl(folder / "chats.jsonl", rows)
     tokenizer = gpt2_tokenizer()
     return {"model": tiny_gpt2(len(tokenizer)), "tokenizer": tokenizer}
@@ -283,11 +263,11 @@ def hush_entry_point() -> Callable[[list[str]], int]:
 
 def run_command(command: str, folder: Path) -> None:
     """One bash command as the runner knows it (see the module docstring); raises on failure."""
-    sub = next((s for s in SUBSTITUTIONS if not s.fragment and s.original == command), None)
+    sub = next((s for s in SUBSTITUTIONS if s.original == command), None)
     if sub is not None and callable(sub.instead):
         sub.instead(folder)
         return
-    command = sub.instead if sub is not None else substitute(command)
+    command = sub.instead if sub is not None else command
     words = shlex.split(command)
     if words[0] == "hush":
         out, err = io.StringIO(), io.StringIO()
@@ -326,7 +306,7 @@ def run_block(block: Block, folder: Path, namespace: dict[str, Any]) -> None:
     language, source = block.language, block.source
     try:
         if language == "python":
-            exec(compile(substitute(source), block.where, "exec"), namespace)
+            exec(compile(source, block.where, "exec"), namespace)
         elif language in ("bash", "sh", "shell"):
             for command in shell_commands(source):
                 run_command(command, folder)
@@ -380,11 +360,9 @@ def test_every_code_block_runs(document, tmp_path, monkeypatch):
 
 def test_every_substitution_is_used():
     blocks = [b for d in DOCUMENTS for b in code_blocks((ROOT / d).read_text(), d)]
-    texts = [b.source for b in blocks]
     commands = {c for b in blocks if b.language == "bash" for c in shell_commands(b.source)}
     for sub in SUBSTITUTIONS:
-        used = any(sub.original in text for text in texts) if sub.fragment else sub.original in commands
-        assert used, f"substitution for {sub.original!r} matches no block: remove it"
+        assert sub.original in commands, f"substitution for {sub.original!r} matches no command: remove it"
 
 
 BROKEN = '''# A document
@@ -427,6 +405,18 @@ def test_runner_fails_on_a_broken_block(tmp_path):
         doc.write_text(f"```{language}\n{body}\n```\n")
         with pytest.raises(BlockFailed, match=match):
             run_document(doc, tmp_path, None)
+
+
+def test_blocks_run_as_written(tmp_path):
+    """The runner runs a block's text as it stands: numbers a real run would take (T = 2000 steps,
+    B = 2048) are not scaled down, and nothing is added (no CPU switch)."""
+    doc = tmp_path / "as_written.md"
+    block = "T, B = 2000, 256\nargs = dict(\n    max_steps=2000,\n    max_steps_again=T,\n"
+    block += "    expected_batch_size=2048)\n"
+    doc.write_text(f"```python\n{block}open('seen.txt', 'w').write(repr(args))\n```\n")
+    run_document(doc, tmp_path, None)
+    expected = {"max_steps": 2000, "max_steps_again": 2000, "expected_batch_size": 2048}
+    assert (tmp_path / "seen.txt").read_text() == repr(expected)
 
 
 def test_blocks_and_commands_are_read_as_a_reader_reads_them():

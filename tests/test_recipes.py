@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from hush_hf import experiments as ex
 from hush_hf.trainer.masked_positions import (
     BertForMaskedPositionsLM,
     labelled_positions,
@@ -32,7 +33,6 @@ from tests.test_recipes_helpers import (
     whole_words_in,
 )
 
-common = recipe_module("common")
 arxiv_mlm = recipe_module("arxiv_mlm")
 
 
@@ -112,9 +112,7 @@ def test_arxiv_mlm_smoke_under_accelerate_launch(tmp_path):
 
 def smoke_secrets() -> tuple[set[str], list[str]]:
     """The secret words and canary values of the arxiv_mlm smoke preset, recomputed outside the run."""
-    args, _ = common.parse_recipe_arguments(
-        arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="t", argv=["--smoke"]
-    )
+    args, _ = arxiv_mlm.EXPERIMENT.parse(["--smoke"])
     _, _, _, secrets, canaries, num_words = arxiv_mlm.load_data(args)
     assert num_words == 20 and len(canaries) == 2
     return {s.name for s in secrets[:num_words]}, [c.value for c in canaries]
@@ -175,12 +173,8 @@ def test_arxiv_mlm_refuses_bad_arguments_before_any_work(tmp_path, argv, match):
 def test_paper_preset_needs_a_dataset_and_takes_the_papers_settings(tmp_path):
     with pytest.raises(ValueError, match="preset='paper' needs --dataset_name"):
         arxiv_mlm.main(["--preset", "paper", "--output_dir", str(tmp_path / "never")])
-    args, config = common.parse_recipe_arguments(
-        arxiv_mlm.ArxivMLMArguments,
-        arxiv_mlm.PRESETS,
-        recipe_name="arxiv_mlm",
-        argv=["--preset", "paper", "--dataset_name", "arxiv.jsonl", "--max_steps", "7"],
-    )
+    argv = ["--preset", "paper", "--dataset_name", "arxiv.jsonl", "--max_steps", "7"]
+    args, config = arxiv_mlm.EXPERIMENT.parse(argv)
     assert (config.expected_batch_size, config.max_steps) == (2048.0, 7)  # explicit flags win over the preset
     assert args.accounting_scale == 10.0 and args.model_name_or_path == arxiv_mlm.PAPER_MODEL
     assert (args.secret_selection, args.secret_band) == ("rank", [50_000, 150_000])
@@ -191,25 +185,21 @@ def test_paper_preset_needs_a_dataset_and_takes_the_papers_settings(tmp_path):
 def test_relative_c_unit_makes_c_16_keep_every_example():
     sizes = np.array([50, 100, 0, 75])
     budget = np.array([0.01, 0.004, 0.02, 0.016])
-    unit = common.c_unit_for(sizes, budget, "relative")
+    unit = ex.c_unit_for(sizes, budget, "relative")
     capacity = 16 * unit * budget
     assert np.all(capacity[sizes > 0] >= sizes[sizes > 0] * (1 - 1e-12))
     assert np.isclose(capacity / np.maximum(sizes, 1), 1.0).sum() == 1  # the tightest secret binds exactly
-    assert common.c_unit_for(sizes, budget, "absolute") == 1.0
+    assert ex.c_unit_for(sizes, budget, "absolute") == 1.0
     with pytest.raises(ValueError, match="no training example contains any secret"):
-        common.c_unit_for(np.zeros(3), budget[:3], "relative")
+        ex.c_unit_for(np.zeros(3), budget[:3], "relative")
 
 
 def test_trainable_subsets_unfreeze_the_head_the_adapters_or_everything():
     """head: the MLM head's transform and output bias, never the tied decoder (the pretrained embeddings);
     lora: rank-8 adapters on every query and value projection plus that head; all: every parameter."""
-    args, _ = common.parse_recipe_arguments(
-        arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="t", argv=["--smoke"]
-    )
     trained = {}
     for subset in ("head", "lora", "all"):
-        args.trainable = subset
-        model = arxiv_mlm.build_model(args, seed=0)
+        model = ex.bert_masked_lm(None, trainable=subset, seed=0, lora_rank=arxiv_mlm.LORA_RANK)
         trained[subset] = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
     head = {n.removeprefix("cls.predictions."): k for n, k in trained["head"].items()}
     assert head == {"bias": 30522, "transform.dense.weight": 384 * 384, "transform.dense.bias": 384,
@@ -316,45 +306,34 @@ def test_mean_token_loss_is_the_corpus_token_mean_whatever_the_batching():
         return {k: torch.stack([f[k] for f in features]) for k in features[0]}
 
     for size in (1, 4, 6):
-        batches = common.collate_batches(rows, stack, size)
-        assert common.mean_token_loss(model, batches, masked_positions_loss, causal=False) == pytest.approx(
+        batches = ex.collate_batches(rows, stack, size)
+        assert ex.mean_token_loss(model, batches, masked_positions_loss, causal=False) == pytest.approx(
             expected, rel=1e-9
         )
-        assert common.mean_token_loss(reference, batches, lm_per_example_loss, causal=False) == pytest.approx(
+        assert ex.mean_token_loss(reference, batches, lm_per_example_loss, causal=False) == pytest.approx(
             expected, rel=1e-9
         )
 
 
 def test_preset_defaults_apply_and_explicit_flags_win():
-    args, config = common.parse_recipe_arguments(
-        arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="arxiv_mlm", argv=[]
-    )
+    args, config = arxiv_mlm.EXPERIMENT.parse([])
     assert args.preset == "offline" and config.output_dir == "outputs/arxiv_mlm"
     assert (config.max_steps, config.expected_batch_size, config.max_grad_norm) == (40, 32.0, 0.0)
     assert config.report_to == [] and args.c_exponents == [-6, 0, 2, 4]
     argv = ["--smoke", "--learning_rate", "0.5", "--c_exponents", "3"]
-    args, config = common.parse_recipe_arguments(
-        arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="arxiv_mlm", argv=argv
-    )
+    args, config = arxiv_mlm.EXPERIMENT.parse(argv)
     assert args.preset == "smoke" and config.output_dir == "outputs/arxiv_mlm_smoke"
     assert (config.max_steps, config.learning_rate, args.c_exponents) == (3, 0.5, [3])
     with pytest.raises(ValueError, match="--smoke conflicts with preset='paper'"):
-        common.parse_recipe_arguments(
-            arxiv_mlm.ArxivMLMArguments,
-            arxiv_mlm.PRESETS,
-            recipe_name="x",
-            argv=["--smoke", "--preset", "paper"],
-        )
+        arxiv_mlm.EXPERIMENT.parse(["--smoke", "--preset", "paper"])
     with pytest.raises(ValueError, match="preset='huge' is not one of"):
-        common.parse_recipe_arguments(
-            arxiv_mlm.ArxivMLMArguments, arxiv_mlm.PRESETS, recipe_name="x", argv=["--preset", "huge"]
-        )
+        arxiv_mlm.EXPERIMENT.parse(["--preset", "huge"])
 
 
 def test_markdown_and_json_helpers():
-    table = common.markdown_table(["a", "b"], [[1.23456, None], [float("nan"), True]])
+    table = ex.markdown_table(["a", "b"], [[1.23456, None], [float("nan"), True]])
     assert table.splitlines() == ["| a | b |", "|---|---|", "| 1.235 | — |", "| — | yes |"]
-    assert common.json_ready({"x": np.float64(1.5), "y": [np.int64(2), float("inf")], "p": Path("a")}) == {
+    assert ex.json_ready({"x": np.float64(1.5), "y": [np.int64(2), float("inf")], "p": Path("a")}) == {
         "x": 1.5,
         "y": [2, None],
         "p": "a",
@@ -363,26 +342,53 @@ def test_markdown_and_json_helpers():
 
 def test_pivot_table_and_series_follow_the_rows():
     rows = [{"c": 1, "s": "a", "x": 0.5}, {"c": 2, "s": "a", "x": 0.25}, {"c": 1, "s": "b", "x": 3}]
-    table = common.pivot_table(rows, row="c", column="s", values={"x": "loss"}, row_format="2^{}")
+    table = ex.pivot_table(rows, row="c", column="s", values={"x": "loss"}, row_format="2^{}")
     assert table.splitlines() == [
         "| c | loss [a] | loss [b] |", "|---|---|---|", "| 2^1 | 0.5 | 3 |", "| 2^2 | 0.25 | — |"]
-    assert common.series_by(rows, "s", "c", "x") == {"a": ([1, 2], [0.5, 0.25]), "b": ([1], [3])}
+    assert ex.series_by(rows, "s", "c", "x") == {"a": ([1, 2], [0.5, 0.25]), "b": ([1], [3])}
     unscored = {"c": 3, "s": "a", "x": None}  # a run that was not trained: no point
-    assert common.series_by([*rows, unscored], "s", "c", "x")["a"] == ([1, 2], [0.5, 0.25])
+    assert ex.series_by([*rows, unscored], "s", "c", "x")["a"] == ([1, 2], [0.5, 0.25])
 
 
 def test_split_holds_out_whole_groups_and_keeps_the_order():
     import datasets
 
     corpus = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(10)], "doc": list("aabbbcdddd")})
-    train, test = common.split_held_out(corpus, 0.5, seed=3, group_column="doc")
+    train, test = ex.split_held_out(corpus, 0.5, seed=3, group_column="doc")
     assert len(train) + len(test) == 10 and not set(train["doc"]) & set(test["doc"])
     assert len(set(test["doc"])) == 2  # half of the 4 groups
     for part in (train, test):
         assert part["text"] == sorted(part["text"], key=lambda t: int(t.split()[1]))
-    rows_train, rows_test = common.split_held_out(corpus, 0.3, seed=3, max_train=4)
+    rows_train, rows_test = ex.split_held_out(corpus, 0.3, seed=3, max_train=4)
     assert (len(rows_train), len(rows_test)) == (4, 3)
     assert not set(rows_train["text"]) & set(rows_test["text"])
+
+
+def test_keyed_fingerprints_create_a_private_key_once_and_are_stable(tmp_path):
+    import os
+    import stat
+
+    from hush_hf.secrets import Secret, secret_fingerprint
+
+    secrets = [Secret(name=n, prior=1e-4, target_posterior=1e-2, terms=(n,)) for n in ("hashlib", "ssl")]
+    assert ex.keyed_fingerprints(secrets, None) is None
+    key_file = tmp_path / "keys" / "fingerprint.key"
+    first = ex.keyed_fingerprints(secrets, key_file)
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600 and len(key_file.read_bytes()) == 32
+    assert first == [secret_fingerprint(n, key_file.read_bytes()) for n in ("hashlib", "ssl")]
+    assert ex.keyed_fingerprints(secrets, key_file) == first  # the existing key is read, not replaced
+    assert not any(n in f for n in ("hashlib", "ssl") for f in first)
+
+
+def test_blocks_are_consecutive_pieces_of_the_joined_texts():
+    texts = ["alpha beta", "gamma", "delta epsilon zeta", "eta"]
+    joined = list("\n\n".join(texts).encode()) + list(b"\n\n")
+    blocks = ex.make_blocks(texts, ex.ByteTokens(), 7, 4, list(b"\n\n"))
+    assert blocks == [joined[7 * k : 7 * k + 7] for k in range(4)]
+    with pytest.raises(ValueError, match="gives only 6 blocks of 7 tokens, 7 are needed"):  # 44 bytes
+        ex.make_blocks(texts, ex.ByteTokens(), 7, 7, list(b"\n\n"))
+    dataset = ex.block_dataset(blocks, with_secret_ids=True)
+    assert dataset["secret_ids"] == [[0], [1], [2], [3]] and dataset["labels"] == blocks
 
 
 # ------------------------------------------------------------------------------ launch configurations
@@ -413,10 +419,10 @@ def test_unsupported_launches_are_refused_before_any_work(tmp_path, monkeypatch,
         arxiv_mlm.main(["--smoke", "--output_dir", str(out)])
     assert not out.exists()
     off = {"ACCELERATE_USE_DEEPSPEED": "false", "ACCELERATE_USE_FSDP": "0"}
-    common.refuse_unsupported_launch({**environ, **off})  # an explicit "false" is not a request for it
+    ex.refuse_unsupported_launch({**environ, **off})  # an explicit "false" is not a request for it
     supported = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
     for precision in ("no", "bf16"):  # FSDP2 in float32 and in bf16 run
-        common.refuse_unsupported_launch({**supported, "ACCELERATE_MIXED_PRECISION": precision})
+        ex.refuse_unsupported_launch({**supported, "ACCELERATE_MIXED_PRECISION": precision})
 
 
 def test_accelerate_configs_describe_the_launches_they_are_named_after():
@@ -438,8 +444,8 @@ def test_the_fsdp_config_launches_what_the_dp_step_accepts(tmp_path):
     script = tmp_path / "check.py"
     script.write_text(
         "import os, sys\n"
-        f"sys.path.insert(0, {str(RECIPES)!r})\n"
-        "from common import refuse_unsupported_launch\n"
+        f"sys.path.insert(0, {str(RECIPES.parent)!r})\n"
+        "from hush_hf.experiments import refuse_unsupported_launch\n"
         "refuse_unsupported_launch()\n"
         "print('accepted', os.environ['ACCELERATE_USE_FSDP'], os.environ['FSDP_VERSION'])\n"
     )

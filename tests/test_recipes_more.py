@@ -9,7 +9,9 @@ import math
 import numpy as np
 import pytest
 
+from hush_hf import experiments as ex
 from tests.test_recipes_helpers import (
+    RECIPES,
     assert_files,
     assert_no_secret_leaks,
     output_texts,
@@ -175,7 +177,7 @@ def test_module_paths_and_length_matched_alternatives():
     tokenizer = gpt2_tokenizer()
     names = ["os", "re", "json", "asyncio.base_events", "email.mime.multipart", "ssl"]
     secrets = [Secret(name=n, prior=1e-4, target_posterior=1e-2, terms=(n,)) for n in names]
-    chosen = code_completion.length_matched_alternatives(secrets, tokenizer, 2, seed=0)
+    chosen = ex.length_matched_alternatives(secrets, tokenizer, 2, seed=0)
     length = {n: len(tokenizer(" " + n)["input_ids"]) for n in names}
     for j, name in enumerate(names):
         assert name not in chosen[j] and len(chosen[j]) == 2
@@ -193,16 +195,11 @@ def test_code_completion_refuses_bad_arguments_without_echoing_module_names(tmp_
     with pytest.raises(ValueError, match=r"sensitive_target=5e-05 must exceed prior=0\.0001"):
         code_completion.main(["--smoke", "--output_dir", str(out), "--sensitive_target", "5e-5"])
     assert not out.exists()
-    args, _ = recipe_module("common").parse_recipe_arguments(
-        code_completion.CodeCompletionArguments,
-        code_completion.PRESETS,
-        recipe_name="x",
-        argv=["--reveal-secret-names"],
-    )
+    args, _ = code_completion.EXPERIMENT.parse(["--reveal-secret-names"])
     assert args.reveal_secret_names is True
 
 
-def test_module_rows_name_modules_only_when_asked():
+def test_secret_rows_name_modules_only_when_asked():
     from hush_hf.planning.plan import plan_protection
 
     plan = plan_protection(
@@ -215,11 +212,61 @@ def test_module_rows_name_modules_only_when_asked():
         accountant="kl",
     )
     attacks = {"hush_hf": {"per_secret": {1: {"rank": 1.0, "probability": 0.5, "candidates": 3}}}}
-    hidden = code_completion.module_rows(plan, None, {1}, attacks, None, None)
+    hidden = ex.secret_rows(plan, {1}, attacks, name_key="module")
     assert [set(row) >= {"secret", "bound", "target"} and "module" not in row for row in hidden] == [
         True,
         True,
     ]
     assert hidden[1]["rank_hush_hf"] == 1.0 and hidden[0]["rank_hush_hf"] is None and hidden[1]["sensitive"]
-    shown = code_completion.module_rows(plan, None, {1}, attacks, ["alpha", "beta"], ["f0", "f1"])
+    shown = ex.secret_rows(
+        plan, {1}, attacks, names=["alpha", "beta"], fingerprints=["f0", "f1"], name_key="module"
+    )
     assert [(r["module"], r["fingerprint"]) for r in shown] == [("alpha", "f0"), ("beta", "f1")]
+
+
+# ------------------------------------------------------------------------------ sft_jsonl (a user's own file)
+def test_sft_jsonl_trains_a_users_file_and_publishes_a_model_that_verifies(tmp_path, capsys):
+    from hush_hf.cli import main as hush
+    from hush_hf.planning import ProtectionPlan
+
+    sft_jsonl = recipe_module("sft_jsonl")
+    texts = [f"note {i}: the budget review moved" + (" to project falcon" * (i % 4 == 0)) for i in range(32)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    secrets = "id,prior,target,terms\nproject-falcon,1e-6,1e-3,falcon;project falcon\n"
+    (tmp_path / "secrets.csv").write_text(secrets)
+    out = tmp_path / "out"
+    argv = ["--dataset_file", str(tmp_path / "data.jsonl"), "--secrets_file", str(tmp_path / "secrets.csv"),
+            "--output_dir", str(out), "--max_steps", "2", "--expected_batch_size", "4",
+            "--per_device_train_batch_size", "4", "--report_to", "none"]  # fmt: skip
+    trainer = sft_jsonl.main(argv)
+    assert trainer.state.global_step == 2
+    plan = ProtectionPlan.load(out / "hush_plan.json")
+    assert plan.secrets.num_examples.tolist() == [8]  # the rows holding the secret, found by the marks
+    assert plan.meets_targets and plan.noise_multiplier > 0
+    assert "Secret protection" in (out / "README.md").read_text()
+    assert hush(["verify", str(out)]) == 0  # what save_model published re-checks from the files alone
+    assert not whole_words_in(["falcon"], output_texts(out))
+    with pytest.raises(SystemExit):  # the secrets file is required, and the error says which flag
+        sft_jsonl.main(argv[:2] + argv[4:])
+    assert "--secrets_file is required" in capsys.readouterr().err
+
+
+def test_recipes_state_experiments_over_the_public_api_only():
+    """Each recipe is at most 250 lines and imports from hush_hf only the names a package exports
+    (``__all__`` of ``hush_hf`` or a subpackage, or a subpackage itself): no module internals."""
+    import ast
+    import importlib
+
+    for path in sorted(RECIPES.glob("*.py")):
+        source = path.read_text()
+        assert len(source.splitlines()) <= 250, path.name
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.startswith("hush_hf.")], path.name
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hush_hf":
+                package = importlib.import_module(node.module)
+                assert hasattr(package, "__path__"), f"{path.name} imports the module {node.module}"
+                for alias in node.names:
+                    exported = getattr(package, alias.name)
+                    public = alias.name in package.__all__ or hasattr(exported, "__path__")  # a subpackage
+                    assert public, f"{path.name} imports {node.module}.{alias.name}"

@@ -1,4 +1,5 @@
-"""The recipes' corpora: an offline default or the user's dataset, and a seeded held-out split."""
+"""The data of an experiment: an offline corpus or the user's dataset, a seeded held-out split, tokenizing,
+and the secrets each example holds."""
 
 from __future__ import annotations
 
@@ -83,3 +84,43 @@ def tokenize_text(
 
     dropped = [] if keep_text else [text_column]
     return data.map(tokens, batched=True, remove_columns=dropped, desc="Tokenizing")
+
+
+def secret_ids_column(dataset: Any) -> Any:
+    """The ``secret_ids`` column of a tagged dataset in its current row order (an Arrow array for a
+    ``datasets.Dataset``, which respects ``shuffle``/``select`` where ``dataset.data`` does not)."""
+    from hush_hf.trainer.plan_setup import column
+
+    return column(dataset, "secret_ids")
+
+
+def secret_counts(secret_ids: Any, num_secrets: int) -> tuple[np.ndarray, int]:
+    """``(sizes, with_a_secret)``: ``sizes[j]`` = |D_j|, the number of examples holding secret j, and the
+    number of examples holding any secret, from a ``secret_ids`` column."""
+    from hush_hf.planning import membership_matrix
+
+    membership = membership_matrix(secret_ids, num_secrets)
+    return np.asarray(membership.sum(axis=1)).ravel(), int(np.count_nonzero(membership.sum(axis=0)))
+
+
+def chunk_texts(
+    texts: Sequence[str], secret_ids: Sequence[Sequence[int]], tokenizer: Any, *, block_size: int,
+    chunks_per_text: int, min_tokens: int = 8,
+) -> Any:
+    """Training sequences: the first ``chunks_per_text`` blocks of ``block_size`` tokens of each text
+    (blocks shorter than ``min_tokens`` dropped), each with its text's ``secret_ids`` (a block counts as
+    containing every secret of its text: more protection, never less) and its decoded ``text``."""
+    import datasets
+
+    rows: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], "secret_ids": [], "text": []}
+    for text, ids in zip(texts, secret_ids, strict=True):
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for start in range(0, min(len(tokens), block_size * chunks_per_text), block_size):
+            block = tokens[start : start + block_size]
+            if len(block) < min_tokens:
+                continue
+            rows["input_ids"].append(block)
+            rows["attention_mask"].append([1] * len(block))
+            rows["secret_ids"].append(ids)
+            rows["text"].append(tokenizer.decode(block))
+    return datasets.Dataset.from_dict(rows)

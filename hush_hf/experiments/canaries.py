@@ -29,7 +29,7 @@ def plant_canaries(
     Canary k is ``My ID is: <digits random digits>`` inserted ``repetitions`` times as its own row (seeded
     positions); its secret record has prior 10^-digits, target ``targets[k]`` and the value as its term.
     """
-    from hush_hf.audit.canaries import CanarySpace, insert_canaries, make_canaries
+    from hush_hf.audit import CanarySpace, insert_canaries, make_canaries
 
     if len(targets) != num_canaries:
         raise ValueError(f"targets has {len(targets)} entries for num_canaries={num_canaries}")
@@ -56,7 +56,8 @@ def exposure(
 ) -> dict[str, Any]:
     """Max and mean exposure (bits) of the canaries, and each canary's, by index; |R| is too large to
     enumerate, so the rank is extrapolated from ``samples`` random candidates (skew-normal fit)."""
-    from hush_hf.audit.exposure import canary_exposures, summarize_exposures
+    from hush_hf.audit import canary_exposures
+    from hush_hf.audit.exposure import summarize_exposures
 
     was_training = model.training
     found = summarize_exposures(
@@ -72,3 +73,29 @@ def exposure(
         "exposure_max_possible": found["max_possible"],
         "exposure_per_canary": [{"canary": c["index"], "exposure": c["exposure"]} for c in found["canaries"]],
     }
+
+
+def tag_with_canaries(
+    train: Any,
+    secrets: Sequence[Any],
+    *,
+    num_canaries: int,
+    repetitions: int,
+    targets: Sequence[float],
+    seed: int,
+    text_column: str = "text",
+    digits: int = 6,
+) -> tuple[Any, Any, list[Any]]:
+    """``(train tagged with secret_ids, SecretSet, canaries)``: ``num_canaries`` canaries planted
+    (:func:`plant_canaries`; none when 0) and declared secrets after ``secrets``, then every row tagged
+    with the whole set (secret j is ``secrets[j]``, canary k is secret ``len(secrets) + k``)."""
+    from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+
+    canaries, records = [], []
+    if num_canaries:
+        train, canaries, records = plant_canaries(train, num_canaries=num_canaries, repetitions=repetitions,
+                                                  targets=targets, seed=seed, text_column=text_column,
+                                                  digits=digits)
+    secret_set = SecretSet([*secrets, *SecretSet.from_records(records)])
+    train = tag_dataset(train, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set))
+    return train, secret_set, canaries

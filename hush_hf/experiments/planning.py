@@ -1,4 +1,5 @@
-"""Plans for the recipes' sweeps: the LP constant that keeps every example, and many plans in parallel."""
+"""Plans of an experiment: at the run's B, T and accountant, the LP constant that keeps every example, and
+many plans in parallel."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from common.arguments import check_int
+from hush_hf.experiments.checks import check_int
 
 
 def no_preprocessing_lp_c(sizes: Any, budget: Any) -> float:
@@ -26,7 +27,7 @@ def no_preprocessing_lp_c(sizes: Any, budget: Any) -> float:
 
 def _timed_plan(kwargs: dict[str, Any]) -> tuple[Any, str | None, float]:
     """``plan_protection(**kwargs)`` -> (plan or None, error message or None, seconds); runs in a worker."""
-    from hush_hf.planning.plan import plan_protection
+    from hush_hf.planning import plan_protection
 
     start = time.perf_counter()
     try:
@@ -55,3 +56,17 @@ def plan_many(
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
         return list(tqdm(pool.map(_timed_plan, [dict(job) for job in jobs]), total=len(jobs), desc=desc))
+
+
+def plan_for_config(
+    secret_ids: Any, secrets: Any, config: Any, *, lp_c: float, noise_multiplier: float | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``plan_protection`` of ``secret_ids`` (a column, or a tagged dataset) for ``secrets`` (a
+    ``SecretSet``: priors and targets) at the run's B, T and accountant (``config``, a
+    ``SecretProtectionConfig``); ``noise_multiplier=None`` calibrates sigma, a number fixes it."""
+    from hush_hf.planning import plan_protection
+
+    return plan_protection(secret_ids, secrets.priors, secrets.targets, lp_c=lp_c,
+                           expected_batch_size=config.expected_batch_size, steps=config.max_steps,
+                           accountant=config.accountant, noise_multiplier=noise_multiplier, **kwargs)

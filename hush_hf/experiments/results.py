@@ -1,4 +1,4 @@
-"""What every recipe writes: ``results.json``, ``results.md`` (tables, figures, timings, notes) and PNG plots.
+"""What every experiment writes: ``results.json`` and ``results.md`` (facts, tables, timings, notes).
 
 Secrets are referred to by index only: nothing here receives a secret string.
 """
@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.logs import Stopwatch, logger
+from hush_hf.experiments.logs import Stopwatch, logger
 
 RESULTS_JSON = "results.json"
 RESULTS_MARKDOWN = "results.md"
-# SecretProtectionConfig fields every recipe records among its choices.
+# SecretProtectionConfig fields every experiment records among its choices.
 RECORDED_CONFIG_FIELDS = (
     "max_steps",
     "expected_batch_size",
@@ -72,26 +72,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def new_figure(rows: int, cols: int, *, width: float, height: float) -> tuple[Any, Any]:
-    """A matplotlib figure on the Agg canvas (no pyplot state, works without a display)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height), dpi=110)
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(rows, cols, squeeze=False)
-    return figure, axes
-
-
-def save_figure(figure: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.tight_layout()
-    figure.savefig(path)
-    return path
-
-
 def run_choices(args: Any, config: Any, *, leave_out: Sequence[str] = ()) -> dict[str, Any]:
-    """The recipe's arguments and the training fields of ``config`` that every results file records."""
+    """The experiment's arguments and the training fields of ``config`` that every results file records."""
     recorded = {k: v for k, v in dataclasses.asdict(args).items() if k not in leave_out}
     return {**recorded, **{name: getattr(config, name) for name in RECORDED_CONFIG_FIELDS}}
 
@@ -137,92 +119,6 @@ def finish(
     logger.info("Results in %s (%.0f s, CPU %.0f s)", output_dir, watch.total(), watch.total_cpu())
 
 
-def bar_panels(
-    path: Path,
-    labels: Sequence[str],
-    panels: Sequence[tuple[str, Sequence[Any], float | None]],
-    *,
-    title: str,
-    colors: Sequence[str] | None = None,
-) -> Path:
-    """One bar chart per panel ``(title, value per label, reference line or None)``, side by side."""
-    figure, axes = new_figure(1, len(panels), width=3.8 * len(panels), height=3.6)
-    for ax, (panel_title, values, reference) in zip(axes.ravel(), panels, strict=True):
-        heights = [math.nan if v is None else v for v in values]
-        ax.bar(list(labels), heights, color=colors)
-        ax.set_title(panel_title, fontsize=10)
-        ax.tick_params(axis="x", labelsize=8, labelrotation=20)
-        if reference is not None:
-            ax.axhline(reference, color="black", linestyle=":", linewidth=1)
-    figure.suptitle(title, fontsize=10)
-    return save_figure(figure, path)
-
-
-def line_panels(
-    path: Path,
-    panels: Sequence[Mapping[str, Any]],
-    *,
-    title: str,
-    columns: int = 2,
-) -> Path:
-    """Line plots, one panel per mapping: ``title``, ``xlabel``, ``ylabel``, ``series`` ({label: (xs, ys)}),
-    optional ``hline`` (value, label), ``logx`` (base), ``logy`` (bool)."""
-    rows = math.ceil(len(panels) / columns)
-    figure, axes = new_figure(rows, columns, width=5.5 * columns, height=4 * rows)
-    markers = "osd^v<>"
-    for ax, panel in zip(axes.ravel(), panels, strict=False):
-        for k, (label, (xs, ys)) in enumerate(panel["series"].items()):
-            ax.plot(xs, ys, marker=markers[k % len(markers)], label=label)
-        if panel.get("hline"):
-            value, label = panel["hline"]
-            ax.axhline(value, color="gray", linestyle=":", label=label)
-        if panel.get("logx"):
-            ax.set_xscale("log", base=panel["logx"])
-        if panel.get("logy"):
-            ax.set_yscale("log")
-        ax.set(xlabel=panel["xlabel"], ylabel=panel["ylabel"], title=panel["title"])
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    for ax in axes.ravel()[len(panels):]:
-        ax.set_visible(False)
-    figure.suptitle(title, fontsize=10)
-    return save_figure(figure, path)
-
-
-def comparison(
-    rows: Sequence[Mapping[str, Any]],
-    columns: Sequence[str],
-    panels: Sequence[tuple[str, str, float | None]],
-    path: Path,
-    *,
-    title: str,
-    label: str = "arm",
-    draw: bool = True,
-) -> str:
-    """A comparison of trained models: the markdown table of ``columns`` (one row each) and, at ``path``
-    (when ``draw``), a bar chart per panel ``(column, panel title, reference line or None)``; returns the
-    table and the figure's link."""
-    colors = ["tab:red", "tab:gray", "tab:orange", "tab:blue", "tab:green", "tab:purple"]
-    if draw:
-        bars = [(name, [r.get(key) for r in rows], line) for key, name, line in panels]
-        names = [str(r[label]) for r in rows]
-        bar_panels(path, names, bars, title=title, colors=(colors * len(rows))[: len(rows)])
-    table = markdown_table(columns, [[r.get(c) for c in columns] for r in rows])
-    return f"{table}\n\n![{path.stem}]({path.name})"
-
-
-def series_by(rows: Sequence[Mapping[str, Any]], group: str, x: str, y: str) -> dict[str, tuple[list, list]]:
-    """``{group value: (xs, ys)}`` from the rows that have a ``y`` (in row order): the lines of a plot."""
-    series: dict[str, tuple[list, list]] = {}
-    for row in rows:
-        if row.get(y) is not None:
-            xs, ys = series.setdefault(str(row[group]), ([], []))
-            xs.append(row[x])
-            ys.append(row[y])
-    return series
-
-
 def pivot_table(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -245,3 +141,31 @@ def pivot_table(
         for line in lines
     ]
     return markdown_table(titles, body)
+
+
+def secret_rows(
+    plan: Any, sensitive: set[int], attacks: Mapping[str, Any], *, names: Sequence[str] | None = None,
+    fingerprints: Sequence[str] | None = None, name_key: str = "name",
+) -> list[dict[str, Any]]:
+    """One row per secret of ``plan``: its index (and keyed fingerprint, and name under ``name_key``, only
+    when given: a name is the secret),
+    whether it is ``sensitive``, its examples, sum of rho, prior, target and certified bound, and per
+    attack (``attacks[method]["per_secret"][j]``) its rank and posterior."""
+    rows = []
+    for j in range(plan.num_secrets):
+        row: dict[str, Any] = {"secret": j}
+        if fingerprints is not None:
+            row["fingerprint"] = fingerprints[j]
+        if names is not None:
+            row[name_key] = names[j]
+        found = plan.secrets
+        row.update(sensitive=j in sensitive, examples=int(found.num_examples[j]),
+                   sum_rho=float(found.sum_rho[j]))
+        row.update({key: float(getattr(found, key)[j]) for key in ("prior", "target", "bound")})
+        for method, found in attacks.items():
+            hit = found["per_secret"].get(j)
+            row[f"rank_{method}"] = None if hit is None else hit["rank"]
+            row[f"posterior_{method}"] = None if hit is None else hit["probability"]
+        rows.append(row)
+    return rows
+

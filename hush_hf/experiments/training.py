@@ -6,10 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.arguments import non_private_config, run_config
+from hush_hf.experiments.arguments import non_private_config, run_config
 
-# Columns the recipes' planning adds (secret ids, CRT's public flag): a plain Trainer must not see them.
-PLAIN_TRAINER_DROPPED_COLUMNS = ("secret_ids", "crt_public")
+# Columns the planning and redaction add to a dataset; the plain Trainer baseline must not see them.
+NON_PRIVATE_DROPPED_COLUMNS = ("secret_ids", "crt_public")
 
 
 def train_model(
@@ -34,7 +34,7 @@ def train_model(
     from hush_hf.trainer import SecretProtectionTrainer
 
     if plan is None:
-        dropped = [c for c in PLAIN_TRAINER_DROPPED_COLUMNS if c in train.column_names]
+        dropped = [c for c in NON_PRIVATE_DROPPED_COLUMNS if c in train.column_names]
         trainer = Trainer(
             model=model,
             args=non_private_config(config, run_dir),

@@ -1,4 +1,4 @@
-"""Logging of the recipes (stderr and ``run.log``), loud warnings, and a stopwatch of wall and CPU time."""
+"""Logging of an experiment (stderr and ``run.log``), loud warnings, and a stopwatch of wall and CPU time."""
 
 from __future__ import annotations
 
@@ -9,15 +9,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-logger = logging.getLogger("recipes")
+logger = logging.getLogger("hush_hf.experiments")
+
+
+def experiment_logger(name: str) -> logging.Logger:
+    """The logger of experiment ``name`` (what :func:`experiment_logging` writes to ``run.log``)."""
+    return logger.getChild(name)
 
 
 # ------------------------------------------------------------------------------------ logging
 @contextlib.contextmanager
-def recipe_logging(output_dir: Path, *, main_process: bool) -> Iterator[logging.Logger]:
-    """INFO logs of the recipe (and hush_hf) to stderr and ``output_dir/run.log`` on the main process.
+def experiment_logging(output_dir: Path, *, main_process: bool) -> Iterator[logging.Logger]:
+    """INFO logs of hush_hf (the experiment's included) to stderr and, on the main process,
+    ``output_dir/run.log``.
 
-    The handlers and levels are restored on exit, so a recipe's ``main()`` can run inside another
+    The handlers and levels are restored on exit, so an experiment's ``main()`` can run inside another
     program (or a test) without changing its logging.
     """
     import datasets
@@ -28,7 +34,7 @@ def recipe_logging(output_dir: Path, *, main_process: bool) -> Iterator[logging.
         output_dir.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(output_dir / "run.log", mode="w", encoding="utf-8"))
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    named = [logging.getLogger(name) for name in ("recipes", "hush_hf")]
+    named = [logging.getLogger("hush_hf")]
     saved = [(log, log.level) for log in named]
     saved_verbosity = (transformers.utils.logging.get_verbosity(), datasets.utils.logging.get_verbosity())
     for handler in handlers:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from common.arguments import check_int
+from hush_hf.experiments.checks import check_int
 
 PerExampleLoss = Callable[[torch.nn.Module, dict[str, Any]], torch.Tensor]
 
@@ -25,17 +25,19 @@ def collate_batches(
 def mean_token_loss(
     model: torch.nn.Module,
     batches: Sequence[dict[str, Any]],
-    per_example_loss: PerExampleLoss,
+    per_example_loss: PerExampleLoss | None = None,
     *,
     causal: bool,
 ) -> float:
     """Token-weighted mean cross-entropy: sum_i n_i loss_i / sum_i n_i over every target token.
 
-    ``loss_i`` is ``per_example_loss`` (a mean over example i's n_i target tokens), so this is the
-    corpus-level loss transformers reports, independent of how the rows are batched.
+    ``loss_i`` is ``per_example_loss`` (a mean over example i's n_i target tokens; default: the DP
+    step's own per-example language-modelling loss), so this is the corpus-level loss transformers
+    reports, independent of how the rows are batched.
     """
-    from hush_hf.trainer.losses import model_inputs
+    from hush_hf.trainer.losses import lm_per_example_loss, model_inputs
 
+    per_example_loss = per_example_loss or lm_per_example_loss
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
