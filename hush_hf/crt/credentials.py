@@ -68,8 +68,12 @@ _NEAR = 48  # characters after a secret word in which a high-entropy string make
 
 
 def is_secret_key(name: str) -> bool:
-    """Whether a key (variable, setting, element or option name) names a secret."""
+    """Whether a key (variable, setting, element or option name) names a secret: an identifier holding
+    a part of :data:`SECRET_KEY_PARTS` (``DB_PASSWORD``, ``AccountKey``), or a plain word that is one
+    (``password``, ``Password``; not ``tokens`` in prose)."""
     flat = re.sub(r"[_.\-$]", "", name.lower())
+    if name.isalpha() and (name.islower() or name.istitle()):  # a plain word: only a secret's own name
+        return flat in SECRET_KEY_PARTS or flat in ("pass", "pw")
     return (
         any(part in flat for part in SECRET_KEY_PARTS)
         or flat in ("pass", "pw")
