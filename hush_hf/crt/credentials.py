@@ -8,7 +8,7 @@ lines write a password or key in forms they miss. Each form below gives the span
   ``spring.datasource.password``, ``PGPASSWORD``, ``AccountKey``, ADO.NET ``Password``, a JDBC query's
   ``password``; ``export`` lines, JSON and YAML keys, XML attributes), the value quoted, unquoted (up to a
   space, ``;``, ``,``, ``&`` or a quote) or several quoted strings joined by concatenation
-  (``"AKIA" + "IOSF..."``);
+  (``"AKIA" + "IOSF..."``); a name followed by ``(`` is a call, not a value (``password = getpass()``);
 - XML elements ``<password>value</password>`` (any element whose name names a secret);
 - a URL's user information ``scheme://user:password@host`` (``redis://:password@host``);
 - command-line options: ``--password value``, ``--password=value``, ``mysql ... -pvalue``,
@@ -39,7 +39,7 @@ _QUOTED = r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|`(?:[^`\\]|\\.)*`"
 _CONCAT = rf"(?:{_QUOTED})(?:\s*(?:\+|\|\||\.|&|,)?\s*(?:{_QUOTED}))*"
 _KEY = r"(?<![A-Za-z0-9_.$])[A-Za-z_$][A-Za-z0-9_.\-]{0,80}"
 ASSIGNMENT = re.compile(
-    rf"(?P<key>{_KEY})[\"']?[ \t]*(?:=|:=|:|=>|->)[ \t]*(?P<value>{_CONCAT}|[^\s;,&'\"<>(){{}}\[\]]+)"
+    rf"(?P<key>{_KEY})[\"']?[ \t]*(?:=|:=|:|=>|->)[ \t]*(?P<value>{_CONCAT}|[^\s;,&'\"<>(){{}}\[\]]+(?![^\s;,&'\"<>){{}}\[\]]))"
 )
 XML_ELEMENT = re.compile(r"<(?P<key>[A-Za-z_][\w.\-:]{0,80})(?:\s[^<>]*)?>(?P<value>[^<>\n]+)</(?P=key)>")
 URL_USERINFO = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]{1,30}://[^\s:/@'\"]*:(?P<value>[^\s@/'\"]+)@")
