@@ -38,9 +38,8 @@ _SOURCE = "credentials"
 _QUOTED = r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|`(?:[^`\\]|\\.)*`"
 _CONCAT = rf"(?:{_QUOTED})(?:\s*(?:\+|\|\||\.|&|,)?\s*(?:{_QUOTED}))*"
 _KEY = r"(?<![A-Za-z0-9_.$])[A-Za-z_$][A-Za-z0-9_.\-]{0,80}"
-ASSIGNMENT = re.compile(
-    rf"(?P<key>{_KEY})[\"']?[ \t]*(?:=|:=|:|=>|->)[ \t]*(?P<value>{_CONCAT}|[^\s;,&'\"<>(){{}}\[\]]+(?![^\s;,&'\"<>){{}}\[\]]))"
-)
+_BARE = r"[^\s;,&'\"<>(){}\[\]]+(?![^\s;,&'\"<>){}\[\]])"  # unquoted, not followed by ( (a call)
+ASSIGNMENT = re.compile(rf"(?P<key>{_KEY})[\"']?[ \t]*(?:=|:=|:|=>|->)[ \t]*(?P<value>{_CONCAT}|{_BARE})")
 XML_ELEMENT = re.compile(r"<(?P<key>[A-Za-z_][\w.\-:]{0,80})(?:\s[^<>]*)?>(?P<value>[^<>\n]+)</(?P=key)>")
 URL_USERINFO = re.compile(r"\b[A-Za-z][A-Za-z0-9+.\-]{1,30}://[^\s:/@'\"]*:(?P<value>[^\s@/'\"]+)@")
 OPTIONS = re.compile(
