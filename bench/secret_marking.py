@@ -321,6 +321,43 @@ def clean_text_pairs() -> None:
         f"(row, secret) pairs ({pairs / len(secrets):.1f} per secret) with tag_dataset, {token_pairs:,} "
         "with mark_secrets (rows of a map batch read together)"
     )
+    terms = {j: list(secret.terms or (secret.name,)) for j, secret in enumerate(secrets)}
+    whole = BaselineTagger(terms)({"text": paragraphs["text"]})["secret_ids"]
+    print(
+        f"  whole words alone (the baseline tagger): {sum(map(len, whole)):,} pairs; the rest, by the first"
+    )
+    print(
+        "  occurrence of each pair the whole-word tagger lacks: "
+        + _extra_kinds(paragraphs["text"], secrets, whole)
+    )
+
+
+def _extra_kinds(texts: list[str], secrets: SecretSet, whole: list[list[int]]) -> str:
+    """What the (row, secret) pairs beyond whole words are: plurals, spellings across a space, hyphenated
+    words, TR39 letters, other (by the text of each such pair's first occurrence)."""
+    tagger = tagger_for(secrets)
+    kinds: Counter = Counter()
+    lost = 0
+    for text, base in zip(texts, whole, strict=True):
+        spans = tagger.spans(text)
+        found = {j for _, _, j in spans}
+        lost += len(set(base) - found)
+        for j in sorted(found - set(base)):
+            start, end, _ = next(span for span in spans if span.secret == j)
+            piece = text[start:end]
+            name = words(secrets[j].terms[0] if secrets[j].terms else secrets[j].name)[-1]
+            if not piece.isascii() or not re.fullmatch(r"[\w\s-]+", piece):
+                kinds["TR39 letters, escapes, other"] += 1
+            elif re.search(r"\s", piece):
+                kinds["across a space"] += 1
+            elif "-" in piece:
+                kinds["hyphenated"] += 1
+            elif piece.lower().startswith(name) and piece.lower() != name:
+                kinds["plurals"] += 1
+            else:
+                kinds["identifier parts, case, digits"] += 1
+    parts = ", ".join(f"{kind} {count:,}" for kind, count in kinds.most_common())
+    return f"{parts}; whole-word pairs not marked: {lost}"
 
 
 def corpus(num_texts: int, words_per_text: int) -> tuple[datasets.Dataset, list[str]]:

@@ -45,7 +45,10 @@ _C_PASS = re.compile("|".join((_HTML, _PERCENT, _C_BACKSLASH, _QUOTED_PRINTABLE,
 _CSS_PASS = re.compile(
     "|".join((_HTML, _PERCENT, _CSS_BACKSLASH, _C_BACKSLASH, _QUOTED_PRINTABLE, _MARKUP)), re.S
 )
-_CAN_START = re.compile(r"[&%\\=<]")
+# Where a pass can change anything (one search; most texts have no such place).
+_CAN_START = re.compile(
+    r"[&%\\=<](?:(?<=&)[#A-Za-z]|(?<=%)[0-9A-Fa-f]{2}|(?<=\\)|(?<==)(?:[0-9A-Fa-f]{2}|\r?\n)|(?<=\w<)[A-Za-z/!?])"
+)  # a character set first: the regular-expression engine skips to those characters
 _CSS_CAN_START = re.compile(r"\\[0-9A-Fa-f]")
 _BACKSLASH = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a", "b": "\b"}
 _LONGEST_ENTITY = max(map(len, html5))
@@ -99,9 +102,16 @@ def _decode(escape: str, markup_ok: bool, css: bool) -> tuple[int, str] | None:
     return len(escape), kind  # \\ \' \" \/
 
 
+def can_decode(text: str) -> bool:
+    """Whether a pass could change ``text`` (substring scans first: most texts have none of ``&%\\=<``)."""
+    if "&" not in text and "%" not in text and "\\" not in text and "=" not in text and "<" not in text:
+        return False
+    return _CAN_START.search(text) is not None
+
+
 def decode_pass(text: str, *, css: bool = False) -> Normalized:
     """One pass of decoding (module docstring); ``css``: backslash-hex escapes read as CSS."""
-    if not _CAN_START.search(text):
+    if not can_decode(text):
         return Normalized(text)
     pieces: list[tuple[int, int, str]] = []
     for match in (_CSS_PASS if css else _C_PASS).finditer(text):
@@ -147,7 +157,7 @@ def _chain(text: str, *, css: bool) -> list[Normalized]:
 def layers(text: str) -> list[Normalized]:
     """Every distinct layer of ``text`` under decoding, deepest first (the fixed point of the C chain,
     its shallower layers, then the CSS chain's), empty when nothing decodes."""
-    if not _CAN_START.search(text):
+    if not can_decode(text):
         return []
     found = _chain(text, css=False)[::-1]
     if _CSS_CAN_START.search(text):
@@ -158,5 +168,5 @@ def layers(text: str) -> list[Normalized]:
 
 def decoded(text: str) -> Normalized:
     """The deepest layer of ``text`` (the fixed point of decoding), or ``text`` itself."""
-    found = _chain(text, css=False) if _CAN_START.search(text) else []
+    found = _chain(text, css=False) if can_decode(text) else []
     return found[-1] if found else Normalized(text)
