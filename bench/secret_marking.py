@@ -333,8 +333,8 @@ def clean_text_pairs() -> None:
 
 
 def _extra_kinds(texts: list[str], secrets: SecretSet, whole: list[list[int]]) -> str:
-    """What the (row, secret) pairs beyond whole words are: plurals, spellings across a space, hyphenated
-    words, TR39 letters, other (by the text of each such pair's first occurrence)."""
+    """What the (row, secret) pairs beyond whole words are (by the text of each such pair's first
+    occurrence)."""
     tagger = tagger_for(secrets)
     kinds: Counter = Counter()
     lost = 0
@@ -344,18 +344,21 @@ def _extra_kinds(texts: list[str], secrets: SecretSet, whole: list[list[int]]) -
         lost += len(set(base) - found)
         for j in sorted(found - set(base)):
             start, end, _ = next(span for span in spans if span.secret == j)
-            piece = text[start:end]
+            piece, lowered = text[start:end], text[start:end].lower().replace("'", "")
             name = words(secrets[j].terms[0] if secrets[j].terms else secrets[j].name)[-1]
-            if not piece.isascii() or not re.fullmatch(r"[\w\s-]+", piece):
-                kinds["TR39 letters, escapes, other"] += 1
-            elif re.search(r"\s", piece):
-                kinds["across a space"] += 1
+            if re.search(r"\s", piece):
+                kind = "chance spellings across a space"
             elif "-" in piece:
-                kinds["hyphenated"] += 1
-            elif piece.lower().startswith(name) and piece.lower() != name:
-                kinds["plurals"] += 1
+                kind = "hyphenated words"
+            elif lowered in (name + "s", name + "es", name[:-1] + "ies"):
+                kind = "plurals"
+            elif (end < len(text) and text[end].isalpha()) or (start and text[start - 1].isalpha()):
+                kind = "parts of identifiers (HyperCore)"
+            elif not piece.isascii():
+                kind = "TR39 letters"
             else:
-                kinds["identifier parts, case, digits"] += 1
+                kind = "other (digit groups, punctuation inside)"
+            kinds[kind] += 1
     parts = ", ".join(f"{kind} {count:,}" for kind, count in kinds.most_common())
     return f"{parts}; whole-word pairs not marked: {lost}"
 
