@@ -93,8 +93,8 @@ def reference_reads(term: str, text: str) -> bool:
 
 
 def email_read(text: str) -> str:
-    text = re.sub(r"[\[\](){}]", " ", text)
-    text = re.sub(r"\s+at\s+", "@", text, flags=re.I)
+    text = re.sub(r"[\[\]{}]|\((?!a\))|(?<!\(a)\)", " ", text)
+    text = re.sub(r"\s+at\s+|\(a\)", "@", text, flags=re.I)
     return re.sub(r"\s+dot\s+", ".", text, flags=re.I).replace(" ", "")
 
 
@@ -152,6 +152,7 @@ LETTER_CLASSES = {
     "double percent": _escaping(lambda c, r, n: _utf8_percent(c).replace("%", "%25")),
     "JSON \\u": _escaping(lambda c, r, n: f"\\u{ord(c):04x}"),
     "double backslash \\\\u": _escaping(lambda c, r, n: f"\\\\u{ord(c):04x}"),
+    "Python \\N{name}": _escaping(lambda c, r, n: "\\N{" + unicodedata.name(c) + "}"),
     "C \\x": _escaping(lambda c, r, n: f"\\x{ord(c):02x}" if ord(c) < 128 else c),
     "C octal": _escaping(lambda c, r, n: f"\\{ord(c):03o}" if ord(c) < 128 else c),
     "CSS": _escaping(lambda c, r, n: f"\\{ord(c):x} " if ord(c) < 128 else c),
@@ -211,6 +212,7 @@ EMAIL_CLASSES = {
     "e-mail [at] [dot]": lambda e: e.replace("@", " [at] ").replace(".", " [dot] "),
     "e-mail (at) and .": lambda e: e.replace("@", "(at)"),
     "e-mail AT DOT": lambda e: e.replace("@", " AT ").replace(".", " DOT "),
+    "e-mail (a)": lambda e: e.replace("@", "(a)"),
 }
 
 
@@ -274,3 +276,13 @@ def test_layer_offsets_map_back_exactly():
     tagger = TermTagger({0: ["nightjar"]})
     text = "see n&#105;ght<wbr>ja%2572 and &amp;#110;ightjar"
     assert [(s, e) for s, e, _ in tagger.spans(text)] == [(4, 26), (31, 48)]
+
+
+def test_circled_digits_and_a_national_prefix_after_the_country_code():
+    tagger = TermTagger({0: ["7741 2290"], 1: ["+44 20 7946 0958"]})
+    digits = "".join(chr(0x2776 + int(d) - 1) if d != "0" else "\u24ff" for d in "77412290")
+    assert "".join(unicodedata.name(c).split()[-1][0] for c in digits[:2]) == "SS"  # SEVEN SEVEN
+    assert tagger(f"id {digits} ok") == {0}
+    text = "call +44 (0)20 7946 0958"
+    assert phonenumbers.parse(text[5:], "US") == phonenumbers.parse("+44 20 7946 0958", None)
+    assert tagger(text) == {1}

@@ -9,8 +9,8 @@ same digits); what is left are writings that add or drop characters a reader rea
   or nationally (``(415) 555-0199``; with the national prefix: ``020 7946 0958``). :func:`phone_forms`
   gives each writing's digits.
 - **E-mail addresses.** ``alice@example.org`` is also written ``alice at example dot org``, ``alice
-  {at} example {dot} org``, ``alice(at)example.org``: :func:`email_forms` gives every choice of ``@`` or
-  ``at`` and of ``.`` or ``dot`` (brackets and spaces are separators already).
+  {at} example {dot} org``, ``alice(at)example.org``, ``alice(a)example.org``: :func:`email_forms` gives
+  every choice of ``@``, ``at`` or ``a`` and of ``.`` or ``dot`` (brackets and spaces are separators already).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import re
 PHONE_REGIONS = ("US", "GB", "DE", "FR", "IN")  # as hush_hf.crt.detectors' phone detector
 _PHONE_TERM = re.compile(r"^\s*\+?[\d\s().\-/]{6,30}$")
 _EMAIL_TERM = re.compile(r"^([A-Za-z0-9._%+-]+)@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)$")
-_MAX_EMAIL_DOTS = 6  # 2^7 forms at most
+_MAX_EMAIL_DOTS = 6  # 3 x 2^6 forms at most
 
 
 def phone_forms(term: str) -> list[str]:
@@ -44,7 +44,8 @@ def phone_forms(term: str) -> list[str]:
         code, national = str(number.country_code), phonenumbers.national_significant_number(number)
         written = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.NATIONAL)
         with_prefix = "".join(c for c in written if c.isdigit())
-        for form in (code + national, "00" + code + national, "011" + code + national, national, with_prefix):
+        writings = (code + national, "00" + code + national, "011" + code + national, national, with_prefix)
+        for form in (*writings, code + with_prefix):  # the last: +44 (0)20 7946 0958
             if len(form) >= 7 and form not in forms:
                 forms.append(form)
     return forms
@@ -62,7 +63,7 @@ def email_forms(term: str) -> list[str]:
     if dots > _MAX_EMAIL_DOTS:
         return []
     forms = []
-    for at in ("@", " at "):
+    for at in ("@", " at ", " (a) "):
         for choice in itertools.product((".", " dot "), repeat=dots):
             joins = [*choice[:joins_local], at, *choice[joins_local:]]
             forms.append(parts[0] + "".join(j + p for j, p in zip(joins, parts[1:], strict=True)))

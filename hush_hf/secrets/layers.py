@@ -10,7 +10,8 @@ overlaps:
   browsers and ``html.unescape`` do);
 - runs of URL percent-escapes (a UTF-8 sequence spans several);
 - backslash escapes of code and JSON strings (``\\n``, ``\\"``, ``\\x41``, ``\\u00e9``, ``\\U0001F600``,
-  ``\\u{1F600}``, C octal ``\\156``; two ``\\u`` escapes of a surrogate pair become one character);
+  ``\\u{1F600}``, Python's ``\\N{...}``, C octal ``\\156``; two ``\\u`` escapes of a surrogate pair become
+  one character);
 - runs of quoted-printable octets (``=6E``, ``=C3=A9``) that decode, as UTF-8, to printable text, and
   soft line breaks (``=`` before a line break);
 - markup inside a word: a run of HTML tags and comments with a letter or digit on each side is dropped
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 from html.entities import html5
 from urllib.parse import unquote
 
@@ -36,9 +38,10 @@ MAX_PASSES = 8  # each pass shortens the text; no real text nests escapes deeper
 _HTML = r"&(?:#[0-9]{1,7};?|#[xX][0-9a-fA-F]{1,6};?|[A-Za-z][A-Za-z0-9]{1,31};?)"
 _PERCENT = r"(?:%[0-9A-Fa-f]{2})+"
 _QUOTED_PRINTABLE = r"(?:=[0-9A-Fa-f]{2})+|=\r?\n"
-_MARKUP = r"(?:<!--.*?-->|<[A-Za-z/!?][^<>\n]{0,256}>)+"
+_MARKUP = r"(?:<!--.*?-->|<[A-Za-z/!?][^<>]{0,256}>)+"
 _C_BACKSLASH = (
-    r"\\(?:[0-7]{1,3}|[ntrfvab\\'\"/]|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|u\{[0-9A-Fa-f]{1,6}\})"
+    r"\\(?:[0-7]{1,3}|[ntrfvab\\'\"/]|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|u\{[0-9A-Fa-f]{1,6}\}"
+    r"|N\{[A-Za-z0-9 \-]{1,88}\})"
 )
 _CSS_BACKSLASH = r"\\[0-9A-Fa-f]{1,6}(?:\r\n|[ \t\r\n\f])?"
 _C_PASS = re.compile("|".join((_HTML, _PERCENT, _C_BACKSLASH, _QUOTED_PRINTABLE, _MARKUP)), re.S)
@@ -95,6 +98,11 @@ def _decode(escape: str, markup_ok: bool, css: bool) -> tuple[int, str] | None:
         return len(escape), chr(code) if 0 < code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else "\ufffd"
     if kind in _BACKSLASH:
         return len(escape), _BACKSLASH[kind]
+    if kind == "N":  # Python's \N{LATIN SMALL LETTER E}
+        try:
+            return len(escape), unicodedata.lookup(escape[3:-1])
+        except KeyError:
+            return None
     if kind in "xuU":
         return len(escape), chr(int(escape[2:].strip("{}"), 16))
     if kind in "01234567":  # C octal

@@ -101,7 +101,11 @@ def _letters(text: str) -> str:
 def _drawn(char: str) -> str:
     """``char``, or the Latin letter it is drawn as where NFKC does not say so (small capitals, negative
     circled letters, regional indicators: :mod:`hush_hf.secrets.glyph_letters`)."""
-    return glyph_letter(char) or char
+    drawn = glyph_letter(char)
+    if drawn is None and not char.isascii():  # a modifier form of a small capital: NFKC first
+        folded = unicodedata.normalize("NFKC", char)
+        drawn = glyph_letter(folded) if len(folded) == 1 and folded != char else None
+    return drawn or char
 
 
 def _folded(char: str) -> str:
