@@ -39,6 +39,7 @@ import re
 import subprocess
 import sys
 import time
+import unicodedata
 from collections import Counter
 from itertools import chain
 
@@ -190,6 +191,7 @@ LAYER_DISGUISES = {
     "double percent %25": lambda t, r: _escape_some(t, r, lambda c, n: _utf8(c, "%25{:02X}")),
     "JSON \\u": lambda t, r: _escape_some(t, r, lambda c, n: f"\\u{ord(c):04x}"),
     "double \\\\u": lambda t, r: _escape_some(t, r, lambda c, n: f"\\\\u{ord(c):04x}"),
+    "Python \\N{name}": lambda t, r: _escape_some(t, r, lambda c, n: "\\N{" + unicodedata.name(c) + "}"),
     "C octal": lambda t, r: _escape_some(t, r, lambda c, n: f"\\{ord(c):03o}" if c.isascii() else c),
     "CSS \\h ": lambda t, r: _escape_some(t, r, lambda c, n: f"\\{ord(c):x} " if c.isascii() else c),
     "quoted-printable": lambda t, r: _escape_some(t, r, lambda c, n: _utf8(c, "={:02X}")),
@@ -216,6 +218,7 @@ EMAIL_DISGUISES = {
     "e-mail {at} {dot}": lambda e: e.replace("@", " {at} ").replace(".", " {dot} "),
     "e-mail [at] [dot]": lambda e: e.replace("@", " [at] ").replace(".", " [dot] "),
     "e-mail (at) .": lambda e: e.replace("@", "(at)"),
+    "e-mail (a)": lambda e: e.replace("@", "(a)"),
 }
 
 
