@@ -19,8 +19,10 @@ or ``public attributes``.
 
 A term also matches with English plural endings on its last word (``falcons``, ``boxes``,
 ``companies``; possessives are words of their own). Where a character reads two ways (``I`` as ``i``
-or ``l``, Greek capitals as letters or as Latin glyphs) both readings are tried, word by word; where
-decoding escapes changed a text, its raw form is matched too (``C:\\new`` holds ``new``).
+or ``l``, Greek capitals as letters or as Latin glyphs, a word mixing scripts read letter by letter) every
+reading is tried, word by word; every layer of decoding is matched, and the raw text too (``C:\\new``
+holds ``new``). A phone number or e-mail address term also matches its other writings
+(:mod:`hush_hf.secrets.formats`: ``+14155550199``, ``alice {at} example {dot} org``).
 
 Terms whose key is shorter than :data:`MIN_SPELLED` characters (``01``, ``σ``, ``w5``, ``猎鹰``) match
 only words glued together (nothing between them) that spell them *plainly*, without TR39 prototypes: so

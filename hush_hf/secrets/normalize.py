@@ -4,15 +4,17 @@ Secrets are searched in a *decoded* copy of each text and reported as character 
 text (so that a fast tokenizer's ``offset_mapping`` can carry them onto the tokens, see
 :mod:`hush_hf.secrets.marks`):
 
-1. **Escapes** are decoded, each decoded character mapped back to its whole escape: HTML entities
-   (``&shy;``, ``&#233;``), runs of URL percent-escapes (``project%20falcon``, UTF-8 sequences included)
-   and backslash escapes of code and JSON strings (``\\n``, ``\\t``, ``\\"``, ``\\x41``, ``\\u00e9``,
-   surrogate pairs). :func:`readings` gives the decoded text and, when it differs, the raw text too:
+1. **Layers** are decoded, to a fixed point (:mod:`hush_hf.secrets.layers`): HTML references with or
+   without ``;``, URL percent-escapes, backslash escapes (C octal and CSS included), quoted-printable and
+   markup inside words, pass after pass (``&amp;#110;`` -> ``&#110;`` -> ``n``), each decoded character
+   mapped back to the whole stretch it came from. :func:`readings` gives every layer and the raw text:
    ``C:\\new`` reads ``new`` raw and a newline decoded.
 2. **Characters** are reduced to *keys*, the letters and digits they spell (:class:`CharTable`): NFKC
    (full-width letters, ligatures, superscripts), decimal digits of any script as ASCII digits (``٧`` ->
-   ``7``), combining marks and format characters dropped (accents, a combining overlay, soft hyphens,
-   zero-width joiners), then each character replaced by its Unicode TR39 prototype
+   ``7``), letters drawn as glyphs NFKC keeps read as the letter their name gives (small capitals,
+   negative circled letters, regional indicators: :mod:`hush_hf.secrets.glyph_letters`), transparent
+   characters dropped (accents, a combining overlay, soft hyphens, zero-width joiners, Hangul fillers,
+   tatweel), then each character replaced by its Unicode TR39 prototype
    (:mod:`hush_hf.secrets.confusables`: Cyrillic ``а`` -> ``a``, ``0`` -> ``o``, ``1`` and ``|`` -> ``l``,
    ``m`` -> ``rn``) and case-folded (``str.casefold``: final sigma, ``ß``). What is neither letter nor digit
    after that (punctuation, spaces, symbols) has an empty key: a separator.
@@ -20,9 +22,11 @@ text (so that a fast tokenizer's ``offset_mapping`` can carry them onto the toke
 A character can be read two ways, as a letter in another case or as the glyph it looks like: ``I`` is
 ``i`` in ``Icon`` and ``l`` in ``faIcon``; Greek ``Η`` is ``η`` or ``H``. The *case reading* folds case
 first (``I`` -> ``i``), the *glyph reading* takes the prototype first (``I`` -> ``l``); both are kept
-where they differ (:attr:`CharTable.glyph`). Folding case before taking prototypes everywhere would merge
-whole alphabets through Greek and Cyrillic case pairs (``r``, ``t``, ``u``, ``y`` and ``z`` would become
-one letter); two readings keep each exact.
+where they differ (:data:`GLYPHS`), and a word mixing scripts is also read with its Latin letters as
+letters and its other letters as glyphs (:func:`mixed_reading`: ``КIM`` with Cyrillic ``К`` is
+``kim``). Folding case before taking prototypes everywhere would merge whole alphabets through Greek and
+Cyrillic case pairs (``r``, ``t``, ``u``, ``y`` and ``z`` would become one letter); several readings keep
+each exact.
 
 For regular expressions, :func:`normalize` decodes escapes and replaces non-ASCII look-alikes by the
 ASCII characters they imitate, keeping case and every other character (offsets mapped back as above);
