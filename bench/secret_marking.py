@@ -39,11 +39,13 @@ import re
 import subprocess
 import sys
 import time
+import unicodedata
 from collections import Counter
 from itertools import chain
 
 import datasets
 import numpy as np
+import phonenumbers
 
 from hush_hf.assets.corpora import aclsum_paragraphs
 from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
@@ -152,6 +154,162 @@ def disguise_recall() -> None:
     )
 
 
+# -- issue 27: every reading a reader makes, and credentials in CRT ---------------------------------------
+
+_SMALL_CAPS = dict(zip("abcdefghijklmnoprstuvwyz", "ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘʀꜱᴛᴜᴠᴡʏᴢ", strict=True))
+_LOOK_ALIKE_CAPITALS = dict(zip("KAMETOPXBNH", "КΑМΕΤΟРΧΒΝΗ", strict=True))
+
+
+def _escape_some(term: str, rng: np.random.Generator, escape) -> str:
+    """``term`` with one to three of its letters written by ``escape(char, next char)``."""
+    letters = [i for i, c in enumerate(term) if c.isalpha()]
+    chosen = set(rng.choice(letters, size=min(len(letters), int(rng.integers(1, 4))), replace=False).tolist())
+    return "".join(escape(c, (term + " ")[i + 1]) if i in chosen else c for i, c in enumerate(term))
+
+
+def _insert_some(term: str, rng: np.random.Generator, pieces: list[str]) -> str:
+    """``term`` with ``pieces`` put between letters inside its words."""
+    inner = [i for i in range(1, len(term)) if term[i].isalpha() and term[i - 1].isalpha()]
+    chosen = set(rng.choice(inner, size=min(len(inner), int(rng.integers(1, 3))), replace=False).tolist())
+    return "".join((str(rng.choice(pieces)) if i in chosen else "") + c for i, c in enumerate(term))
+
+
+def _utf8(char: str, fmt: str) -> str:
+    return "".join(fmt.format(b) for b in char.encode("utf-8"))
+
+
+LAYER_DISGUISES = {
+    "tag inside a word": lambda t, r: _insert_some(t, r, ["<span></span>", "<b>", "</i>", "<em class=x>"]),
+    "<wbr>/<br> inside a word": lambda t, r: _insert_some(t, r, ["<wbr>", "<br>", "<br/>"]),
+    "comment inside a word": lambda t, r: _insert_some(t, r, ["<!-- -->", "<!--x-->"]),
+    "HTML &#n; and &#n": lambda t, r: _escape_some(
+        t, r, lambda c, n: f"&#{ord(c)}" + (";" if n.isdigit() else "")
+    ),
+    "HTML &#xh": lambda t, r: _escape_some(t, r, lambda c, n: f"&#x{ord(c):x};"),
+    "double HTML &amp;#n;": lambda t, r: _escape_some(t, r, lambda c, n: f"&amp;#{ord(c)};"),
+    "percent": lambda t, r: _escape_some(t, r, lambda c, n: _utf8(c, "%{:02X}")),
+    "double percent %25": lambda t, r: _escape_some(t, r, lambda c, n: _utf8(c, "%25{:02X}")),
+    "JSON \\u": lambda t, r: _escape_some(t, r, lambda c, n: f"\\u{ord(c):04x}"),
+    "double \\\\u": lambda t, r: _escape_some(t, r, lambda c, n: f"\\\\u{ord(c):04x}"),
+    "Python \\N{name}": lambda t, r: _escape_some(t, r, lambda c, n: "\\N{" + unicodedata.name(c) + "}"),
+    "C octal": lambda t, r: _escape_some(t, r, lambda c, n: f"\\{ord(c):03o}" if c.isascii() else c),
+    "CSS \\h ": lambda t, r: _escape_some(t, r, lambda c, n: f"\\{ord(c):x} " if c.isascii() else c),
+    "quoted-printable": lambda t, r: _escape_some(t, r, lambda c, n: _utf8(c, "={:02X}")),
+    "small capitals": lambda t, r: "".join(_SMALL_CAPS.get(c, c) for c in t),
+    "negative circled": lambda t, r: "".join(chr(0x1F150 + ord(c) - 97) if "a" <= c <= "z" else c for c in t),
+    "regional indicators": lambda t, r: "".join(
+        chr(0x1F1E6 + ord(c) - 97) if "a" <= c <= "z" else c for c in t
+    ),
+    "Hangul filler": lambda t, r: _insert_some(t, r, ["\u3164", "\uffa0"]),
+    "Arabic tatweel": lambda t, r: _insert_some(t, r, ["\u0640"]),
+    "lunate sigma": lambda t, r: t.replace("c", "\u03f2"),
+    "mixed-script capitals": lambda t, r: "".join(
+        _LOOK_ALIKE_CAPITALS.get(c, c) if r.random() < 0.5 else c for c in t.upper()
+    ),
+    "SQL || concatenation": lambda t, r: "'" + t[:3] + "' || '" + t[3:] + "'",
+}
+PHONE_TERMS = ["+1 415 555 0199", "(212) 555-0142", "+44 20 7946 0958"]
+PHONE_DISGUISES = {
+    "phone, country code glued": lambda n: f"+{n.country_code}{phonenumbers.national_significant_number(n)}",
+    "phone, national": lambda n: phonenumbers.format_number(n, phonenumbers.PhoneNumberFormat.NATIONAL),
+    "phone, 00 prefix": lambda n: f"00{n.country_code} {phonenumbers.national_significant_number(n)}",
+}
+EMAIL_DISGUISES = {
+    "e-mail {at} {dot}": lambda e: e.replace("@", " {at} ").replace(".", " {dot} "),
+    "e-mail [at] [dot]": lambda e: e.replace("@", " [at] ").replace(".", " [dot] "),
+    "e-mail (at) .": lambda e: e.replace("@", "(at)"),
+    "e-mail (a)": lambda e: e.replace("@", "(a)"),
+}
+
+
+def layer_recall(repeats: int = 40) -> None:
+    """Recall per disguise class (issue 27), ``repeats`` generated disguises per class over a few secrets."""
+    rng = np.random.default_rng(27)
+    words = ["project nightjar", "vacuum cobalt", "falconry", "nightjar", "akiaq7 kim"]
+    print(f"recall per disguise class (issue 27; {repeats} disguises each, planted in filler text):")
+    rows = []
+    for name, disguise in LAYER_DISGUISES.items():
+        pool = [w for w in words if "c" in w] if name == "lunate sigma" else words
+        hits = 0
+        for k in range(repeats):
+            term = pool[k % len(pool)]
+            hits += 0 in tagger_for(_one_secret(term))(f"we saw {disguise(term, rng)} in the log")
+        rows.append((name, hits))
+    for name, disguise in PHONE_DISGUISES.items():
+        hits = sum(
+            0 in tagger_for(_one_secret(t))(f"call {disguise(phonenumbers.parse(t, 'US'))} now")
+            for t in PHONE_TERMS
+            for _ in range(repeats // len(PHONE_TERMS) + 1)
+        )
+        rows.append((name, round(hits * repeats / (len(PHONE_TERMS) * (repeats // len(PHONE_TERMS) + 1)))))
+    for name, disguise in EMAIL_DISGUISES.items():
+        hits = sum(
+            0 in tagger_for(_one_secret(e))(f"mail {disguise(e)}") for e in ["alice@example.org"] * repeats
+        )
+        rows.append((name, hits))
+    for name, hits in rows:
+        print(f"  {name:<28} {hits:>3} / {repeats}")
+    total = sum(h for _, h in rows)
+    print(f"  {'all classes':<28} {total:>3} / {repeats * len(rows)} = {total / (repeats * len(rows)):.3f}")
+
+
+def _one_secret(term: str) -> SecretSet:
+    return SecretSet([Secret(name="s", prior=1e-6, target_posterior=1e-3, terms=(term,))])
+
+
+def crt_credential_table(seed: int = 27) -> None:
+    """Credentials in code and configuration (issue 27): masked by the ``credentials`` policy, and public?"""
+    from hush_hf.crt import build_policies, redact_dataset
+
+    rng = np.random.default_rng(seed)
+    alnum = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+
+    def word(size: int, extra: str = "") -> str:
+        return "".join(rng.choice(alnum + list(extra), size=size).tolist())
+
+    aws = "AKIA" + "".join(rng.choice(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"), size=16).tolist())
+    body = "\n".join(word(64, "+/") for _ in range(5))
+    cases = [
+        (".env DB_PASSWORD=", "DB_PASSWORD={}\n", word(14)),
+        (".env SECRET_KEY=", "SECRET_KEY={}\n", word(40)),
+        (".env API_KEY= hex", "API_KEY={}\n", "".join(rng.choice(list("0123456789abcdef"), 32).tolist())),
+        (".env quoted", 'MAIL_PASSWORD="{}"\n', word(12) + "!"),
+        ("~/.aws/credentials", "[default]\naws_secret_access_key = {}\n", word(40, "+/")),
+        ("export AWS_SECRET_ACCESS_KEY=", "export AWS_SECRET_ACCESS_KEY={}\n", word(40, "+/")),
+        ("github_pat_", "push with {}\n", "github_pat_" + word(82, "_")),
+        ("redis://:pass@", "REDIS_URL=redis://:{}@cache:6379/0\n", word(16)),
+        ("JDBC password=", "jdbc:mysql://db/a?user=u&password={}&ssl=1\n", word(12)),
+        ("ADO.NET Password=", "Server=db;User ID=sa;Password={};Encrypt=True\n", word(12)),
+        ("Azure AccountKey=", "AccountName=a;AccountKey={};EndpointSuffix=x\n", word(86, "+/") + "=="),
+        ("docker-compose POSTGRES_PASSWORD:", "db:\n  environment:\n    POSTGRES_PASSWORD: {}\n", word(12)),
+        ("mysql -p", "mysql -u root -p{} shop\n", word(12)),
+        ("PGPASSWORD=", "PGPASSWORD={} psql -h db\n", word(12)),
+        ("XML <password>", "<ds><password>{}</password></ds>\n", word(12)),
+        ("Java .password=", "spring.datasource.password={}\n", word(12)),
+        ("key split by concatenation", 'aws_id = "' + aws[:9] + '" + "{}"\n', aws[9:]),
+        ("high entropy after 'secret'", "aws secret key is {} (rotate)\n", word(40, "+/")),
+        ("PEM, legacy encrypted, no END", "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"
+         "DEK-Info: AES-128-CBC,00FF00FF00FF00FF00FF00FF00FF00FF\n\n{}\n", body),
+    ]  # fmt: skip
+    texts = [template.format(value) for _, template, value in cases]
+    clean = ["We tokenize each sentence and report F1 on the test set.", "password = getpass()\n"]
+    data = datasets.Dataset.from_dict({"text": texts + clean})
+    redacted, _ = redact_dataset(data, build_policies(["credentials"]))
+    print("CRT credential table (issue 27): the credentials policy on code and configuration")
+    masked_count = public_kept = 0
+    rows = zip(cases, redacted["text"], redacted["crt_public"], strict=False)  # the clean rows come after
+    for (name, _, value), out, public in rows:
+        kept = any(value[k : k + 8] in out for k in range(0, max(1, len(value) - 7)))
+        masked_count += not kept
+        public_kept += kept and public
+        print(f"  {name:<34} {'masked' if not kept else 'KEPT':<7} {'public' if public else 'private'}")
+    public_clean = sum(redacted["crt_public"][len(cases) :])
+    print(
+        f"  masked {masked_count} / {len(cases)}; public rows keeping a credential: {public_kept}; rows "
+        f"without one public: {public_clean} / {len(clean)}"
+    )
+
+
 def clean_text_pairs() -> None:
     paragraphs = aclsum_paragraphs()
     secrets = select_by_document_frequency(paragraphs, df_range=(50, 100))
@@ -166,6 +324,46 @@ def clean_text_pairs() -> None:
         f"(row, secret) pairs ({pairs / len(secrets):.1f} per secret) with tag_dataset, {token_pairs:,} "
         "with mark_secrets (rows of a map batch read together)"
     )
+    terms = {j: list(secret.terms or (secret.name,)) for j, secret in enumerate(secrets)}
+    whole = BaselineTagger(terms)({"text": paragraphs["text"]})["secret_ids"]
+    print(
+        f"  whole words alone (the baseline tagger): {sum(map(len, whole)):,} pairs; the rest, by the first"
+    )
+    print(
+        "  occurrence of each pair the whole-word tagger lacks: "
+        + _extra_kinds(paragraphs["text"], secrets, whole)
+    )
+
+
+def _extra_kinds(texts: list[str], secrets: SecretSet, whole: list[list[int]]) -> str:
+    """What the (row, secret) pairs beyond whole words are (by the text of each such pair's first
+    occurrence)."""
+    tagger = tagger_for(secrets)
+    kinds: Counter = Counter()
+    lost = 0
+    for text, base in zip(texts, whole, strict=True):
+        spans = tagger.spans(text)
+        found = {j for _, _, j in spans}
+        lost += len(set(base) - found)
+        for j in sorted(found - set(base)):
+            start, end, _ = next(span for span in spans if span.secret == j)
+            piece, lowered = text[start:end], text[start:end].lower().replace("'", "")
+            name = words(secrets[j].terms[0] if secrets[j].terms else secrets[j].name)[-1]
+            if re.search(r"\s", piece):
+                kind = "chance spellings across a space"
+            elif "-" in piece:
+                kind = "hyphenated words"
+            elif lowered in (name + "s", name + "es", name[:-1] + "ies"):
+                kind = "plurals"
+            elif (end < len(text) and text[end].isalpha()) or (start and text[start - 1].isalpha()):
+                kind = "parts of identifiers (HyperCore)"
+            elif not piece.isascii():
+                kind = "TR39 letters"
+            else:
+                kind = "other (digit groups, punctuation inside)"
+            kinds[kind] += 1
+    parts = ", ".join(f"{kind} {count:,}" for kind, count in kinds.most_common())
+    return f"{parts}; whole-word pairs not marked: {lost}"
 
 
 def corpus(num_texts: int, words_per_text: int) -> tuple[datasets.Dataset, list[str]]:
@@ -271,6 +469,8 @@ def main() -> None:
         return
     if not args.no_quality:
         disguise_recall()
+        layer_recall()
+        crt_credential_table()
         clean_text_pairs()
     ds, vocabulary = corpus(args.texts, args.words)
     secrets = secret_set(args.terms, vocabulary)

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hush_hf.secrets import SecretSet, TermTagger, mark_secrets, secret_ids_from_marks, tagger_for
+from hush_hf.secrets.glyph_letters import is_transparent
 from hush_hf.secrets.matching import MIN_SPELLED, split_words
 from hush_hf.secrets.normalize import (
     EXACT,
@@ -31,6 +32,7 @@ from hush_hf.secrets.normalize import (
     Normalized,
     case_reading,
     glyph_reading,
+    mixed_reading,
     plain_reading,
 )
 
@@ -42,7 +44,7 @@ _UNSPACED_NAMES = ("CJK UNIFIED", "HIRAGANA", "KATAKANA", "HANGUL", "THAI", "LAO
 def _kind(char: str) -> str:
     category = unicodedata.category(char)
     if not case_reading(char) and not glyph_reading(char):
-        return "m" if category[0] == "M" or category == "Cf" else " "
+        return "m" if is_transparent(char) else " "
     if category in ("Lu", "Lt"):
         return "u"
     if category == "Ll":
@@ -109,7 +111,7 @@ def reference_spans(terms: dict[int, list[str]], text: str) -> set[tuple[int, in
     """Every ``(start, end, secret)``: words a..b read in any combination of readings spell a form."""
     words = reference_words(text)
     readings = [
-        {"".join(map(case_reading, text[s:e])), "".join(map(glyph_reading, text[s:e]))} for s, e in words
+        {"".join(map(fn, text[s:e])) for fn in (case_reading, glyph_reading, mixed_reading)} for s, e in words
     ]
     plain = ["".join(map(plain_reading, text[s:e])) for s, e in words]
     found = set()

@@ -8,13 +8,17 @@ Each detector is a pattern plus a check from a well-kept library, all offline:
 - ``credit_card``: 13-19 digits in groups, kept when ``stdnum.luhn`` validates them;
 - ``iban``: country code, check digits and up to 30 characters, kept when ``stdnum.iban`` validates;
 - ``ip``: dotted IPv4 / colon IPv6 candidates kept when Python's ``ipaddress`` parses them;
-- ``credentials``: detect-secrets' default plugins (API keys of ~25 services, private-key headers,
+- ``credentials``: detect-secrets' full plugin set (API keys of ~25 services, private-key headers,
   keyword assignments such as ``password = "..."``, high-entropy base64/hex strings), line by line;
   a hit is widened to the whole token around it (a plugin may report only a key's prefix). A private
   key's PEM block (``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line) is one span, body included,
   whether its lines are real line breaks or ``\n`` escapes inside a one-line string (JSON, code);
   detect-secrets reports only the BEGIN line. Without an END line, the span runs over the base64 body
-  that follows (letters, digits, ``+/=``, white space, escapes and string quotes).
+  that follows (letters, digits, ``+/=``, white space, escapes and string quotes), after any header
+  lines (``Proc-Type``, ``DEK-Info`` of a legacy encrypted key). Configuration, connection-string and
+  command-line forms the plugins miss (``.env`` and YAML keys, JDBC/ADO.NET/Azure strings, URL
+  passwords, ``mysql -p``, XML elements, keys split by concatenation, a high-entropy string next to a
+  word naming a secret) are :mod:`hush_hf.crt.credentials`'s.
 
 Why not presidio-analyzer or scrubadub: both install spaCy or scikit-learn/nltk/textblob for the same
 pattern + checksum recognizers; their checks are the libraries used here directly.
@@ -26,6 +30,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Sequence
 
+from hush_hf.crt.credentials import credential_form_spans
 from hush_hf.crt.spans import Span
 
 DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "IN")
@@ -40,7 +45,13 @@ IPV6 = re.compile(r"(?<![\w:])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:]
 TOKEN_EDGE = re.compile(r"""[^\s'"`,;()\[\]{}<>]""")
 _PEM_LABEL = r"[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?"
 PEM_BLOCK = re.compile(rf"-----BEGIN ({_PEM_LABEL})-----.*?-----END \1-----", re.S)
-PEM_BEGIN = re.compile(rf"-----BEGIN {_PEM_LABEL}-----(?:[A-Za-z0-9+/=\s\\'\"]|\\[nr])*")
+# Without an END line: the BEGIN line, RFC 1421 header lines (legacy encrypted keys: "Proc-Type: 4,ENCRYPTED",
+# "DEK-Info: AES-128-CBC,<hex>"), then the base64 body; line breaks real or written as \n escapes.
+_PEM_BREAK = r"(?:\r?\n|\\r\\n|\\n)"
+PEM_BEGIN = re.compile(
+    rf"-----BEGIN {_PEM_LABEL}-----[ \t'\"]*(?:{_PEM_BREAK}[ \t'\"]*[A-Za-z][A-Za-z0-9\-]*:[^\n\\]*)*"
+    rf"(?:[A-Za-z0-9+/=\s\\'\"]|\\[nr])*"
+)
 
 
 def pem_spans(text: str) -> list[Span]:
@@ -135,7 +146,7 @@ class CredentialDetector:
             self.plugins = list(get_plugins())
 
     def __call__(self, text: str) -> list[Span]:
-        spans = pem_spans(text)
+        spans = pem_spans(text) + credential_form_spans(text)
         offset = 0
         for number, line in enumerate(text.splitlines(keepends=True), start=1):
             for plugin in self.plugins:

@@ -19,8 +19,10 @@ or ``public attributes``.
 
 A term also matches with English plural endings on its last word (``falcons``, ``boxes``,
 ``companies``; possessives are words of their own). Where a character reads two ways (``I`` as ``i``
-or ``l``, Greek capitals as letters or as Latin glyphs) both readings are tried, word by word; where
-decoding escapes changed a text, its raw form is matched too (``C:\\new`` holds ``new``).
+or ``l``, Greek capitals as letters or as Latin glyphs, a word mixing scripts read letter by letter) every
+reading is tried, word by word; every layer of decoding is matched, and the raw text too (``C:\\new``
+holds ``new``). A phone number or e-mail address term also matches its other writings
+(:mod:`hush_hf.secrets.formats`: ``+14155550199``, ``alice {at} example {dot} org``).
 
 Terms whose key is shorter than :data:`MIN_SPELLED` characters (``01``, ``σ``, ``w5``, ``猎鹰``) match
 only words glued together (nothing between them) that spell them *plainly*, without TR39 prototypes: so
@@ -45,6 +47,7 @@ from itertools import compress, islice
 from operator import add
 from typing import NamedTuple
 
+from hush_hf.secrets.formats import canonical_forms
 from hush_hf.secrets.normalize import (
     EXACT,
     KEYS,
@@ -107,6 +110,8 @@ class TermIndex:
                     continue
                 for form in plural_forms(key):
                     forms.setdefault(form, set()).add(index)
+                for written in canonical_forms(term):
+                    forms.setdefault(term_key(written, case_sensitive=case_sensitive), set()).add(index)
         self.case_sensitive = case_sensitive
         self.short = {form: tuple(sorted(ids)) for form, ids in short.items()}
         self._prefixes = frozenset(form[:n] for form in self.short for n in range(1, len(form) + 1))
@@ -178,7 +183,8 @@ class TermIndex:
                 if b == count:
                     break
                 if glyphs is not None and glyphs[b] is not None:
-                    self._walk(keys, glyphs, a, [(b, spelled + keys[b]), (b, spelled + glyphs[b])], found)
+                    states = [(b, spelled + keys[b]), *((b, spelled + g) for g in glyphs[b])]
+                    self._walk(keys, glyphs, a, states, found)
                     break
                 spelled += keys[b]
                 entry = get(spelled)
@@ -188,12 +194,9 @@ class TermIndex:
                     break
         if glyphs is not None:  # runs reading a word as its glyph: from that word, or through it
             for g in [g for g, glyph in enumerate(glyphs) if glyph is not None]:
-                states = [(g, glyphs[g])]
+                self._walk(keys, glyphs, g, [(g, other) for other in glyphs[g]], found)
                 if g and entries[g - 1] is not None:
-                    states.append((g, keys[g - 1] + glyphs[g]))
-                self._walk(keys, glyphs, g, states[:1], found)
-                if len(states) == 2:
-                    self._walk(keys, glyphs, g - 1, states[1:], found)
+                    self._walk(keys, glyphs, g - 1, [(g, keys[g - 1] + other) for other in glyphs[g]], found)
         if long and 2 * max(map(len, keys), default=0) > PREFIX_CAP:  # runs that outgrow the prefix
             for a, key in enumerate(keys):  # table within their first two words
                 if len(key) > PREFIX_CAP:
@@ -227,7 +230,7 @@ class TermIndex:
     def _walk(
         self,
         keys: list[str],
-        glyphs: list[str | None] | None,
+        glyphs: list[tuple[str, ...] | None] | None,
         a: int,
         states: list[tuple[int, str]],
         found: list[tuple[int, int, tuple[int, ...]]],
@@ -253,7 +256,7 @@ class TermIndex:
             if b < count:
                 stack.append((b, spelled + keys[b]))
                 if glyphs is not None and glyphs[b] is not None:
-                    stack.append((b, spelled + glyphs[b]))
+                    stack += [(b, spelled + other) for other in glyphs[b]]
 
     def spans(self, normalized: Normalized, out: set[SecretSpan]) -> None:
         """Add every term occurrence in ``normalized`` (original offsets) to ``out``."""

@@ -4,15 +4,17 @@ Secrets are searched in a *decoded* copy of each text and reported as character 
 text (so that a fast tokenizer's ``offset_mapping`` can carry them onto the tokens, see
 :mod:`hush_hf.secrets.marks`):
 
-1. **Escapes** are decoded, each decoded character mapped back to its whole escape: HTML entities
-   (``&shy;``, ``&#233;``), runs of URL percent-escapes (``project%20falcon``, UTF-8 sequences included)
-   and backslash escapes of code and JSON strings (``\\n``, ``\\t``, ``\\"``, ``\\x41``, ``\\u00e9``,
-   surrogate pairs). :func:`readings` gives the decoded text and, when it differs, the raw text too:
+1. **Layers** are decoded, to a fixed point (:mod:`hush_hf.secrets.layers`): HTML references with or
+   without ``;``, URL percent-escapes, backslash escapes (C octal and CSS included), quoted-printable and
+   markup inside words, pass after pass (``&amp;#110;`` -> ``&#110;`` -> ``n``), each decoded character
+   mapped back to the whole stretch it came from. :func:`readings` gives every layer and the raw text:
    ``C:\\new`` reads ``new`` raw and a newline decoded.
 2. **Characters** are reduced to *keys*, the letters and digits they spell (:class:`CharTable`): NFKC
    (full-width letters, ligatures, superscripts), decimal digits of any script as ASCII digits (``٧`` ->
-   ``7``), combining marks and format characters dropped (accents, a combining overlay, soft hyphens,
-   zero-width joiners), then each character replaced by its Unicode TR39 prototype
+   ``7``), letters drawn as glyphs NFKC keeps read as the letter their name gives (small capitals,
+   negative circled letters, regional indicators: :mod:`hush_hf.secrets.glyph_letters`), transparent
+   characters dropped (accents, a combining overlay, soft hyphens, zero-width joiners, Hangul fillers,
+   tatweel), then each character replaced by its Unicode TR39 prototype
    (:mod:`hush_hf.secrets.confusables`: Cyrillic ``а`` -> ``a``, ``0`` -> ``o``, ``1`` and ``|`` -> ``l``,
    ``m`` -> ``rn``) and case-folded (``str.casefold``: final sigma, ``ß``). What is neither letter nor digit
    after that (punctuation, spaces, symbols) has an empty key: a separator.
@@ -20,9 +22,11 @@ text (so that a fast tokenizer's ``offset_mapping`` can carry them onto the toke
 A character can be read two ways, as a letter in another case or as the glyph it looks like: ``I`` is
 ``i`` in ``Icon`` and ``l`` in ``faIcon``; Greek ``Η`` is ``η`` or ``H``. The *case reading* folds case
 first (``I`` -> ``i``), the *glyph reading* takes the prototype first (``I`` -> ``l``); both are kept
-where they differ (:attr:`CharTable.glyph`). Folding case before taking prototypes everywhere would merge
-whole alphabets through Greek and Cyrillic case pairs (``r``, ``t``, ``u``, ``y`` and ``z`` would become
-one letter); two readings keep each exact.
+where they differ (:data:`GLYPHS`), and a word mixing scripts is also read with its Latin letters as
+letters and its other letters as glyphs (:func:`mixed_reading`: ``КIM`` with Cyrillic ``К`` is
+``kim``). Folding case before taking prototypes everywhere would merge whole alphabets through Greek and
+Cyrillic case pairs (``r``, ``t``, ``u``, ``y`` and ``z`` would become one letter); several readings keep
+each exact.
 
 For regular expressions, :func:`normalize` decodes escapes and replaces non-ASCII look-alikes by the
 ASCII characters they imitate, keeping case and every other character (offsets mapped back as above);
@@ -31,144 +35,53 @@ ASCII characters they imitate, keeping case and every other character (offsets m
 
 from __future__ import annotations
 
-import html
 import re
 import unicodedata
-from urllib.parse import unquote
 
-import numpy as np
 import regex
 
 from hush_hf.secrets.confusables import prototypes
+from hush_hf.secrets.glyph_letters import glyph_letter, is_transparent
+from hush_hf.secrets.layers import decoded, layers
+from hush_hf.secrets.offsets import Normalized, from_pieces
 
-# HTML entities (named, decimal, hex) and runs of percent-escapes (a UTF-8 sequence spans several).
-_ESCAPE = re.compile(
-    r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});|(?:%[0-9A-Fa-f]{2})+"
-    r"|\\(?:[ntrfvab0\\'\"/]|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|u\{[0-9A-Fa-f]{1,6}\})"
-)
-_BACKSLASH = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a", "b": "\b", "0": "\0"}
+__all__ = ["Normalized", "decode_escapes", "dehyphenate", "normalize", "readings"]
+
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 _NON_ASCII_SPLIT = re.compile(r"([^\x00-\x7f]+)")
 # A hyphen ending a line inside a word: "Fal-\ncon" (spaces and a carriage return allowed).
 _LINE_BREAK_HYPHEN = re.compile(r"(?<=\w)[-\u2010\u2011][ \t]*\r?\n[ \t]*(?=\w)")
 # Scripts written without spaces between words: each character is a word of its own.
+_NON_LATIN_LETTER = regex.compile(r"(?=\p{L})\P{Latin}")
 _UNSPACED = regex.compile(
     r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}\p{Tibetan}]"
 )
 
 
-class Normalized:
-    """A normalised text and, per character k, the original span ``[starts[k], ends[k])`` it came from.
-
-    ``starts``/``ends`` are ``None`` when the text is unchanged in length and position (the common,
-    ASCII case): then character k came from original character k.
-    """
-
-    __slots__ = ("ends", "starts", "text")
-
-    def __init__(self, text: str, starts: np.ndarray | None = None, ends: np.ndarray | None = None) -> None:
-        self.text = text
-        self.starts = starts
-        self.ends = ends
-
-    def original_span(self, start: int, end: int) -> tuple[int, int]:
-        """The original span behind normalised characters ``[start, end)`` (``end > start``)."""
-        if self.starts is None or self.ends is None:
-            return start, end
-        return int(self.starts[start]), int(self.ends[end - 1])
-
-    def then(self, later: Normalized) -> Normalized:
-        """``later`` (a normalisation of ``self.text``) with offsets into the original text."""
-        if later.starts is None or later.ends is None:
-            return Normalized(later.text, self.starts, self.ends)
-        if self.starts is None or self.ends is None:
-            return later
-        if later.starts.size == 0:
-            return Normalized(later.text, later.starts, later.ends)
-        return Normalized(later.text, self.starts[later.starts], self.ends[later.ends - 1])
-
-
-def _from_pieces(text: str, pieces: list[tuple[int, int, str]]) -> Normalized:
-    """``text`` with the non-overlapping, sorted replacements ``(start, end, new)`` applied."""
-    if not pieces:
-        return Normalized(text)
-    out: list[str] = []
-    starts: list[np.ndarray] = []
-    ends: list[np.ndarray] = []
-    position = 0
-    for start, end, new in pieces:
-        if start > position:
-            out.append(text[position:start])
-            kept = np.arange(position, start)
-            starts.append(kept)
-            ends.append(kept + 1)
-        out.append(new)
-        starts.append(np.full(len(new), start))
-        ends.append(np.full(len(new), end))
-        position = end
-    if position < len(text):
-        out.append(text[position:])
-        kept = np.arange(position, len(text))
-        starts.append(kept)
-        ends.append(kept + 1)
-    return Normalized(
-        "".join(out), np.concatenate(starts).astype(np.int64), np.concatenate(ends).astype(np.int64)
-    )
-
-
-def _decode_escape(escape: str) -> str:
-    if escape[0] == "&":
-        return html.unescape(escape)
-    if escape[0] == "%":
-        return unquote(escape, errors="replace")
-    kind = escape[1]
-    if kind in _BACKSLASH:
-        return _BACKSLASH[kind]
-    if kind in "xuU":
-        return chr(int(escape[2:].strip("{}"), 16))
-    return kind  # \\ \' \" \/
-
-
 def decode_escapes(text: str) -> Normalized:
-    """Step 1: escapes decoded (each decoded character maps to its whole escape); surrogate pairs written
-    as two ``\\u`` escapes (JSON) become one character."""
-    if "&" not in text and "%" not in text and "\\" not in text:  # no escape can start: a fast scan
-        return Normalized(text)
-    pieces: list[tuple[int, int, str]] = []
-    for match in _ESCAPE.finditer(text):
-        decoded = _decode_escape(match.group())
-        if decoded == match.group():
-            continue
-        if pieces and pieces[-1][1] == match.start() and _is_surrogate_pair(pieces[-1][2], decoded):
-            start, _, high = pieces.pop()
-            decoded = (high + decoded).encode("utf-16-le", "surrogatepass").decode("utf-16-le")
-            pieces.append((start, match.end(), decoded))
-            continue
-        pieces.append((match.start(), match.end(), decoded))
-    return _from_pieces(text, pieces)
-
-
-def _is_surrogate_pair(high: str, low: str) -> bool:
-    return len(high) == 1 and len(low) == 1 and "\ud800" <= high <= "\udbff" and "\udc00" <= low <= "\udfff"
+    """Step 1: every layer of markup and escapes decoded, to a fixed point (:mod:`hush_hf.secrets.layers`);
+    each decoded character maps back to the whole stretch of ``text`` it came from."""
+    return decoded(text)
 
 
 def readings(text: str) -> list[Normalized]:
-    """The decoded text and, when decoding changed it, the raw text (offsets into ``text``)."""
-    decoded = decode_escapes(text)
-    return [decoded] if decoded.starts is None else [decoded, Normalized(text)]
+    """Every layer of ``text`` a reader decodes (:func:`hush_hf.secrets.layers.layers`, deepest first),
+    then the raw text (offsets into ``text``): ``C:\\new`` reads ``new`` raw and a newline decoded."""
+    found = layers(text)
+    return [*found, Normalized(text)] if found else [Normalized(text)]
 
 
 # -- characters -> keys ---------------------------------------------------------------------------------
 
 
 def _stripped(text: str) -> str:
-    """NFD with combining marks (M*) and format characters (Cf) dropped; decimal digits made ASCII."""
+    """NFD with transparent characters dropped (marks, format characters, default-ignorables, kashida:
+    :func:`~hush_hf.secrets.glyph_letters.is_transparent`); decimal digits made ASCII."""
     out = []
     for char in unicodedata.normalize("NFD", text):
-        category = unicodedata.category(char)
-        if category[0] == "M" or category == "Cf":
+        if is_transparent(char):
             continue
-        out.append(str(unicodedata.decimal(char)) if category == "Nd" else char)
+        out.append(str(unicodedata.decimal(char)) if unicodedata.category(char) == "Nd" else char)
     return "".join(out)
 
 
@@ -189,7 +102,18 @@ def _letters(text: str) -> str:
     return "".join(char for char in text if char.isalnum())
 
 
+def _drawn(char: str) -> str:
+    """``char``, or the Latin letter it is drawn as where NFKC does not say so (small capitals, negative
+    circled letters, regional indicators: :mod:`hush_hf.secrets.glyph_letters`)."""
+    drawn = glyph_letter(char)
+    if drawn is None and not char.isascii():  # a modifier form of a small capital: NFKC first
+        folded = unicodedata.normalize("NFKC", char)
+        drawn = glyph_letter(folded) if len(folded) == 1 and folded != char else None
+    return drawn or char
+
+
 def _folded(char: str) -> str:
+    char = _drawn(char)
     return _stripped(unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", char).casefold()))
 
 
@@ -212,13 +136,25 @@ def case_reading(char: str) -> str:
 
 
 def glyph_reading(char: str) -> str:
-    """The key of ``char`` read as the glyph it looks like: TR39 prototypes, then case folded."""
+    """The key of ``char`` read as the glyph it looks like: TR39 prototypes, then case folded. The
+    prototype of the character itself comes first, before NFKC (which turns the lunate sigma ``ϲ``, drawn
+    as ``c``, into ``σ``)."""
+    char = _drawn(char)
+    if char in prototypes():
+        return _settled(_prototype(char), fold=True)
     return _settled("".join(map(_prototype, _stripped(unicodedata.normalize("NFKC", char)))), fold=True)
+
+
+def mixed_reading(char: str) -> str:
+    """The key of ``char`` in a word mixing scripts: a Latin letter (or digit, or symbol) read as a letter
+    (:func:`case_reading`), a letter of another script as the Latin glyph it looks like
+    (:func:`glyph_reading`): ``КIM`` with Cyrillic ``К`` reads ``kim``."""
+    return glyph_reading(char) if _NON_LATIN_LETTER.match(char) else case_reading(char)
 
 
 def exact_reading(char: str) -> str:
     """The case-sensitive key of ``char``: TR39 prototypes, case kept."""
-    return _settled(_stripped(unicodedata.normalize("NFKC", char)), fold=False)
+    return _settled(_stripped(unicodedata.normalize("NFKC", _drawn(char))), fold=False)
 
 
 def plain_reading(char: str) -> str:
@@ -228,7 +164,7 @@ def plain_reading(char: str) -> str:
 
 def plain_exact_reading(char: str) -> str:
     """The case-sensitive key of ``char`` without TR39 prototypes."""
-    return _letters(_stripped(unicodedata.normalize("NFKC", char)))
+    return _letters(_stripped(unicodedata.normalize("NFKC", _drawn(char))))
 
 
 #: Kinds of characters, for splitting words (:mod:`hush_hf.secrets.matching`): upper-case letter,
@@ -243,7 +179,7 @@ def char_kind(char: str) -> str:
     """The kind of ``char`` (see :data:`UPPER` ...)."""
     category = unicodedata.category(char)
     if not case_reading(char) and not glyph_reading(char):
-        return TRANSPARENT if category[0] == "M" or category == "Cf" else SEPARATOR
+        return TRANSPARENT if is_transparent(char) else SEPARATOR
     if category in ("Lu", "Lt"):
         return UPPER
     if category == "Ll":
@@ -316,6 +252,7 @@ class CharTable(dict):
 KINDS = CharTable(char_kind, keep_nul=False)
 KEYS = CharTable(case_reading)
 GLYPHS = CharTable(glyph_reading)
+MIXED = CharTable(mixed_reading)
 EXACT = CharTable(exact_reading)
 PLAIN = CharTable(plain_reading)
 PLAIN_EXACT = CharTable(plain_exact_reading)
@@ -353,7 +290,7 @@ def fold_characters(text: str) -> Normalized:
                 folded = _LOOK_ALIKES[char] = _look_alike(char)
             if folded != char:
                 pieces.append((run.start() + k, run.start() + k + 1, folded))
-    return _from_pieces(text, pieces)
+    return from_pieces(text, pieces)
 
 
 def normalize(text: str) -> Normalized:
@@ -370,4 +307,4 @@ def dehyphenate(normalized: Normalized) -> Normalized | None:
     pieces = [(m.start(), m.end(), "") for m in _LINE_BREAK_HYPHEN.finditer(text)]
     if not pieces:
         return None
-    return normalized.then(_from_pieces(text, pieces))
+    return normalized.then(from_pieces(text, pieces))

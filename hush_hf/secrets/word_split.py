@@ -16,7 +16,7 @@ from itertools import accumulate, chain
 from operator import itemgetter
 from typing import NamedTuple
 
-from hush_hf.secrets.normalize import EXACT, GLYPHS, KEYS, KINDS, PLAIN, PLAIN_EXACT, Normalized
+from hush_hf.secrets.normalize import EXACT, GLYPHS, KEYS, KINDS, MIXED, PLAIN, PLAIN_EXACT, Normalized
 
 # Words on the string of character kinds (normalize.KINDS: u upper, l lower, s the letter s, d digit,
 # o caseless letter, x a word alone, m transparent, space separator): an acronym's plural (KBs), an
@@ -28,14 +28,17 @@ _WORD_SPLIT = re.compile(
 _WORD_SPLIT_NO_MARKS = re.compile(r"(u{2,}s(?![ls])|u+(?=u[ls])|u?[ls]+|u+|d+|o+|x)")  # the same, no m
 # The same on ASCII text itself (KINDS of ASCII: A-Z u, a-z l but s, 0-9 d, | x, the rest separators).
 _WORD_WITH_I = re.compile(r"[^\0]*I[^\0]*")  # in words joined by \0: a word holding a capital I
+_SQL_CONCATENATION = re.compile(r"\|{2,}")  # || joins strings (SQL): an operator, not the letters ll
 _ASCII_WORD_SPLIT = re.compile(r"([A-Z]{2,}s(?![a-z])|[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+|\|)")
 
 class Words(NamedTuple):
-    """A text split into words: their keys (case reading), glyph readings where different (else
-    ``None``), plain keys (no prototypes; only when asked), and original spans ``[starts[k], ends[k])``."""
+    """A text split into words: their keys (case reading), their other readings where different (else
+    ``None``: the glyph reading, and for a word mixing scripts the mixed reading, see
+    :func:`hush_hf.secrets.normalize.mixed_reading`), plain keys (no prototypes; only when asked), and
+    original spans ``[starts[k], ends[k])``."""
 
     keys: list[str]
-    glyphs: list[str | None] | None
+    glyphs: list[tuple[str, ...] | None] | None
     plain: list[str] | None
     starts: Sequence[int]
     ends: Sequence[int]
@@ -44,6 +47,8 @@ class Words(NamedTuple):
 def split_words(normalized: Normalized, *, case_sensitive: bool = False, plain: bool = False) -> Words:
     """The words of ``normalized.text`` with their keys and original offsets (rules: module docstring)."""
     text = normalized.text
+    if "||" in text:  # same length: offsets unchanged
+        text = _SQL_CONCATENATION.sub(lambda m: " " * len(m.group()), text)
     if text.isascii():
         parts = _ASCII_WORD_SPLIT.split(text)
         pieces = "\0".join(parts[1::2])  # \0 is a separator: never in a word
@@ -69,11 +74,15 @@ def split_words(normalized: Normalized, *, case_sensitive: bool = False, plain: 
             for match in _WORD_WITH_I.finditer(pieces):
                 k = pieces.count("\0", 0, match.start())
                 glyph = GLYPHS.translate(match.group())
-                glyphs[k] = glyph if glyph != keys[k] else None
+                glyphs[k] = (glyph,) if glyph != keys[k] else None
     else:
         alternatives = GLYPHS.translate(pieces)
         if alternatives != keyed:
-            glyphs = [g if g != k else None for k, g in zip(keys, alternatives.split("\0"), strict=True)]
+            mixed = MIXED.translate(pieces).split("\0")
+            glyphs = [
+                tuple(dict.fromkeys(r for r in (g, m) if r != k)) or None
+                for k, g, m in zip(keys, alternatives.split("\0"), mixed, strict=True)
+            ]
     plain_keys = (PLAIN_EXACT if case_sensitive else PLAIN).translate(pieces).split("\0") if plain else None
     if normalized.starts is not None and normalized.ends is not None:
         starts = normalized.starts[starts].tolist()
