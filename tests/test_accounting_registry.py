@@ -40,12 +40,11 @@ def test_the_names_are_the_table_default_first():
 
 @pytest.mark.parametrize("name", list(registry.REGISTRY))
 def test_every_registered_accountant_has_what_the_rest_needs(name):
-    from hush_hf.audit.card import ACCOUNTANT_WORDS
+    from hush_hf.audit.card import _accountant_words
 
     entry = get_accountant(name)
     assert entry.lp_budget in LP_BUDGET_KINDS and entry.description.strip()
-    # the model card says what the table says (until the card reads the table itself)
-    assert ACCOUNTANT_WORDS[name] == entry.description
+    assert entry.description in _accountant_words(name)  # the model card reads the table
     groups = SecretGroups.from_lists([[0.05] * 4])
     bound = posterior_bounds(groups, [1e-4], 3.0, 100, name)[0]
     assert 1e-4 < bound < 1.0  # its bound function resolves and gives a bound above the prior

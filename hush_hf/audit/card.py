@@ -30,12 +30,14 @@ CARD_FILE = "README.md"
 SECTION_START = "<!-- hush_hf: secret protection (generated; edits here are overwritten) -->"
 SECTION_END = "<!-- hush_hf: end of secret protection -->"
 CARD_TAGS = ("hush_hf", "secret-protection", "dp-sgd")
-ACCOUNTANT_WORDS = {
-    "tight": "the blow-up function of a pessimistic privacy-loss distribution (Hayes, Balle and "
-             "Mahloujifar 2023), exact up to a discretisation that only over-estimates the bound",
-    "rdp": "Rényi divergences of the exact mixture (Stock et al. 2022)",
-    "kl": "the KL divergence of the exact mixture (Hush, Lemma 3.2)",
-}
+
+def _accountant_words(name: str) -> str:
+    """The registry's one-sentence description of accountant ``name`` (the name itself if unregistered)."""
+    from hush_hf.accounting.accountants import REGISTRY
+
+    entry = REGISTRY.get(name)
+    return entry.description if entry is not None else name
+
 
 CARD_TEMPLATE = """---
 {{ card_data }}
@@ -95,7 +97,7 @@ def protection_section(report: Mapping[str, Any]) -> str:
             f"example's gradient was clipped to norm C = {_fmt(t['clip_norm'])} and Gaussian noise of "
             f"standard deviation sigma*C = {_fmt(t['noise_multiplier'])} * {_fmt(t['clip_norm'])} was "
             f"added to each step's summed gradient (DP-SGD). The bounds were computed with the "
-            f"`{t['accountant']}` accountant: {ACCOUNTANT_WORDS.get(t['accountant'], t['accountant'])}.",
+            f"`{t['accountant']}` accountant: {_accountant_words(t['accountant'])}.",
             "",
             "**What is not guaranteed.** The guarantee covers a secret's occurrences in the examples tagged "
             "as containing it; it does not hide which examples contain secrets, or that an example was "

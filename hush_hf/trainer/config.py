@@ -7,6 +7,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from hush_hf.accounting.accountants import DEFAULT_ACCOUNTANT
 from hush_hf.sampling.seeds import check_dp_seed
 from hush_hf.trainer.plan_setup import loud_warning
 from hush_hf.trainer.seed_store import resolve_dp_state_dir
@@ -157,8 +158,8 @@ class SecretProtectionConfig(TrainingArguments):
         metadata={"help": "Column of train_dataset the secrets are searched in when tagging."},
     )
     accountant: str = field(
-        default="tight",
-        metadata={"help": "Accountant calibrating the noise: tight, rdp or kl."},
+        default=DEFAULT_ACCOUNTANT,
+        metadata={"help": "Accountant calibrating the noise (hush_hf.accounting.ACCOUNTANTS)."},
     )
     lp_c: float = field(
         default=1.0,

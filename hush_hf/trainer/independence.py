@@ -1,12 +1,12 @@
 """Every example's loss depends on that example alone: the DP step's first-step self-check.
 
-DP-SGD's sensitivity is C only if example i's clipped gradient ``clip(grad loss_i, C)`` is a function
-of example i (Hush Alg. 2, line 9; DESIGN section 7). Many things break that silently: left padding
-(re-padded, :mod:`hush_hf.trainer.padding`), a ``per_example_loss`` normalised over the batch, labels on
-padding positions (the loss then changes with the padded width, i.e. with the other rows' lengths),
-packing without a per-row mask, a model whose forward mixes rows (capacity-limited experts, a
-batch statistic). Coupling shows in the loss: so at the first step of a run, before any gradient
-reaches the optimizer, each of a few training rows is scored twice, without gradient:
+DP-SGD's sensitivity is C only if example i's clipped gradient ``clip(grad loss_i, C)`` is a function of
+example i (Hush Alg. 2, line 9; docs/design.md, "Examples stand alone"). Many things break that
+silently: left padding (re-padded, :mod:`hush_hf.trainer.padding`), a ``per_example_loss`` normalised
+over the batch, labels on padding positions (the loss then changes with the padded width, i.e. with the
+other rows' lengths), packing without a per-row mask, a model whose forward mixes rows (capacity-limited
+experts, a batch statistic). Coupling shows in the loss: so at the first step of a run, before any
+gradient reaches the optimizer, each of a few training rows is scored twice, without gradient:
 
 - inside a batch: the rows collated together by the user's collator, re-padded and cut into
   micro-batches exactly as the DP step does;

@@ -1,12 +1,12 @@
 """Left-padded batches, moved to the right before the DP step: each example must stand alone.
 
-DP-SGD's sensitivity C holds only if example i's clipped gradient is a function of example i (DESIGN
-section 7). A left-padded row breaks that: absolute positions (GPT-2, GPT-Neo, BERT) count from the
-row's left edge, so its tokens sit further right the longer the *other* rows are, and a causal LM
-scores the row's first token from a pad position, whose hidden state depends on the padded width
-(eager attention spreads a fully masked row over every key). Adding one long row to five short ones
-moved the clipped sum by 1.06-2.2 C here (tests/test_example_independence.py); right padding moves it
-by the new row's clipped gradient alone, at most C.
+DP-SGD's sensitivity C holds only if example i's clipped gradient is a function of example i
+(docs/design.md, "Examples stand alone"). A left-padded row breaks that: absolute positions (GPT-2,
+GPT-Neo, BERT) count from the row's left edge, so its tokens sit further right the longer the *other*
+rows are, and a causal LM scores the row's first token from a pad position, whose hidden state depends
+on the padded width (eager attention spreads a fully masked row over every key). Adding one long row to
+five short ones moved the clipped sum by 1.06-2.2 C here (tests/test_example_independence.py); right
+padding moves it by the new row's clipped gradient alone, at most C.
 
 Right padding is exact because nothing the loss reads sees a trailing pad: the loss ignores pad
 positions (label -100), a causal mask hides later positions from earlier ones, a padding mask hides

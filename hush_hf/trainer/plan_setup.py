@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hush_hf.data import arrow_columns, column_names
+from hush_hf.data import SECRET_IDS_COLUMN, arrow_columns, column_names
 from hush_hf.planning.binding import is_bookkeeping
 from hush_hf.planning.plan import (
     SAMPLING_PROB_COLUMN,
@@ -33,7 +33,6 @@ from hush_hf.trainer.validation import check_noise_multiplier
 
 logger = logging.getLogger(__name__)
 
-SECRET_IDS_COLUMN = "secret_ids"
 PLAN_COLUMNS = (SECRET_IDS_COLUMN, WEIGHT_COLUMN, SAMPLING_PROB_COLUMN)
 
 
