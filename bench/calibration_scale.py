@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from hush_hf.accounting import SecretGroups, calibrate_noise, lp_budget
+from hush_hf.accounting import SecretGroups, calibrate_noise, get_accountant, lp_budget
 
 SECRET_KINDS = (  # (prior, target, share): API keys, IDs, emails, names
     (1e-10, 5e-4, 0.25),
@@ -79,7 +79,7 @@ def planned_instance(num_secrets: int, seed: int = 0, steps: int = 2000, kind: s
     kinds = rng.choice(len(SECRET_KINDS), size=num_secrets, p=shares / shares.sum())
     priors = np.array([SECRET_KINDS[k][0] for k in kinds])
     targets = np.array([SECRET_KINDS[k][1] for k in kinds])
-    budget = lp_budget(priors, targets, "kl" if kind == "kl" else "tight")
+    budget = lp_budget(priors, targets, get_accountant(kind).lp_budget)
     c = 20.0 / budget.mean()  # ~20 of the 50-100 examples' weight allowed: budgets bind
     w = progressive_filling(member, c * budget)
     batch = 0.3 * w.sum() / (member @ w).mean()  # expected batch size making E[S_j] ~ 0.3

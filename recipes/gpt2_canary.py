@@ -135,7 +135,7 @@ def page(results: dict[str, Any]) -> str:
 def run(args: GPT2CanaryArguments, config: Any, session: ex.Session) -> dict[str, Any]:
     from transformers import DataCollatorForLanguageModeling
 
-    from hush_hf.accounting import lp_budget
+    from hush_hf.accounting import get_accountant, lp_budget
 
     output_dir, main_process, watch = session.output_dir, session.main_process, session.watch
     with watch("data and canaries"):
@@ -145,7 +145,7 @@ def run(args: GPT2CanaryArguments, config: Any, session: ex.Session) -> dict[str
     with watch("planning"):  # uniform_dp keeps every example (w = 1); CRT's DP steps use its noise
         wanted = [m for m in ("uniform_dp", "hush_hf") if m in args.methods]
         wanted = ["uniform_dp"] * ("crt" in args.methods and "uniform_dp" not in wanted) + wanted
-        budget = lp_budget(secrets.priors, secrets.targets, "kl" if config.accountant == "kl" else "tight")
+        budget = lp_budget(secrets.priors, secrets.targets, get_accountant(config.accountant).lp_budget)
         lp_cs = {"uniform_dp": ex.no_preprocessing_lp_c(sizes, budget), "hush_hf": config.lp_c}
         plans = session.on_main_process(
             lambda: {m: ex.plan_for_config(secret_ids, secrets, config, lp_c=lp_cs[m]) for m in wanted})
