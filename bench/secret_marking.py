@@ -23,6 +23,13 @@ plain GPT-2 tokenizing and of tokenizing with marks (batches of 1,000). ``--agai
 same measurement on the ``hush_hf`` of another checkout (e.g. ``git worktree add /tmp/old 251ddd7``, the
 code before issue 19) and this one, interleaved ``--rounds`` times, each in a fresh process.
 
+Issue 27: recall per disguise class for generated disguises of every layer, glyph class and canonical
+form the matcher reads (markup inside words, HTML references with and without ``;``, double escapes, C
+octal, CSS, quoted-printable, small capitals, negative circled letters, regional indicators, fillers,
+tatweel, lunate sigma, mixed-script capitals, SQL ``||``, phone numbers, e-mail obfuscations), the CRT
+credential table (each credential form: masked by the ``credentials`` policy? its row public?), and on
+clean text the whole-word pairs and what the pairs beyond them are.
+
 Then (issue 19) what the matcher finds: recall on generated disguises of planted terms (case inside a
 word, words run together, spaced and dotted letters, digit groups and scripts, escapes, line wraps,
 TR39 confusables, all-caps Greek, combining overlays), for the whole-word baseline and for

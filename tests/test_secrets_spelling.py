@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import unicodedata
 from itertools import chain
 
@@ -79,7 +80,9 @@ def _cased_words(text: str, start: int, end: int) -> list[tuple[int, int]]:
 
 
 def reference_words(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` of every word of ``text`` (module docstring of hush_hf.secrets.matching)."""
+    """``(start, end)`` of every word of ``text`` (module docstring of hush_hf.secrets.matching); two or
+    more ``|`` in a row are SQL's concatenation operator, not letters."""
+    text = re.sub(r"\|{2,}", lambda m: " " * len(m.group()), text)
     words, i = [], 0
     while i < len(text):
         kind = _kind(text[i])
