@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from hush_hf.data import SECRET_IDS_COLUMN
 from hush_hf.experiments.planning import plan_for_config
 
 SIX_DIGITS = re.compile(r"(?<!\d)\d{6}(?!\d)")  # pi_c: every canary of the default space (6 digits)
@@ -30,7 +31,7 @@ def redacted_rows(
 
     known = len(canaries) - round(gamma * len(canaries))
     record: dict[str, Any] = {"gamma": gamma, "canaries_missed": len(canaries) - known}
-    data = train.remove_columns("secret_ids")
+    data = train.remove_columns(SECRET_IDS_COLUMN)
     if crt and dedup:
         data, report = dedup_dataset(data, mask_token=mask)
         record.update(dedup_rows_removed=report.rows_in - report.rows_out,

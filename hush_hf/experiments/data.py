@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from hush_hf.data import SECRET_IDS_COLUMN
+
 
 def load_corpus(
     dataset_name: str | None,
@@ -91,7 +93,7 @@ def secret_ids_column(dataset: Any) -> Any:
     ``datasets.Dataset``, which respects ``shuffle``/``select`` where ``dataset.data`` does not)."""
     from hush_hf.trainer.plan_setup import column
 
-    return column(dataset, "secret_ids")
+    return column(dataset, SECRET_IDS_COLUMN)
 
 
 def secret_counts(secret_ids: Any, num_secrets: int) -> tuple[np.ndarray, int]:
@@ -112,7 +114,7 @@ def chunk_texts(
     containing every secret of its text: more protection, never less) and its decoded ``text``."""
     import datasets
 
-    rows: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], "secret_ids": [], "text": []}
+    rows: dict[str, list[Any]] = {"input_ids": [], "attention_mask": [], SECRET_IDS_COLUMN: [], "text": []}
     for text, ids in zip(texts, secret_ids, strict=True):
         tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
         for start in range(0, min(len(tokens), block_size * chunks_per_text), block_size):
@@ -121,6 +123,6 @@ def chunk_texts(
                 continue
             rows["input_ids"].append(block)
             rows["attention_mask"].append([1] * len(block))
-            rows["secret_ids"].append(ids)
+            rows[SECRET_IDS_COLUMN].append(ids)
             rows["text"].append(tokenizer.decode(block))
     return datasets.Dataset.from_dict(rows)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hush_hf.data import SECRET_IDS_COLUMN
 from hush_hf.experiments.figures import new_figure, save_figure
 
 BYTE_VOCAB = 256
@@ -74,7 +75,7 @@ def block_dataset(blocks: list[list[int]], *, with_secret_ids: bool) -> Any:
     columns: dict[str, Any] = {"input_ids": blocks, "attention_mask": [[1] * len(b) for b in blocks],
                                "labels": blocks}
     if with_secret_ids:
-        columns["secret_ids"] = [[i] for i in range(len(blocks))]  # sequence i is secret i
+        columns[SECRET_IDS_COLUMN] = [[i] for i in range(len(blocks))]  # sequence i is secret i
     return datasets.Dataset.from_dict(columns)
 
 

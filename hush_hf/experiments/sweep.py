@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hush_hf.data import SECRET_IDS_COLUMN
 from hush_hf.experiments.checks import check_choice, check_int, check_names, check_number
 from hush_hf.experiments.figures import line_panels, series_by
 from hush_hf.experiments.logs import logger
@@ -102,7 +103,7 @@ def plan_sweep(
         for k in c_exponents:
             rows.append({"setting": setting, "c_exponent": k, "c": 2.0**k, "lp_c": 2.0**k * unit,
                          "budget": budget, "accountant": accountant})
-            jobs.append({"secret_ids": secret_ids, "priors": secrets.priors, "targets": secrets.targets,
+            jobs.append({SECRET_IDS_COLUMN: secret_ids, "priors": secrets.priors, "targets": secrets.targets,
                          "expected_batch_size": config.expected_batch_size, "steps": config.max_steps,
                          "lp_c": 2.0**k * unit, "accountant": accountant, "budget": budget, **plan_kwargs})
     order = sorted(range(len(jobs)), key=lambda n: (jobs[n]["accountant"] != "tight", rows[n]["c_exponent"]))

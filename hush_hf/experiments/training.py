@@ -6,10 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hush_hf.data import SECRET_IDS_COLUMN
 from hush_hf.experiments.arguments import non_private_config, run_config
 
 # Columns the planning and redaction add to a dataset; the plain Trainer baseline must not see them.
-NON_PRIVATE_DROPPED_COLUMNS = ("secret_ids", "crt_public")
+NON_PRIVATE_DROPPED_COLUMNS = (SECRET_IDS_COLUMN, "crt_public")
 
 
 def train_model(

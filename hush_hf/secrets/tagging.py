@@ -18,7 +18,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from hush_hf.data import arrow_columns
+from hush_hf.data import SECRET_IDS_COLUMN, arrow_columns
 from hush_hf.digests import row_digests
 from hush_hf.secrets.taggers import Tagger, UnionTagger
 
@@ -128,7 +128,7 @@ def tag_dataset(
     *,
     num_proc: int | None = None,
     batch_size: int = 1000,
-    column: str = "secret_ids",
+    column: str = SECRET_IDS_COLUMN,
     num_secrets: int | None = None,
     overwrite: bool = False,
 ) -> datasets.Dataset | datasets.DatasetDict:
@@ -231,7 +231,7 @@ def _tag(
 def check_secret_ids_current(
     dataset: datasets.Dataset,
     *,
-    column: str = "secret_ids",
+    column: str = SECRET_IDS_COLUMN,
     secret_set: Any = None,
     text_column: str = "text",
     what: str = "the dataset",
