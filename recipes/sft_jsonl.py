@@ -7,7 +7,8 @@ example scripts: one dataclass of script arguments, every training flag from the
 Every ``SecretProtectionConfig`` flag works (``TrainingArguments``' own, plus ``--lp_c``, ``--accountant``,
 ``--per_example_clip_norm``, ...). Without ``--model_name_or_path`` it runs offline on a tiny GPT-2 built
 from its config with GPT-2's tokenizer (``hush_hf.assets``): a quick check of your data and secrets file.
-``hush verify <output_dir>`` re-checks what ``save_model`` published.
+``hush verify --as-pushed <output_dir>`` re-checks what ``save_model`` published (``--as-pushed``: the files
+push_to_hub uploads, not the local checkpoints).
 """
 
 from __future__ import annotations
