@@ -244,7 +244,7 @@ def test_sft_jsonl_trains_a_users_file_and_publishes_a_model_that_verifies(tmp_p
     assert plan.secrets.num_examples.tolist() == [8]  # the rows holding the secret, found by the marks
     assert plan.meets_targets and plan.noise_multiplier > 0
     assert "Secret protection" in (out / "README.md").read_text()
-    assert hush(["verify", "--as-pushed", str(out)]) == 0  # what save_model published re-checks from the files
+    assert hush(["verify", "--as-pushed", str(out)]) == 0  # save_model's files re-check alone
     assert not whole_words_in(["falcon"], output_texts(out))
     with pytest.raises(SystemExit):  # the secrets file is required, and the error says which flag
         sft_jsonl.main(argv[:2] + argv[4:])
