@@ -24,13 +24,15 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 _ATTRIBUTE = "hush_clipped_sum"
 
 
-def accumulate_(p: nn.Parameter, grad: Tensor) -> None:
+def accumulate_(p: nn.Parameter, grad: Tensor, *, owned: bool = False) -> None:
     """Add ``grad`` (a clipped sum, at least float32) to p's clipped sum: in float32 beside a
-    low-precision parameter, else into ``p.grad`` in p's dtype."""
+    low-precision parameter, else into ``p.grad`` in p's dtype. ``owned=True``: the caller hands over
+    ``grad`` (nothing else writes it), so a float32 one is kept as it is instead of copied."""
     if p.dtype in LOW_PRECISION:
         total = getattr(p, _ATTRIBUTE, None)
         if total is None:
-            setattr(p, _ATTRIBUTE, grad.to(torch.float32, copy=True))
+            keep = owned and grad.dtype == torch.float32
+            setattr(p, _ATTRIBUTE, grad if keep else grad.to(torch.float32, copy=True))
         else:
             total.add_(grad.to(torch.float32))
         return
