@@ -14,6 +14,7 @@ from hush_hf.clipping.factors import (
     Materialized,
     OneHotFactor,
     OuterSum,
+    bf16_pieces,
     bmm_float32,
     combine_uses,
     drop_zero_steps,
@@ -291,3 +292,34 @@ def test_bf16_products_are_the_widened_products() -> None:
     assert shape.dtype == torch.float32 and shape.shape == got.shape
     f = DenseFactor(a)
     torch.testing.assert_close(gram(f, f).double(), torch.bmm(a.double(), a.double().transpose(1, 2)))
+
+
+def test_bf16_pieces_sum_to_the_float32_value_exactly() -> None:
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(4096, generator=g) * torch.exp2(torch.randint(-60, 60, (4096,), generator=g).float())
+    hi, mid, lo = bf16_pieces(x)
+    assert hi.dtype == mid.dtype == lo.dtype == torch.bfloat16
+    assert torch.equal(hi.double() + mid.double() + lo.double(), x.double())
+    assert not torch.equal(hi.float(), x)  # the pieces are needed
+
+
+@pytest.mark.parametrize("narrow", ["row", "col"])
+def test_the_bf16_clipped_sum_route_equals_the_float32_route(narrow: str, monkeypatch) -> None:
+    """CUDA's route for two bf16 factors (weights folded in float32, three exact bf16 pieces, bf16 GEMMs
+    with float32 output; on CPU the GEMMs widen their operands, the same numbers) against the float32
+    route and a float64 reference."""
+    import hush_hf.clipping.factors as factors
+
+    g = torch.Generator().manual_seed(15)
+    small, large = torch.randn(B, 9, 6, generator=g), torch.randn(B, 9, 40, generator=g)
+    row, col = (small, large) if narrow == "row" else (large, small)
+    use = OuterSum(DenseFactor(row.bfloat16()), DenseFactor(col.bfloat16()))
+    weights = torch.rand(B, generator=g) / 3
+    widened = weighted_sum(use, weights)
+    monkeypatch.setattr(factors, "bf16_products", lambda a, b: True)
+    split = weighted_sum(use, weights)
+    assert split.dtype == torch.float32 and split.shape == widened.shape
+    exact = OuterSum(DenseFactor(use.row.values.double()), DenseFactor(use.col.values.double()))
+    reference = torch.einsum("b,brk->rk", weights.double(), materialize(exact))
+    torch.testing.assert_close(split.double(), reference, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(split, widened, rtol=1e-6, atol=1e-6)

@@ -116,6 +116,48 @@ def _float32_output_supported(a: Tensor, b: Tensor) -> bool:
     return a.is_cuda and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
 
 
+def bf16_products(a: Tensor, b: Tensor) -> bool:
+    """Whether a weighted sum of these two factors takes the bf16 route (``_weighted_product_bf16``):
+    two bf16 factors on CUDA."""
+    return a.dtype == torch.bfloat16 and _float32_output_supported(a, b)
+
+
+def mm_float32(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` of two bf16 matrices with float32 accumulation and output: ``out_dtype`` on CUDA, float32
+    copies elsewhere (the same numbers: each product of two bf16 numbers is exact in float32)."""
+    if _float32_output_supported(a, b):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
+
+
+def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Three bf16 tensors whose sum is the float32 ``x`` exactly: ``hi = bf16(x)``, ``mid = bf16(x - hi)``,
+    ``lo = bf16(x - hi - mid)``. Each difference is exact in float32 and the last one fits bf16's 8
+    significant bits (24 = 3 x 8, and bf16 has float32's exponent range); values below 2^-126 aside."""
+    hi = x.to(torch.bfloat16)
+    rest = x - hi
+    mid = rest.to(torch.bfloat16)
+    return hi, mid, (rest - mid).to(torch.bfloat16)
+
+
+def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
+    """``sum_{i,t} w_i row_{i,t} col_{i,t}^T`` of two bf16 factors in float32 without a float32 copy of
+    either: the weights are folded into the narrower factor in float32 (a transient scaled copy of it),
+    that is split exactly into three bf16 pieces (``bf16_pieces``) and each piece multiplies the other
+    factor as it is, bf16 operands with float32 accumulation and output (``mm_float32``). The same sum
+    as the float32 route, up to float32 accumulation order; three bf16 GEMMs instead of one float32
+    GEMM and a float32 copy of the wider factor (an output projection's logits gradient)."""
+    transpose = row.shape[-1] > col.shape[-1]
+    narrow, wide = (col, row) if transpose else (row, col)
+    scaled = narrow.float() * weights.float()[:, None, None]
+    pieces = bf16_pieces(scaled.reshape(-1, scaled.shape[-1]))
+    wide = wide.reshape(-1, wide.shape[-1])
+    total = mm_float32(pieces[0].T, wide)
+    for piece in pieces[1:]:
+        total += mm_float32(piece.T, wide)
+    return total.T if transpose else total
+
+
 def bmm_float32(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     """``a @ b`` batched, in ``dtype`` (at least float32). Exact in the sense of the float32 route:
     the product of two bf16/fp16 numbers is exact in float32, so bf16 operands with float32
@@ -458,6 +500,8 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
     dtype = compute_dtype(*(f.values for f in (row, col) if isinstance(f, DenseFactor)))
     device = weights.device
     if isinstance(row, DenseFactor) and isinstance(col, DenseFactor):
+        if dtype == torch.float32 and bf16_products(row.values, col.values):
+            return _weighted_product_bf16(row.values, col.values, weights)
         # Fold the weights into the narrower factor (for an output projection: the hidden states,
         # not the vocabulary-wide logits gradient): a smaller scaled copy, the same one matmul.
         if row.size <= col.size:
