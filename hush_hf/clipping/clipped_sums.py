@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 _ATTRIBUTE = "hush_clipped_sum"
@@ -79,12 +80,28 @@ def clipped_sums_for_noise(params: Sequence[nn.Parameter]) -> list[Tensor]:
 
 
 def round_into_grads_(params: Sequence[nn.Parameter]) -> None:
-    """``p.grad <- round(float32 sum)`` for every low-precision parameter, and the float32 copy freed."""
+    """``p.grad <- round(float32 sum)`` for every low-precision parameter, and the float32 copy freed.
+
+    The parameters of one device and dtype are rounded with one ``torch._foreach_copy_`` into one
+    buffer (their ``.grad`` are views of it) rather than one cast each (each a kernel launch on a GPU);
+    the same round-to-nearest as ``Tensor.to``. Sharded (DTensor) sums are rounded one by one."""
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[nn.Parameter, Tensor]]] = {}
     for p in params:
         total = getattr(p, _ATTRIBUTE, None)
-        if total is not None:
+        if total is None:
+            continue
+        if isinstance(total, DTensor):
             p.grad = total.to(p.dtype)
-            delattr(p, _ATTRIBUTE)
+        else:
+            groups.setdefault((total.device, p.dtype), []).append((p, total))
+        delattr(p, _ATTRIBUTE)
+    for (device, dtype), members in groups.items():
+        flat = torch.empty(sum(t.numel() for _, t in members), dtype=dtype, device=device)
+        parts = flat.split([t.numel() for _, t in members])
+        views = [part.view(t.shape) for part, (_, t) in zip(parts, members, strict=True)]
+        torch._foreach_copy_(views, [t for _, t in members])
+        for (p, _), view in zip(members, views, strict=True):
+            p.grad = view
 
 
 def discard_(params: Sequence[nn.Parameter]) -> None:

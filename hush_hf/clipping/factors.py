@@ -224,7 +224,9 @@ def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
         k_row = gram(g.row, h.row)
         k_col = gram(g.col, h.col)
         dtype = torch.promote_types(k_row.dtype, k_col.dtype)
-        return (k_row.to(dtype) * k_col.to(dtype)).sum(dim=(1, 2))
+        b = k_row.shape[0]
+        # sum_{t,s} K_row K_col as one batched dot (one kernel, no (b, T, T') product tensor)
+        return torch.bmm(k_row.to(dtype).reshape(b, 1, -1), k_col.to(dtype).reshape(b, -1, 1)).flatten()
     if isinstance(g, Materialized) and isinstance(h, Materialized):
         dtype = compute_dtype(g.values, h.values)
         a, c = g.values.to(dtype).flatten(1), h.values.to(dtype).flatten(1)
