@@ -817,7 +817,8 @@ class GhostClipper:
         terms += [squared_norm_of_sum(found, self._vocab, clamp=False) for found in uses.values()]
         if terms:
             # Each parameter's exact squared norm is >= 0: a tiny negative is rounding (clamped per term).
-            squared = squared + torch.stack([t.to(torch.float64) for t in terms]).clamp_min_(0.0).sum(dim=0)
+            # (stacked first, widened once: one cast, not one per parameter)
+            squared = squared + torch.stack(terms).to(torch.float64).clamp_min_(0.0).sum(dim=0)
         norms = self._finite(squared.sqrt())
         return _Pass(norms, uses, dtype, used, recorded_names, packed, loss.device.type)
 
