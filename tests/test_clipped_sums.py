@@ -180,3 +180,17 @@ def test_a_bf16_parameter_is_noised_in_float32_whatever_this_rank_drew():
         public.grad.float(), torch.tensor([0.375, -0.5])
     )
     assert torch.equal(untouched.grad, torch.zeros(3, dtype=torch.bfloat16))
+
+
+def test_several_parameters_are_rounded_together_like_one_by_one():
+    """``round_into_grads_`` rounds all bf16 sums with one foreach copy: the same numbers as ``.to``."""
+    params = [nn.Parameter(torch.zeros(shape, dtype=torch.bfloat16)) for shape in [(3, 5), (7,), (2, 2, 2)]]
+    generator = torch.Generator().manual_seed(4)
+    sums = [torch.randn(p.shape, generator=generator) * 1e3 for p in params]
+    for p, s in zip(params, sums, strict=True):
+        clipped_sums.accumulate_(p, s)
+    clipped_sums.round_into_grads_(params)
+    for p, s in zip(params, sums, strict=True):
+        assert p.grad.dtype == torch.bfloat16 and p.grad.shape == p.shape
+        assert torch.equal(p.grad, s.to(torch.bfloat16))
+        assert clipped_sums.clipped_sum(p) is p.grad

@@ -9,15 +9,20 @@ import torch
 from torch import Tensor
 
 from hush_hf.clipping.factors import (
+    PACK_BELOW,
     DenseFactor,
     Materialized,
     OneHotFactor,
     OuterSum,
+    bf16_pieces,
+    bmm_float32,
     combine_uses,
     drop_zero_steps,
+    drop_zero_steps_all,
     gram,
     inner,
     norm_strategy,
+    pack_small,
     squared_norm_of_sum,
     weighted_sum,
 )
@@ -224,3 +229,97 @@ def test_dropping_zero_steps_keeps_non_finite_steps() -> None:
     assert compact.col.values.shape[1] == 2
     norms = squared_norm_of_sum([compact])
     assert torch.isnan(norms[1]) and torch.isfinite(norms[[0, 2]]).all()
+
+
+def test_dropping_zero_steps_of_many_uses_at_once_is_each_ones_drop() -> None:
+    """One device-to-host read for all uses, the same result as one by one (compacted or unchanged)."""
+    g = torch.Generator().manual_seed(11)
+    uses = [
+        with_zero_steps(random_grad("densexdense", g, 12), keep=[3, 0, 1], gen=g),
+        random_grad("densexdense", g, 12),
+        with_zero_steps(random_grad("onehotxdense", g, 12), keep=[2, 2, 2], gen=g),
+        random_grad("densexdense", g, 5),
+        Materialized(torch.randn(B, ROWS, generator=g)),
+    ]
+    together = drop_zero_steps_all(uses)
+    for one, alone, original in zip(together, map(drop_zero_steps, uses), uses, strict=True):
+        torch.testing.assert_close(materialize(one), materialize(alone), rtol=0, atol=0)
+        if alone is original:
+            assert one is original
+        else:
+            assert one.row.size == alone.row.size and one.col.values.shape == alone.col.values.shape
+    assert together[1] is uses[1] and together[4] is uses[4]
+    assert drop_zero_steps_all([]) == []
+
+
+def test_packed_small_gradients_give_the_same_norms_and_clipped_sums() -> None:
+    """Biases and norm scales (bf16 and float32 mixed) packed into one tensor: the same squared norms
+    and clipped sums as parameter by parameter; a large or multi-use parameter is not packed."""
+    g = torch.Generator().manual_seed(12)
+    uses = {
+        "bias": [Materialized(torch.randn(B, 6, generator=g).bfloat16())],
+        "scale": [Materialized(torch.randn(B, 4, generator=g))],
+        "table": [Materialized(torch.randn(B, 2, 3, generator=g))],
+        "big": [Materialized(torch.zeros(B, PACK_BELOW + 1))],
+        "tied": [Materialized(torch.randn(B, 3, generator=g)), Materialized(torch.randn(B, 3, generator=g))],
+        "weight": [random_grad("densexdense", g, 5)],
+    }
+    before = {name: list(found) for name, found in uses.items()}
+    packed = pack_small(uses)
+    assert packed is not None and packed.names == ("bias", "scale", "table")
+    assert set(uses) == {"big", "tied", "weight"} and packed.values.dtype == torch.float32
+    expected = sum(materialize(before[n][0]).pow(2).flatten(1).sum(1) for n in packed.names)
+    torch.testing.assert_close(packed.squared_norms(), expected, rtol=1e-15, atol=0)
+    weights = torch.rand(B, generator=g)
+    sums = packed.weighted_sums(weights)
+    for name in packed.names:
+        assert sums[name].shape == before[name][0].values.shape[1:]
+        torch.testing.assert_close(sums[name], weighted_sum(before[name][0], weights))
+    assert pack_small({"weight": [random_grad("densexdense", g, 5)]}) is None
+
+
+def test_bf16_products_are_the_widened_products() -> None:
+    """bf16 operands, float32 output: what float32 copies of the operands give (a bf16 x bf16 product is
+    exact in float32). On CUDA ``out_dtype`` does it without the copies (its call checked on the meta
+    device, which implements the same signature)."""
+    g = torch.Generator().manual_seed(13)
+    a = torch.randn(B, 5, 16, generator=g).bfloat16()
+    c = torch.randn(B, 16, 4, generator=g).bfloat16()
+    got = bmm_float32(a, c, torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), torch.bmm(a.double(), c.double()), rtol=1e-6, atol=1e-6)
+    shape = torch.bmm(a.to("meta"), c.to("meta"), out_dtype=torch.float32)
+    assert shape.dtype == torch.float32 and shape.shape == got.shape
+    f = DenseFactor(a)
+    torch.testing.assert_close(gram(f, f).double(), torch.bmm(a.double(), a.double().transpose(1, 2)))
+
+
+def test_bf16_pieces_sum_to_the_float32_value_exactly() -> None:
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(4096, generator=g) * torch.exp2(torch.randint(-60, 60, (4096,), generator=g).float())
+    hi, mid, lo = bf16_pieces(x)
+    assert hi.dtype == mid.dtype == lo.dtype == torch.bfloat16
+    assert torch.equal(hi.double() + mid.double() + lo.double(), x.double())
+    assert not torch.equal(hi.float(), x)  # the pieces are needed
+
+
+@pytest.mark.parametrize("narrow", ["row", "col"])
+def test_the_bf16_clipped_sum_route_equals_the_float32_route(narrow: str, monkeypatch) -> None:
+    """CUDA's route for two bf16 factors (weights folded in float32, three exact bf16 pieces, bf16 GEMMs
+    with float32 output; on CPU the GEMMs widen their operands, the same numbers) against the float32
+    route and a float64 reference."""
+    import hush_hf.clipping.factors as factors
+
+    g = torch.Generator().manual_seed(15)
+    small, large = torch.randn(B, 9, 6, generator=g), torch.randn(B, 9, 40, generator=g)
+    row, col = (small, large) if narrow == "row" else (large, small)
+    use = OuterSum(DenseFactor(row.bfloat16()), DenseFactor(col.bfloat16()))
+    weights = torch.rand(B, generator=g) / 3
+    widened = weighted_sum(use, weights)
+    monkeypatch.setattr(factors, "bf16_products", lambda a, b: True)
+    split = weighted_sum(use, weights)
+    assert split.dtype == torch.float32 and split.shape == widened.shape
+    exact = OuterSum(DenseFactor(use.row.values.double()), DenseFactor(use.col.values.double()))
+    reference = torch.einsum("b,brk->rk", weights.double(), materialize(exact))
+    torch.testing.assert_close(split.double(), reference, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(split, widened, rtol=1e-6, atol=1e-6)

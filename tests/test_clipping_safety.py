@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import hush_hf.clipping.ghost as ghost
-from hush_hf.clipping import GhostClipper, UnsupportedLayerError, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError, per_example_lm_loss, precision
 from tests.test_clipping_engine import Zoo, zoo_batch, zoo_loss
 from tests.test_clipping_reference import lm_batch, tiny_gpt2
 
@@ -290,3 +290,105 @@ def test_modules_that_couple_examples_are_refused_without_parameters(norm: nn.Mo
 )
 def test_per_example_normalisations_are_accepted(norm: nn.Module) -> None:
     GhostClipper(Nested(norm), 1.0).remove()
+
+
+# ----------------------------------------------------------------------------- reduced matmul precision
+class SlightTie(nn.Module):
+    """A Linear head plus a small direct use of the embedding, ``alpha * h @ emb.weight.T``: a misuse
+    carrying a few percent of the gradient (``direct=False`` detaches it, for the reference)."""
+
+    def __init__(self, alpha: float) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.ln = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 20)
+        self.alpha = alpha
+
+    def forward(self, ids: Tensor, direct: bool = True) -> Tensor:
+        h = self.ln(self.emb(ids))
+        weight = self.emb.weight if direct else self.emb.weight.detach()
+        return self.head(h) + self.alpha * (h @ weight.T)
+
+
+@pytest.fixture
+def matmul_precision():
+    """A setter of the float32 matmul precision for one test: ``"high"``/``"highest"`` through
+    ``torch.set_float32_matmul_precision``, ``"allow_tf32"`` through the CUDA flag (settable without a
+    GPU); both restored afterwards."""
+    before, tf32 = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+
+    def set_precision(setting: str) -> None:
+        if setting == "allow_tf32":
+            torch.backends.cuda.matmul.allow_tf32 = True
+        else:
+            torch.set_float32_matmul_precision(setting)
+
+    yield set_precision
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.set_float32_matmul_precision(before)
+
+
+def test_the_tolerance_follows_the_float32_matmul_precision(matmul_precision) -> None:
+    assert not precision.reduced_float32_matmuls("cuda")
+    assert precision.check_rtol(torch.float32, "cuda") == precision.CHECK_RTOL == 1e-4
+    assert precision.check_rtol(torch.float64, "cpu") == 1e-4
+    assert precision.check_rtol(torch.bfloat16, "cpu") == precision.CHECK_RTOL_REDUCED
+    matmul_precision("allow_tf32")
+    assert precision.reduced_float32_matmuls("cuda")
+    assert precision.check_rtol(torch.float32, "cuda") == precision.CHECK_RTOL_REDUCED_MATMUL == 2.0**-6
+    assert precision.check_rtol(torch.float64, "cuda") == 1e-4  # float64 products never use TF32
+    assert precision.check_rtol(torch.bfloat16, "cuda") == precision.CHECK_RTOL_REDUCED
+    torch.backends.cuda.matmul.allow_tf32 = False
+    assert precision.check_rtol(torch.float32, "cuda") == 1e-4
+    matmul_precision("high")  # what TrainingArguments(tf32=True) and --tf32 set
+    assert (
+        precision.check_rtol(torch.float32, "cpu") == precision.check_rtol(torch.float32, "cuda") == 2.0**-6
+    )
+
+
+def _direct_share(alpha: float) -> float:
+    """||gradient of emb.weight through the direct use|| / sum_i ||g_i||: the self-check's gap over its
+    scale, computed by brute force (per-example backward passes)."""
+    torch.manual_seed(0)
+    model = SlightTie(alpha)
+    total = 0.0
+    for i in range(IDS.shape[0]):
+        model.zero_grad()
+        lm_loss(model(IDS[i : i + 1]), IDS[i : i + 1]).sum().backward()
+        total += grad_norm(model)
+    model.zero_grad()
+    lm_loss(model(IDS), IDS).sum().backward()
+    full = model.emb.weight.grad.clone()
+    model.zero_grad()
+    lm_loss(model(IDS, direct=False), IDS).sum().backward()
+    return float((full - model.emb.weight.grad).norm()) / total
+
+
+@pytest.mark.parametrize("setting", ["high", "allow_tf32"])
+def test_a_misuse_is_still_refused_under_tf32(setting: str, matmul_precision) -> None:
+    """Under TF32 the self-check's tolerance widens to 2^-6 of sum_i ||c_i g_i||; a direct use carrying
+    ~3% of it (which bf16's 2^-4 would let through) is still refused, and without it the model trains."""
+    alpha = 0.06
+    share = _direct_share(alpha)
+    assert 1.5 * precision.CHECK_RTOL_REDUCED_MATMUL < share < precision.CHECK_RTOL_REDUCED / 1.5
+    matmul_precision(setting)
+    assert precision.check_rtol(torch.float32, "cpu") == precision.CHECK_RTOL_REDUCED_MATMUL
+    torch.manual_seed(0)
+    model = SlightTie(alpha)
+    with GhostClipper(model, 1.0) as clipper, pytest.raises(UnsupportedLayerError, match=r"'emb\.weight'"):
+        clipper.clipped_backward(lm_loss(model(IDS), IDS))
+    torch.manual_seed(0)
+    model = SlightTie(0.0)
+    with GhostClipper(model, 1.0) as clipper:
+        clipper.clipped_backward(lm_loss(model(IDS), IDS))
+        assert clipper.verified
+
+
+def test_tf32_takes_the_bf16_clip_margin(matmul_precision) -> None:
+    """A float32 step with reduced-precision products rounds its norms like a bf16 one: bf16's margin."""
+    norms = torch.ones(2, dtype=torch.float64)
+    result = ghost._Pass(norms, {}, torch.float32, {}, device_type="cpu")
+    assert result.margin == ghost.CLIP_MARGINS[torch.float32]
+    matmul_precision("high")
+    assert result.margin == ghost.CLIP_MARGINS[torch.bfloat16]
+    assert ghost._Pass(norms, {}, torch.float64, {}).margin == ghost.CLIP_MARGINS[torch.float64]

@@ -19,18 +19,21 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 _ATTRIBUTE = "hush_clipped_sum"
 
 
-def accumulate_(p: nn.Parameter, grad: Tensor) -> None:
+def accumulate_(p: nn.Parameter, grad: Tensor, *, owned: bool = False) -> None:
     """Add ``grad`` (a clipped sum, at least float32) to p's clipped sum: in float32 beside a
-    low-precision parameter, else into ``p.grad`` in p's dtype."""
+    low-precision parameter, else into ``p.grad`` in p's dtype. ``owned=True``: the caller hands over
+    ``grad`` (nothing else writes it), so a float32 one is kept as it is instead of copied."""
     if p.dtype in LOW_PRECISION:
         total = getattr(p, _ATTRIBUTE, None)
         if total is None:
-            setattr(p, _ATTRIBUTE, grad.to(torch.float32, copy=True))
+            keep = owned and grad.dtype == torch.float32
+            setattr(p, _ATTRIBUTE, grad if keep else grad.to(torch.float32, copy=True))
         else:
             total.add_(grad.to(torch.float32))
         return
@@ -77,12 +80,28 @@ def clipped_sums_for_noise(params: Sequence[nn.Parameter]) -> list[Tensor]:
 
 
 def round_into_grads_(params: Sequence[nn.Parameter]) -> None:
-    """``p.grad <- round(float32 sum)`` for every low-precision parameter, and the float32 copy freed."""
+    """``p.grad <- round(float32 sum)`` for every low-precision parameter, and the float32 copy freed.
+
+    The parameters of one device and dtype are rounded with one ``torch._foreach_copy_`` into one
+    buffer (their ``.grad`` are views of it) rather than one cast each (each a kernel launch on a GPU);
+    the same round-to-nearest as ``Tensor.to``. Sharded (DTensor) sums are rounded one by one."""
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[nn.Parameter, Tensor]]] = {}
     for p in params:
         total = getattr(p, _ATTRIBUTE, None)
-        if total is not None:
+        if total is None:
+            continue
+        if isinstance(total, DTensor):
             p.grad = total.to(p.dtype)
-            delattr(p, _ATTRIBUTE)
+        else:
+            groups.setdefault((total.device, p.dtype), []).append((p, total))
+        delattr(p, _ATTRIBUTE)
+    for (device, dtype), members in groups.items():
+        flat = torch.empty(sum(t.numel() for _, t in members), dtype=dtype, device=device)
+        parts = flat.split([t.numel() for _, t in members])
+        views = [part.view(t.shape) for part, (_, t) in zip(parts, members, strict=True)]
+        torch._foreach_copy_(views, [t for _, t in members])
+        for (p, _), view in zip(members, views, strict=True):
+            p.grad = view
 
 
 def discard_(params: Sequence[nn.Parameter]) -> None:

@@ -17,6 +17,7 @@ materialised, ``(b, *param.shape)``; a per-example gradient too large to keep fo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -90,13 +91,81 @@ class ExtensionGrad:
 PerExampleGrad = OuterSum | Materialized | Replayed | ExtensionGrad
 
 
+_AT_LEAST_FLOAT32 = {
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+    torch.float32: torch.float32,
+}
+
+
 def compute_dtype(*tensors: Tensor) -> torch.dtype:
-    """At least float32: Gram sums over T^2 terms lose too much in bf16/fp16."""
+    """At least float32: Gram sums over T^2 terms lose too much in bf16/fp16. (A dict lookup for the
+    common dtypes: ``torch.promote_types`` is a dispatched operation, hundreds per step.)"""
     dtype = torch.float32
     for t in tensors:
         if t.is_floating_point():
-            dtype = torch.promote_types(dtype, t.dtype)
+            widened = _AT_LEAST_FLOAT32.get(t.dtype)
+            if widened is None:
+                dtype = torch.promote_types(dtype, t.dtype)
     return dtype
+
+
+def _float32_output_supported(a: Tensor, b: Tensor) -> bool:
+    """Whether ``torch.bmm``/``torch.mm`` can take these bf16/fp16 operands as they are and return float32
+    (``out_dtype``: cuBLAS accumulates in float32; CUDA only in torch 2.13)."""
+    return a.is_cuda and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+
+
+def bf16_products(a: Tensor, b: Tensor) -> bool:
+    """Whether a weighted sum of these two factors takes the bf16 route (``_weighted_product_bf16``):
+    two bf16 factors on CUDA."""
+    return a.dtype == torch.bfloat16 and _float32_output_supported(a, b)
+
+
+def mm_float32(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` of two bf16 matrices with float32 accumulation and output: ``out_dtype`` on CUDA, float32
+    copies elsewhere (the same numbers: each product of two bf16 numbers is exact in float32)."""
+    if _float32_output_supported(a, b):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
+
+
+def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Three bf16 tensors whose sum is the float32 ``x`` exactly: ``hi = bf16(x)``, ``mid = bf16(x - hi)``,
+    ``lo = bf16(x - hi - mid)``. Each difference is exact in float32 and the last one fits bf16's 8
+    significant bits (24 = 3 x 8, and bf16 has float32's exponent range); values below 2^-126 aside."""
+    hi = x.to(torch.bfloat16)
+    rest = x - hi
+    mid = rest.to(torch.bfloat16)
+    return hi, mid, (rest - mid).to(torch.bfloat16)
+
+
+def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
+    """``sum_{i,t} w_i row_{i,t} col_{i,t}^T`` of two bf16 factors in float32 without a float32 copy of
+    either: the weights are folded into the narrower factor in float32 (a transient scaled copy of it),
+    that is split exactly into three bf16 pieces (``bf16_pieces``) and each piece multiplies the other
+    factor as it is, bf16 operands with float32 accumulation and output (``mm_float32``). The same sum
+    as the float32 route, up to float32 accumulation order; three bf16 GEMMs instead of one float32
+    GEMM and a float32 copy of the wider factor (an output projection's logits gradient)."""
+    transpose = row.shape[-1] > col.shape[-1]
+    narrow, wide = (col, row) if transpose else (row, col)
+    scaled = narrow.float() * weights.float()[:, None, None]
+    pieces = bf16_pieces(scaled.reshape(-1, scaled.shape[-1]))
+    wide = wide.reshape(-1, wide.shape[-1])
+    total = mm_float32(pieces[0].T, wide)
+    for piece in pieces[1:]:
+        total += mm_float32(piece.T, wide)
+    return total.T if transpose else total
+
+
+def bmm_float32(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+    """``a @ b`` batched, in ``dtype`` (at least float32). Exact in the sense of the float32 route:
+    the product of two bf16/fp16 numbers is exact in float32, so bf16 operands with float32
+    accumulation and output (CUDA, ``out_dtype``) give what float32 copies of them would, without
+    the copies; elsewhere the operands are widened first."""
+    if dtype == torch.float32 and _float32_output_supported(a, b):
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.bmm(a.to(dtype), b.to(dtype))
 
 
 def _dense(f: Factor) -> Tensor | None:
@@ -109,7 +178,10 @@ def gram(f: Factor, h: Factor) -> Tensor:
         raise ValueError(f"factor sizes differ: {f.size} vs {h.size}")
     if isinstance(f, DenseFactor) and isinstance(h, DenseFactor):
         dtype = compute_dtype(f.values, h.values)
-        return torch.bmm(f.values.to(dtype), h.values.to(dtype).transpose(1, 2))
+        if f.values is h.values and not _float32_output_supported(f.values, h.values):
+            values = f.values.to(dtype)  # one widened copy for both sides of a squared norm
+            return torch.bmm(values, values.transpose(1, 2))
+        return bmm_float32(f.values, h.values.transpose(1, 2), dtype)
     if isinstance(f, OneHotFactor) and isinstance(h, OneHotFactor):
         return (f.ids[:, :, None] == h.ids[:, None, :]).to(torch.float32)
     if isinstance(f, OneHotFactor):
@@ -152,7 +224,9 @@ def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
         k_row = gram(g.row, h.row)
         k_col = gram(g.col, h.col)
         dtype = torch.promote_types(k_row.dtype, k_col.dtype)
-        return (k_row.to(dtype) * k_col.to(dtype)).sum(dim=(1, 2))
+        b = k_row.shape[0]
+        # sum_{t,s} K_row K_col as one batched dot (one kernel, no (b, T, T') product tensor)
+        return torch.bmm(k_row.to(dtype).reshape(b, 1, -1), k_col.to(dtype).reshape(b, -1, 1)).flatten()
     if isinstance(g, Materialized) and isinstance(h, Materialized):
         dtype = compute_dtype(g.values, h.values)
         a, c = g.values.to(dtype).flatten(1), h.values.to(dtype).flatten(1)
@@ -167,8 +241,7 @@ def materialize(g: OuterSum) -> Materialized:
     row, col = _dense(g.row), _dense(g.col)
     if row is None or col is None:
         raise ValueError("only a gradient with two dense factors is materialised (never a one-hot side)")
-    dtype = compute_dtype(row, col)
-    return Materialized(torch.bmm(row.to(dtype).transpose(1, 2), col.to(dtype)))
+    return Materialized(bmm_float32(row.transpose(1, 2), col, compute_dtype(row, col)))
 
 
 def _dense_outer_shape(g: PerExampleGrad) -> tuple[int, int] | None:
@@ -200,7 +273,7 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
     if never_materialize_dim is not None and max(rows, cols) >= never_materialize_dim:
         return "ghost"
     factor_bytes = sum(
-        f.values[0].numel() * f.values.element_size()  # type: ignore[union-attr]
+        math.prod(f.values.shape[1:]) * f.values.element_size()  # type: ignore[union-attr]
         for g in uses
         for f in (g.row, g.col)  # type: ignore[union-attr]
     )
@@ -243,6 +316,38 @@ def _take_steps(f: Factor, index: Tensor) -> Factor:
     return OneHotFactor(torch.gather(f.ids, 1, index), f.size)
 
 
+def _maybe_zero_bound(g: PerExampleGrad) -> tuple[Tensor, int] | None:
+    """(the fewest steps of an example that may be zero, as a 0-dim tensor; T) for an ``OuterSum`` with a
+    dense factor, else None (nothing to drop). A zero step has a zero first entry on some side: a cheap
+    upper bound on each example's zero steps, which settles most calls (no step is zero) without
+    reading the whole factors."""
+    if not isinstance(g, OuterSum):
+        return None
+    dense = [v for v in (_dense(g.row), _dense(g.col)) if v is not None]
+    if not dense or dense[0].dim() != 3 or dense[0].shape[-1] == 0 or dense[0].shape[:2].numel() == 0:
+        return None
+    maybe_zero = dense[0][:, :, 0] == 0
+    for v in dense[1:]:
+        maybe_zero |= v[:, :, 0] == 0
+    return maybe_zero.sum(dim=1).min(), dense[0].shape[1]
+
+
+def _worth_compacting(bound: int, steps: int) -> bool:
+    return steps - bound <= _COMPACT_BELOW * steps
+
+
+def _compact(g: OuterSum) -> PerExampleGrad:
+    masks = [m for m in (_nonzero_rows(g.row), _nonzero_rows(g.col)) if m is not None]
+    mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
+    steps = mask.shape[1]
+    keep = int(mask.sum(dim=1).max()) if mask.numel() else 0
+    if keep > _COMPACT_BELOW * steps:
+        return g
+    # Nonzero steps first (a stable sort of the mask), then zero-term steps as padding.
+    index = torch.sort(mask.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :keep]
+    return OuterSum(_take_steps(g.row, index), _take_steps(g.col, index))
+
+
 def drop_zero_steps(g: PerExampleGrad) -> PerExampleGrad:
     """The same per-example gradient with the steps t whose term row_t col_t^T is zero left out.
 
@@ -251,27 +356,47 @@ def drop_zero_steps(g: PerExampleGrad) -> PerExampleGrad:
     a zero step adds nothing to G_i. Each example keeps its nonzero steps, padded to the largest count
     with steps whose dense factor is zero.
     """
+    found = _maybe_zero_bound(g)
+    if found is None or not _worth_compacting(int(found[0]), found[1]):
+        return g
+    return _compact(g)  # type: ignore[arg-type]
+
+
+def _first_entries(g: PerExampleGrad) -> tuple[Tensor, Tensor] | None:
+    """The (b, T) first entries of g's two dense factors (the one dense factor twice), or None when
+    there is nothing to drop (not an ``OuterSum``, no dense factor, or an empty one)."""
     if not isinstance(g, OuterSum):
-        return g
+        return None
     dense = [v for v in (_dense(g.row), _dense(g.col)) if v is not None]
-    if not dense or dense[0].dim() != 3 or dense[0].shape[-1] == 0:
-        return g
-    steps = dense[0].shape[1]
-    # A zero step has a zero first entry on some side: a cheap upper bound on each example's zero
-    # steps, which settles most calls (no step is zero) without reading the whole factors.
-    maybe_zero = dense[0][:, :, 0] == 0
-    for v in dense[1:]:
-        maybe_zero |= v[:, :, 0] == 0
-    if maybe_zero.numel() and steps - int(maybe_zero.sum(dim=1).min()) > _COMPACT_BELOW * steps:
-        return g
-    masks = [m for m in (_nonzero_rows(g.row), _nonzero_rows(g.col)) if m is not None]
-    mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
-    keep = int(mask.sum(dim=1).max()) if mask.numel() else 0
-    if keep > _COMPACT_BELOW * steps:
-        return g
-    # Nonzero steps first (a stable sort of the mask), then zero-term steps as padding.
-    index = torch.sort(mask.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :keep]
-    return OuterSum(_take_steps(g.row, index), _take_steps(g.col, index))
+    if not dense or any(v.dim() != 3 or v.shape[-1] == 0 for v in dense) or dense[0].shape[:2].numel() == 0:
+        return None
+    return dense[0][:, :, 0], dense[-1][:, :, 0]
+
+
+def drop_zero_steps_all(uses: Sequence[PerExampleGrad]) -> list[PerExampleGrad]:
+    """``drop_zero_steps`` of every use, its cheap bound (see ``_maybe_zero_bound``) taken for all uses of
+    one (b, T) shape at once and read with one device-to-host transfer for the whole list (instead of a
+    few small operations and one stall of the step per use on a GPU)."""
+    out = list(uses)
+    groups: dict[tuple, list[tuple[int, Tensor, Tensor]]] = {}
+    for k, g in enumerate(out):
+        firsts = _first_entries(g)
+        if firsts is not None:
+            a, c = firsts
+            groups.setdefault((tuple(a.shape), a.device, a.dtype, c.dtype), []).append((k, a, c))
+    if not groups:
+        return out
+    indices, steps, bounds = [], [], []
+    for (shape, *_), members in groups.items():
+        maybe_zero = torch.stack([a for _, a, _ in members]) == 0
+        maybe_zero |= torch.stack([c for _, _, c in members]) == 0
+        bounds.append(maybe_zero.sum(dim=2).amin(dim=1))  # (K,): each use's fewest maybe-zero steps
+        indices += [k for k, _, _ in members]
+        steps += [shape[1]] * len(members)
+    for k, t_len, bound in zip(indices, steps, torch.cat(bounds).tolist(), strict=True):
+        if _worth_compacting(bound, t_len):
+            out[k] = _compact(out[k])  # type: ignore[arg-type]
+    return out
 
 
 def _take_examples(g: PerExampleGrad, rows: slice) -> PerExampleGrad:
@@ -315,7 +440,7 @@ class _Chunks:
 
 
 def squared_norm_of_sum(
-    uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None
+    uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None, *, clamp: bool = True
 ) -> Tensor:
     """``||sum_u G_{u,i}||^2 = sum_u ||G_{u,i}||^2 + 2 sum_{u<v} <G_{u,i}, G_{v,i}>``, shape (b,).
 
@@ -324,12 +449,14 @@ def squared_norm_of_sum(
     leaving them out can under-estimate it, which would void the clipping bound. Computed the
     cheaper way (``norm_strategy``): from the factors' Gram matrices, or by materialising the
     per-example gradient for that moment only (the factors stay what the clipped sum is built from).
+    ``clamp=False`` leaves out the final ``clamp_min(0)`` (for a caller that clamps many at once).
     """
     if not uses:
         raise ValueError("squared_norm_of_sum needs at least one use")
     chunks = chunked(uses)
     if chunks is not None:
-        return torch.cat([squared_norm_of_sum(part, never_materialize_dim) for _, part in chunks])
+        parts = [squared_norm_of_sum(part, never_materialize_dim, clamp=clamp) for _, part in chunks]
+        return torch.cat(parts)
     uses = combine_uses(uses, never_materialize_dim)
     total: Tensor | None = None
     for u, g in enumerate(uses):
@@ -337,8 +464,10 @@ def squared_norm_of_sum(
             term = inner(g, uses[v])
             term = term if u == v else 2.0 * term
             total = term if total is None else total + term
-    # Exact value is >= 0; rounding can leave a tiny negative only when the norm itself is ~0.
-    return total.clamp_min(0.0)
+    # Exact value is >= 0; rounding can leave a tiny negative only when the norm itself is ~0. (With
+    # ``clamp=False`` the caller clamps, e.g. all parameters' terms at once.)
+    assert total is not None
+    return total.clamp_min(0.0) if clamp else total
 
 
 def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
@@ -373,6 +502,8 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
     dtype = compute_dtype(*(f.values for f in (row, col) if isinstance(f, DenseFactor)))
     device = weights.device
     if isinstance(row, DenseFactor) and isinstance(col, DenseFactor):
+        if dtype == torch.float32 and bf16_products(row.values, col.values):
+            return _weighted_product_bf16(row.values, col.values, weights)
         # Fold the weights into the narrower factor (for an output projection: the hidden states,
         # not the vocabulary-wide logits gradient): a smaller scaled copy, the same one matmul.
         if row.size <= col.size:
@@ -386,3 +517,55 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
     assert isinstance(row, OneHotFactor) and isinstance(col, OneHotFactor)
     w = weights.to(dtype)[:, None].expand(row.ids.shape).reshape(-1)
     return out.index_put_((row.ids.reshape(-1), col.ids.reshape(-1)), w, accumulate=True)
+
+
+PACK_BELOW = 2**16
+"""``pack_small`` packs a parameter whose per-example gradient is stored whole with at most this many
+values per example (biases, norm scales): its copy into the packed tensor costs little memory."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """The whole-stored per-example gradients of several parameters side by side: ``values`` (b, N),
+    parameter k's in columns ``offsets[k]:offsets[k] + numel(shapes[k])``. One norm and one clipped-sum
+    product for all of them instead of a few small operations each (each a kernel launch on a GPU)."""
+
+    values: Tensor
+    names: tuple[str, ...]
+    shapes: tuple[torch.Size, ...]
+
+    def squared_norms(self) -> Tensor:
+        """``sum_k ||G_{k,i}||^2`` over the packed parameters, shape (b,), summed in float64 (the
+        values are small: the widened copy costs nothing)."""
+        wide = self.values.to(torch.promote_types(self.values.dtype, torch.float64))
+        return torch.bmm(wide[:, None, :], wide[:, :, None]).flatten()
+
+    def weighted_sums(self, weights: Tensor) -> dict[str, Tensor]:
+        """``sum_i w_i G_{k,i}`` for every packed parameter k: one (1 x b) @ (b x N) product, in at
+        least float32, split into views shaped like the parameters."""
+        dtype = compute_dtype(self.values)
+        total = (weights.to(dtype)[None, :] @ self.values.to(dtype)).flatten()
+        sizes = [math.prod(shape) for shape in self.shapes]
+        parts = torch.split(total, sizes)
+        return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+
+
+def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
+    """Moves every parameter whose uses are one ``Materialized`` gradient of at most ``PACK_BELOW``
+    values per example out of ``uses`` into one ``Packed`` (None when there is none). Exact: the packed
+    columns are the same numbers; the norms of the rest are unchanged."""
+    names = [
+        name
+        for name, found in uses.items()
+        if len(found) == 1
+        and isinstance(found[0], Materialized)
+        and found[0].values.dim() >= 2
+        and math.prod(found[0].values.shape[1:]) <= PACK_BELOW
+    ]
+    if not names:
+        return None
+    parts = [uses.pop(name)[0] for name in names]
+    shapes = tuple(part.values.shape[1:] for part in parts)  # type: ignore[union-attr]
+    dtype = compute_dtype(*(part.values for part in parts))  # type: ignore[union-attr]
+    values = torch.cat([part.values.reshape(part.values.shape[0], -1) for part in parts], dim=1)  # type: ignore[union-attr]
+    return Packed(values.to(dtype), tuple(names), shapes)

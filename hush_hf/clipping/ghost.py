@@ -54,11 +54,14 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
-from hush_hf.clipping import clipped_sums
+from hush_hf.clipping import clipped_sums, precision
 from hush_hf.clipping.factors import (
+    Packed,
     PerExampleGrad,
     combine_uses,
     drop_zero_steps,
+    drop_zero_steps_all,
+    pack_small,
     squared_norm_of_sum,
     weighted_sum,
 )
@@ -106,14 +109,9 @@ of, in float32, so its rounding gap is smaller; the margins are kept, measured, 
 of the margin is clipping at most ``margin`` more than asked (a smaller signal, never a weaker guarantee).
 """
 
-_CHECK_RTOL = 1e-4
-"""Self-check tolerance in float32+: per parameter, ||autograd - rebuilt|| <= 1e-4 * sum_i ||c_i g_i||
-(measured gap: at most 3e-7)."""
-
-_CHECK_RTOL_REDUCED = 2.0**-4
-"""Self-check tolerance under bf16/fp16: autograd's bf16 rounding alone made its gradient differ from
-the rebuilt one by up to 1.1% of sum_i ||c_i g_i|| (one example per batch; 0.4% with 8), on the models
-measured for ``CLIP_MARGINS``; 2^-4 = 6.25% leaves 5x headroom."""
+_CHECK_RTOL = precision.CHECK_RTOL
+_CHECK_RTOL_REDUCED = precision.CHECK_RTOL_REDUCED
+# (The self-check's tolerances and how they follow the float32 matmul precision: ``precision``.)
 
 
 @dataclass(frozen=True)
@@ -166,9 +164,15 @@ class _Pass:
     dtype: torch.dtype  # narrowest floating dtype of the step (activations, outputs, parameters, loss)
     used: dict[str, list[Tensor]]  # parameter name -> the tensor(s) the forward used for it
     recorded: frozenset[str] = frozenset()  # parameters with a use that got a gradient
+    packed: Packed | None = None  # small whole-stored per-example gradients, out of ``uses`` (``pack_small``)
+    device_type: str = "cpu"  # where the step's products run (their float32 precision: ``precision``)
 
     @property
     def margin(self) -> float:
+        """``CLIP_MARGINS`` of the step's dtype; a float32 step whose matrix products may run in TF32/bf16
+        takes the bf16 margin (``precision``: both routes round their products' inputs like bf16's)."""
+        if self.dtype == torch.float32 and precision.low_precision_step(self.dtype, self.device_type):
+            return CLIP_MARGINS[torch.bfloat16]
         return CLIP_MARGINS[self.dtype]
 
 
@@ -499,9 +503,7 @@ class GhostClipper:
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self._in_forward = False
 
-    def _record(
-        self, layer: _HookedLayer, module: nn.Module, args: tuple, kwargs: dict, output: Any
-    ) -> Any:
+    def _record(self, layer: _HookedLayer, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         if replaying():
             return None
         index = layer.rule.output_index
@@ -537,8 +539,10 @@ class GhostClipper:
     def _autocast_dtype(layer: _HookedLayer, x: Tensor) -> torch.dtype | None:
         """The dtype the layer's op casts its input to under autocast (matmul-like rules), or None."""
         device_type = x.device.type
-        if layer.rule.casts_input_under_autocast and x.is_floating_point() and torch.is_autocast_enabled(
-            device_type
+        if (
+            layer.rule.casts_input_under_autocast
+            and x.is_floating_point()
+            and torch.is_autocast_enabled(device_type)
         ):
             return torch.get_autocast_dtype(device_type)
         return None
@@ -793,15 +797,30 @@ class GhostClipper:
             with replay():
                 grads = layer.rule.grads(module, x, g)
             for name in layer.param_names:
-                # Zero steps dropped now (exact), so a masked-LM head keeps ~15% of its logits gradient.
-                uses.setdefault(self._names[(id(module), name)], []).append(drop_zero_steps(grads[name]))
+                uses.setdefault(self._names[(id(module), name)], []).append(grads[name])
         x = g = grads = source = None  # type: ignore[assignment]  # the last call's tensors live on in the factors
+        # Zero steps dropped (exact; a masked-LM head keeps ~15% of its logits gradient), all uses at once:
+        # one device-to-host read for the whole step, not one per use.
+        names = [name for name, found in uses.items() for _ in found]
+        dropped = iter(drop_zero_steps_all([u for found in uses.values() for u in found]))
+        uses = {name: [] for name in uses}
+        for name in names:
+            uses[name].append(next(dropped))
+        recorded_names = frozenset(uses)
+        terms: list[Tensor] = []
         for name in uses:
             # Materialised where that is no larger than the factors (freed here), else ghost form.
             uses[name] = combine_uses(uses[name], self._vocab)
-            squared += squared_norm_of_sum(uses[name], self._vocab).to(torch.float64)
+        packed = pack_small(uses)  # biases and norm scales: one norm, one clipped-sum product for all
+        if packed is not None:
+            terms.append(packed.squared_norms())
+        terms += [squared_norm_of_sum(found, self._vocab, clamp=False) for found in uses.values()]
+        if terms:
+            # Each parameter's exact squared norm is >= 0: a tiny negative is rounding (clamped per term).
+            # (stacked first, widened once: one cast, not one per parameter)
+            squared = squared + torch.stack(terms).to(torch.float64).clamp_min_(0.0).sum(dim=0)
         norms = self._finite(squared.sqrt())
-        return _Pass(norms, uses, dtype, used, frozenset(uses))
+        return _Pass(norms, uses, dtype, used, recorded_names, packed, loss.device.type)
 
     @staticmethod
     def _finite(norms: Tensor) -> Tensor:
@@ -906,9 +925,10 @@ class GhostClipper:
         norms = result.norms
         coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
         if not check:
+            packed = result.packed.weighted_sums(coef) if result.packed is not None else {}
             for name, p in self._params:
                 uses = result.uses.pop(name, [])
-                self._accumulate(p, self._clipped_sum(p, uses, coef) if uses else None)
+                self._accumulate(p, self._clipped_sum(p, uses, coef) if uses else packed.pop(name, None))
             return norms
         rebuilt = self._rebuild(result, coef)
         got = self._autograd_grads((loss * coef).sum(), result, check, retain_graph=False)
@@ -951,7 +971,7 @@ class GhostClipper:
             raise RuntimeError("no layer with trainable parameters ran in the forward pass")
         dtype = self._narrowest_dtype([], loss, norm_pass.dtypes)
         norms = self._finite(norm_pass.squared.sqrt())
-        result = _Pass(norms, {}, dtype, {}, frozenset(norm_pass.seen))
+        result = _Pass(norms, {}, dtype, {}, frozenset(norm_pass.seen), None, loss.device.type)
         check = {name for name in self._unverified if got.get(name) is not None}
         if check:
             ones = torch.ones_like(norms, dtype=loss.dtype)
@@ -1036,7 +1056,8 @@ class GhostClipper:
             )
         elif grad is None:
             return
-        clipped_sums.accumulate_(p, grad)  # a bf16/fp16 parameter's sum stays in float32 until the noise
+        # A bf16/fp16 parameter's sum stays in float32 until the noise; ``grad`` was built here for p alone.
+        clipped_sums.accumulate_(p, grad, owned=True)
 
     # ----------------------------------------------------------------------------- self-check
     def _rebuild(self, result: _Pass, coef: Tensor) -> dict[str, Tensor]:
@@ -1045,7 +1066,7 @@ class GhostClipper:
         Built before the check's backward and the factors freed at once, so the check holds one extra
         gradient-sized copy rather than every layer's output gradient (the logits' included).
         """
-        rebuilt: dict[str, Tensor] = {}
+        rebuilt: dict[str, Tensor] = result.packed.weighted_sums(coef) if result.packed is not None else {}
         for name, p in self._params:
             uses = result.uses.pop(name, [])
             if uses:
@@ -1075,8 +1096,10 @@ class GhostClipper:
         gradient is zero in exact arithmetic, e.g. attention key biases, do not trip it on rounding
         noise), per parameter and over the checked parameters together: 1e-4 in float32 and wider,
         2^-4 under bf16/fp16 (where autograd and the rebuilt sum round apart by ~1%), so with bf16 only a
-        direct use carrying more than ~6% of the gradient is seen; run the first step in float32 for the
-        sharper check. A parameter that the loss reaches although no hooked call of it recorded a use
+        direct use carrying more than ~6% of the gradient is seen; 2^-6 for float32 with TF32 (or bf16)
+        matrix products in force (``precision.check_rtol``); run the first step in float32 with
+        ``torch.set_float32_matmul_precision("highest")`` for the sharpest check.
+        A parameter that the loss reaches although no hooked call of it recorded a use
         (its layer never ran, or a ``ParameterDict`` read by a module with no rule) is refused whatever
         its gradient, zero included: the structural half of the check.
 
@@ -1095,8 +1118,8 @@ class GhostClipper:
         and rule bugs, and has no false alarms on harmless reads (``weight.dtype``, ``.shape``).
         """
         total = float((coef.to(torch.float64) * result.norms).sum())
-        reduced = torch.finfo(result.dtype).bits < 32
-        rtol = _CHECK_RTOL_REDUCED if reduced else _CHECK_RTOL
+        reduced = precision.low_precision_step(result.dtype, result.device_type)
+        rtol = precision.check_rtol(result.dtype, result.device_type)
         gaps: list[tuple[str, float, bool, bool]] = []  # (name, gap, recorded, reached)
         for name, p in self._params:
             if name not in names:
@@ -1147,8 +1170,8 @@ class GhostClipper:
             "not bound it by C; call the owning module instead, freeze the parameter, or register a "
             "rule for the layer that uses it"
             + (
-                "; under bf16/fp16 it can also mean unusually large rounding: check the same model "
-                "in float32"
+                "; under bf16/fp16 or TF32 matrix products it can also mean unusually large rounding: "
+                "check the same model in float32 with torch.set_float32_matmul_precision('highest')"
                 if reduced
                 else "; less likely, low-precision arithmetic inside the model (rounding beyond 1e-4)"
             )

@@ -1,0 +1,252 @@
+"""The DP step on a GPU: plain / hush_hf / Opacus ghost x fp32 / TF32 / bf16, CUDA time and peak memory.
+
+    .venv/bin/python bench/gpu_step.py [--models gpt2 gpt2-tied llama-1b llama-1b-lora]
+        [--precisions fp32 tf32 bf16] [--contenders plain hush opacus-ghost] [--steps 6] [--warmup 2]
+
+The harness of issue 28, as one prepared script (the default set runs in about 5 minutes on one H100).
+Every (model, precision, contender) runs in a fresh process on the same model (same seed, built on
+the GPU) and the same random batch; a full step is forward, backward pass(es), clipping, noise and
+``torch.optim.AdamW`` (fused off, foreach on, as its CUDA default), written out here for every
+contender alike (no Trainer):
+
+- ``plain``: transformers' batch-mean loss, one ``backward()``, AdamW.
+- ``hush``: ``GhostClipper.clipped_backward`` of the per-example mean token loss, then
+  ``privatize_gradients_`` (sigma = 1, C = 1, B = batch), AdamW.
+- ``opacus-ghost``: Opacus ``make_private(grad_sample_mode="ghost")`` with its
+  ``DPLossFastGradientClipping`` (as ``bench/peer_overhead.py``; an optional dependency, extra
+  ``bench``: a missing Opacus makes its cells ``missing``).
+
+Precisions: ``fp32`` (``torch.set_float32_matmul_precision("highest")``), ``tf32`` (``"high"``: TF32
+matrix products, as ``TrainingArguments(tf32=True)``), ``bf16`` (the model's weights in bf16, as the
+issue's bf16 rows). Reported per cell: the median CUDA-synchronised wall time of the ``--steps``
+timed steps after ``--warmup`` warm-up steps (hush_hf's one-time self-check runs in the warm-up),
+the peak of ``torch.cuda.max_memory_allocated`` over the timed steps, and both as ratios to ``plain``
+of the same row. A contender that raises shows ``refused`` (it declines the model) or ``error``, with
+the last line of its message.
+
+Without CUDA it exits at once with a message (status 2): the CPU ratios are ``bench/peer_overhead.py``
+and ``bench/step_overhead.py``, the operation census ``bench/op_census.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# name: (family, tied, batch, seq, lora)
+MODELS = {
+    "gpt2": ("gpt2", False, 32, 512, False),  # GPT-2 124M untied
+    "gpt2-tied": ("gpt2", True, 32, 512, False),
+    "llama-1b": ("llama-1b", False, 8, 1024, False),  # 16 layers x 2048 (TinyLlama-sized)
+    "llama-1b-lora": ("llama-1b", False, 8, 1024, True),  # LoRA r = 16 on all projections
+}
+DEFAULT_ROWS = [("gpt2", "fp32"), ("gpt2", "tf32"), ("gpt2-tied", "bf16"), ("llama-1b", "bf16")]
+CONTENDERS = ("plain", "hush", "opacus-ghost")
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def build_model(family: str, tied: bool, seq: int, lora: bool, device: str = "cuda"):
+    """Random-init model, built on ``device`` (no Hub): (model, causal)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    with torch.device(device):
+        if family == "gpt2":
+            model = GPT2LMHeadModel(GPT2Config(n_positions=max(1024, seq), tie_word_embeddings=tied))
+        else:
+            config = LlamaConfig(
+                vocab_size=32000,
+                hidden_size=2048,
+                intermediate_size=5632,
+                num_hidden_layers=16,
+                num_attention_heads=32,
+                num_key_value_heads=4,
+                max_position_embeddings=max(2048, seq),
+                tie_word_embeddings=tied,
+            )
+            model = LlamaForCausalLM(config)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets))
+    return model, True
+
+
+def measure(name: str, precision: str, contender: str, steps: int, warmup: int, device: str = "cuda") -> dict:
+    """CUDA-synchronised seconds per full step and peak allocated memory, in this (fresh) process
+    (``device="cpu"``: a smoke run of the same steps, wall time, no memory figure)."""
+    import time
+
+    import peer_overhead as po
+    import torch
+
+    family, tied, batch, seq, lora = MODELS[name]
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    torch.manual_seed(0)
+    model, causal = build_model(family, tied, seq, lora, device)
+    cuda = device == "cuda"
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    model.train()
+    vocab = model.config.vocab_size
+    inputs, labels = po.random_batch(vocab, batch, seq, causal)
+    inputs, labels = {k: v.to(device) for k, v in inputs.items()}, labels.to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=cuda or None)
+
+    if contender == "plain":
+
+        def step(k: int) -> None:
+            model(**inputs, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    elif contender == "hush":
+        from hush_hf.clipping import GhostClipper, per_example_lm_loss
+        from hush_hf.trainer.noise import privatize_gradients_
+
+        po.register_llama_rms_norm()
+        clipper = GhostClipper(model, 1.0)
+
+        def step(k: int) -> None:
+            loss = per_example_lm_loss(model(**inputs).logits, labels, causal=causal)
+            clipper.clipped_backward(loss)
+            privatize_gradients_(
+                trainable, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k
+            )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    elif contender == "opacus-ghost":
+        from opacus import PrivacyEngine
+        from torch.utils.data import DataLoader, TensorDataset
+
+        po.register_opacus_conv1d()
+        loader = DataLoader(TensorDataset(inputs["input_ids"].cpu()), batch_size=batch)
+        made = PrivacyEngine().make_private(
+            module=model,
+            optimizer=optimizer,
+            criterion=torch.nn.CrossEntropyLoss(ignore_index=-100),
+            data_loader=loader,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
+            grad_sample_mode="ghost",
+        )
+        private, dp_optimizer, dp_criterion = made[0], made[1], made[2]
+
+        def step(k: int) -> None:
+            logits = private(**inputs).logits[:, :-1]
+            target = labels[:, 1:]
+            flat_logits, flat_target = logits.reshape(-1, vocab), target.reshape(-1)
+            dp_criterion(flat_logits, flat_target, shape=logits.shape).backward()
+            dp_optimizer.step()
+            dp_optimizer.zero_grad(set_to_none=True)
+
+    else:
+        raise ValueError(f"unknown contender {contender!r}")
+
+    seconds = []
+    for k in range(warmup + steps):
+        if k == warmup and cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        step(k)
+        if cuda:
+            torch.cuda.synchronize()
+        if k >= warmup:
+            seconds.append(time.perf_counter() - start)
+    return {
+        "seconds": seconds,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+    }
+
+
+def run_isolated(name: str, precision: str, contender: str, args: argparse.Namespace) -> dict:
+    """``measure`` in a fresh interpreter; a failure becomes a ``refused`` / ``error`` / ``missing`` cell."""
+    spec = {"model": name, "precision": precision, "contender": contender}
+    spec = json.dumps({**spec, "steps": args.steps, "warmup": args.warmup})
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, __file__, "--_measure", spec],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=args.timeout,
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+    if "No module named 'opacus'" in last:
+        return {"failed": "missing", "message": "opacus is not installed (pip install hush_hf[bench])"}
+    lowered = last.lower()
+    kind = "refused" if "not supported" in lowered or "unsupported" in lowered else "error"
+    return {"failed": kind, "message": last[:200]}
+
+
+def cell(found: dict, plain: dict | None) -> str:
+    if "failed" in found:
+        return f"{found['failed']}: {found['message']}"
+    seconds = statistics.median(found["seconds"])
+    text = f"{seconds:.3f} s, {found['peak_gib']:.2f} GiB"
+    if plain is not None and "failed" not in plain:
+        ratio = seconds / statistics.median(plain["seconds"])
+        text += f" ({ratio:.2f}x, memory {found['peak_gib'] / plain['peak_gib']:.2f}x)"
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, help="default: the issue's four rows")
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS)
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per contender process")
+    parser.add_argument("--_measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print(
+            "bench/gpu_step.py needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); "
+            "on a CPU machine run bench/op_census.py and bench/peer_overhead.py instead",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    if args._measure:
+        spec = json.loads(args._measure)
+        warnings.filterwarnings("ignore")
+        found = measure(spec["model"], spec["precision"], spec["contender"], spec["steps"], spec["warmup"])
+        print(json.dumps(found))
+        return
+    if args.models or args.precisions:
+        rows = [(m, p) for m in args.models or MODELS for p in args.precisions or PRECISIONS]
+    else:
+        rows = DEFAULT_ROWS
+    device = torch.cuda.get_device_name()
+    print(f"{device}, torch {torch.__version__}; {args.warmup} warm-up + {args.steps} timed steps")
+    print(f"| model, batch | precision | {' | '.join(args.contenders)} |")
+    print("|---|---|" + "---|" * len(args.contenders))
+    for name, precision in rows:
+        found = {c: run_isolated(name, precision, c, args) for c in args.contenders}
+        plain = found.get("plain")
+        _, _, batch, seq, _ = MODELS[name]
+        cells = " | ".join(cell(found[c], plain if c != "plain" else None) for c in args.contenders)
+        print(f"| {name}, {batch}x{seq} | {precision} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""Census of the aten operations one training step dispatches: plain step against the hush_hf DP step.
+
+    .venv/bin/python bench/op_census.py [--models gpt2 llama] [--dtypes float32 bfloat16] [--batch 8]
+                                        [--seq 64] [--top 0]
+
+On a GPU every dispatched operation that is not a view is at least one kernel launch, and a DP step on
+a small or medium model is bound by their number (and by the casts among them) rather than by its
+arithmetic: a proxy that any machine measures exactly, on CPU, in seconds. Counted with a
+``TorchDispatchMode`` (below autograd: the forward's and the backward's kernels alike), for one step
+after ``--warmup`` steps (hush_hf's one-time self-check runs in the warm-up):
+
+- ``plain``: forward with transformers' batch-mean loss, ``backward()``, AdamW, ``zero_grad``. AdamW
+  runs ``foreach=True`` in both steps, its default on a GPU (on CPU it defaults to one loop per parameter).
+- ``hush``: forward, ``per_example_lm_loss``, ``GhostClipper.clipped_backward`` (per-example clipping,
+  clipped sums), ``privatize_gradients_`` (noise), AdamW, ``zero_grad``.
+
+Columns: ``ops`` every dispatched aten operation; ``kernels`` those that are not views (``view``,
+``t``, ``expand``, ``detach``, ... and ``promote_types``: no kernel on a GPU); ``casts``
+``_to_copy``/``copy_`` that change the dtype;
+``f32 mm`` matrix products (mm, bmm, addmm, baddbmm, ...) with a float32 operand, in a bf16 model
+the products that do not run as bf16 GEMMs; ``mm`` all matrix products; ``syncs`` device-to-host
+reads (``_local_scalar_dense``: ``.item()``, ``int(t)``, ``bool(t)``), a stall each on a GPU (AdamW's
+reads of its CPU step counters left out). Ratios
+are hush over plain. Models: 4-layer GPT-2 (tied, Conv1D) and Llama (untied, RMSNorm), built from
+configs with small widths, random init, random tokens; ``bfloat16`` casts the whole model
+(bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32).
+``--top N`` also prints the N most frequent operations of each step. ``--foreach-noise``: the hush
+column with the noise added by two foreach operations for all parameters instead of two per parameter
+(``foreach_noise_``; the same draws): a what-if for the trainer, which owns the noise step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+NO_KERNEL = {"detach", "alias", "_unsafe_view", "lift_fresh", "promote_types", "result_type", "sym_size"}
+"""Dispatched operations that launch no kernel besides views: metadata and dtype arithmetic."""
+MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "matmul", "_scaled_mm"}
+
+
+_IN_OPTIMIZER = [False]  # AdamW reads its CPU step counters (no device stall on a GPU): not syncs
+
+
+def optimizer_step(optimizer) -> None:
+    _IN_OPTIMIZER[0] = True
+    try:
+        optimizer.step()
+    finally:
+        _IN_OPTIMIZER[0] = False
+    optimizer.zero_grad(set_to_none=True)
+
+
+class OpCensus(TorchDispatchMode):
+    """Counts every aten operation dispatched while active, with casts and float32 matrix products."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.views = 0
+        self.casts: Counter[str] = Counter()
+        self.f32_matmuls = 0
+        self.matmuls = 0
+        self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        self.ops[name] += 1
+        if func.is_view or name in NO_KERNEL:
+            self.views += 1
+        if name == "_to_copy" and isinstance(args[0], torch.Tensor):
+            target = kwargs.get("dtype")
+            if target is not None and target != args[0].dtype:
+                self.casts[f"{args[0].dtype}->{target}".replace("torch.", "")] += 1
+        elif name == "copy_" and isinstance(args[1], torch.Tensor) and args[0].dtype != args[1].dtype:
+            self.casts[f"{args[1].dtype}->{args[0].dtype}".replace("torch.", "")] += 1
+        elif name in MATMULS:
+            self.matmuls += 1
+            if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
+                self.f32_matmuls += 1
+        elif name == "_local_scalar_dense" and not _IN_OPTIMIZER[0]:
+            self.syncs += 1
+        return func(*args, **kwargs)
+
+    def summary(self) -> dict[str, int]:
+        total = sum(self.ops.values())
+        return {
+            "ops": total,
+            "kernels": total - self.views,
+            "casts": sum(self.casts.values()),
+            "f32 mm": self.f32_matmuls,
+            "mm": self.matmuls,
+            "syncs": self.syncs,
+        }
+
+
+def build_model(family: str, dtype: torch.dtype):
+    """4 layers, hidden 128, vocabulary 2048; random init (seed 0). (model, causal)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = GPT2Config(vocab_size=2048, n_positions=256, n_embd=128, n_layer=4, n_head=2)
+        model = GPT2LMHeadModel(config)
+    elif family == "llama":
+        config = LlamaConfig(
+            vocab_size=2048,
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
+        model = LlamaForCausalLM(config)
+    else:
+        raise ValueError(f"unknown model family {family!r}")
+    return model.to(dtype).train(), True
+
+
+def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: int):
+    """A closure running one full training step of ``contender``."""
+    model, causal = build_model(family, dtype)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator)
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+        "position_ids": torch.arange(seq).expand(batch, seq).contiguous(),
+    }
+    labels = ids.clone()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)  # as on a GPU
+    if contender == "plain":
+
+        def step(k: int) -> None:
+            model(**inputs, labels=labels).loss.backward()
+            optimizer_step(optimizer)
+
+        return step
+
+    from hush_hf.clipping import GhostClipper, per_example_lm_loss
+    from hush_hf.trainer.noise import privatize_gradients_
+
+    clipper = GhostClipper(model, 1.0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    privatize = foreach_noise_ if contender == "hush-foreach-noise" else privatize_gradients_
+
+    def dp_step(k: int) -> None:
+        loss = per_example_lm_loss(model(**inputs).logits, labels, causal=causal)
+        clipper.clipped_backward(loss)
+        privatize(params, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k)
+        optimizer_step(optimizer)
+
+    return dp_step
+
+
+def foreach_noise_(params, *, noise_multiplier, clip_norm, expected_batch_size, dp_seed, step) -> None:
+    """What ``privatize_gradients_`` would dispatch with foreach updates (``--foreach-noise``, a what-if
+    for the trainer, which owns the noise): the same draws (one ``randn`` per parameter, in order, from
+    the same generator), then one ``_foreach_add_`` and one ``_foreach_div_`` for all parameters."""
+    from hush_hf.clipping.clipped_sums import clipped_sums_for_noise, round_into_grads_
+    from hush_hf.trainer.noise import noise_generator
+
+    with torch.no_grad():
+        sums = clipped_sums_for_noise(params)
+        generator = noise_generator(dp_seed, step, sums[0].device)
+        noises = [torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in sums]
+        torch._foreach_add_(sums, noises, alpha=noise_multiplier * clip_norm)
+        torch._foreach_div_(sums, expected_batch_size)
+    round_into_grads_(params)
+
+
+def census(family: str, dtype: torch.dtype, contender: str, batch: int, seq: int, warmup: int) -> OpCensus:
+    step = make_step(family, dtype, contender, batch, seq)
+    for k in range(warmup):
+        step(k)
+    counter = OpCensus()
+    with counter:
+        step(warmup)
+    return counter
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    dtypes = ["float32", "bfloat16"]
+    parser.add_argument("--dtypes", nargs="+", default=dtypes, choices=dtypes)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
+    parser.add_argument(
+        "--foreach-noise",
+        action="store_true",
+        help="the hush column with foreach noise updates (a what-if for the trainer's privatize step)",
+    )
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    columns = ["ops", "kernels", "casts", "f32 mm", "mm", "syncs"]
+    print(
+        f"aten operations per step, {args.batch}x{args.seq}, torch {torch.__version__}, after "
+        f"{args.warmup} warm-up steps (hush/plain ratio in brackets)"
+    )
+    print(f"| model | dtype | {' | '.join(f'{c} plain / hush (x)' for c in columns)} |")
+    print("|---|---|" + "---|" * len(columns))
+    for family in args.models:
+        for dtype_name in args.dtypes:
+            dtype = getattr(torch, dtype_name)
+            dp = "hush-foreach-noise" if args.foreach_noise else "hush"
+            found = {c: census(family, dtype, c, args.batch, args.seq, args.warmup) for c in ("plain", dp)}
+            found["hush"] = found.pop(dp)
+            plain, hush = found["plain"].summary(), found["hush"].summary()
+            cells = []
+            for c in columns:
+                ratio = f"{hush[c] / plain[c]:.2f}x" if plain[c] else "-"
+                cells.append(f"{plain[c]} / {hush[c]} ({ratio})")
+            print(f"| {family} | {dtype_name} | {' | '.join(cells)} |", flush=True)
+            if args.top:
+                for c in ("plain", "hush"):
+                    common = ", ".join(f"{n} {k}" for n, k in found[c].ops.most_common(args.top))
+                    print(f"    {c} top ops: {common}")
+                    print(f"    {c} casts: {dict(found[c].casts)}")
+
+
+if __name__ == "__main__":
+    main()
