@@ -24,9 +24,7 @@ reads of its CPU step counters left out). Ratios
 are hush over plain. Models: 4-layer GPT-2 (tied, Conv1D) and Llama (untied, RMSNorm), built from
 configs with small widths, random init, random tokens; ``bfloat16`` casts the whole model
 (bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32).
-``--top N`` also prints the N most frequent operations of each step. ``--foreach-noise``: the hush
-column with the noise added by two foreach operations for all parameters instead of two per parameter
-(``foreach_noise_``; the same draws): a what-if for the trainer, which owns the noise step.
+``--top N`` also prints the N most frequent operations of each step.
 """
 
 from __future__ import annotations
@@ -153,31 +151,16 @@ def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: 
 
     clipper = GhostClipper(model, 1.0)
     params = [p for p in model.parameters() if p.requires_grad]
-    privatize = foreach_noise_ if contender == "hush-foreach-noise" else privatize_gradients_
 
     def dp_step(k: int) -> None:
         loss = per_example_lm_loss(model(**inputs).logits, labels, causal=causal)
         clipper.clipped_backward(loss)
-        privatize(params, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k)
+        privatize_gradients_(
+            params, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k
+        )
         optimizer_step(optimizer)
 
     return dp_step
-
-
-def foreach_noise_(params, *, noise_multiplier, clip_norm, expected_batch_size, dp_seed, step) -> None:
-    """What ``privatize_gradients_`` would dispatch with foreach updates (``--foreach-noise``, a what-if
-    for the trainer, which owns the noise): the same draws (one ``randn`` per parameter, in order, from
-    the same generator), then one ``_foreach_add_`` and one ``_foreach_div_`` for all parameters."""
-    from hush_hf.clipping.clipped_sums import clipped_sums_for_noise, round_into_grads_
-    from hush_hf.trainer.noise import noise_generator
-
-    with torch.no_grad():
-        sums = clipped_sums_for_noise(params)
-        generator = noise_generator(dp_seed, step, sums[0].device)
-        noises = [torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in sums]
-        torch._foreach_add_(sums, noises, alpha=noise_multiplier * clip_norm)
-        torch._foreach_div_(sums, expected_batch_size)
-    round_into_grads_(params)
 
 
 def census(family: str, dtype: torch.dtype, contender: str, batch: int, seq: int, warmup: int) -> OpCensus:
@@ -199,11 +182,6 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
-    parser.add_argument(
-        "--foreach-noise",
-        action="store_true",
-        help="the hush column with foreach noise updates (a what-if for the trainer's privatize step)",
-    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -217,9 +195,9 @@ def main() -> None:
     for family in args.models:
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
-            dp = "hush-foreach-noise" if args.foreach_noise else "hush"
-            found = {c: census(family, dtype, c, args.batch, args.seq, args.warmup) for c in ("plain", dp)}
-            found["hush"] = found.pop(dp)
+            found = {
+                c: census(family, dtype, c, args.batch, args.seq, args.warmup) for c in ("plain", "hush")
+            }
             plain, hush = found["plain"].summary(), found["hush"].summary()
             cells = []
             for c in columns:
