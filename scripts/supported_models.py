@@ -66,12 +66,19 @@ def render() -> str:
     ]
     lines += [
         "Mixture-of-experts rows: routers and the 3-D expert weights (and biases) have their own rules",
-        "(`hush_hf/clipping/rules_moe.py`); an expert weight's norm is taken expert by expert from Gram",
-        "matrices or formed blocks, never from a per-example copy of all experts. The rows use",
-        "transformers' eager expert loop (float64); its default `grouped_mm` gives the same gradients",
-        "(`tests/test_clipping_moe.py`, float32). Refused: `output_router_logits=True` (the routers'",
-        "load-balancing loss is a function of the whole batch's routing), expert parallelism, and",
-        "Qwen3-Next's linear-attention `conv1d`, gated norm, `A_log` and `dt_bias` (freeze them).",
+        "(`hush_hf/clipping/rules_moe.py`, the other families mapped onto them in",
+        "`rules_moe_families.py`, DBRX's GLU experts in `rules_moe_dbrx.py`); every MoE block flattens",
+        "(batch, seq, d) to (batch * seq, d) rows batch-major, so row r belongs to example r // seq. An",
+        "expert weight's norm is taken expert by expert from Gram matrices or formed blocks, never from a",
+        "per-example copy of all experts. The rows use transformers' eager expert loop (float64); its",
+        "default `grouped_mm` gives the same gradients (`tests/test_clipping_moe.py`, float32). PhiMoE",
+        "(`PhimoeForCausalLM`) is exact too: in training it samples each token's experts, which torch.func",
+        "cannot replay, so `tests/test_clipping_moe_families.py` compares it with per-example autograd on",
+        "the same draws. Refused: `output_router_logits=True` (the routers' load-balancing loss is a",
+        "function of the whole batch's routing), expert parallelism, input jitter (PhiMoE",
+        "`input_jitter_noise`, DBRX `moe_jitter_eps`: set 0), JetMoE's experts (its router gathers and",
+        "sorts the tokens before the experts see them), and the linear-attention `conv1d`, gated norm,",
+        "`A_log` and `dt_bias` of Qwen3-Next and Qwen3.5-MoE (freeze them).",
         "",
     ]
     return "\n".join(lines)

@@ -29,6 +29,7 @@ class Family:
     build: Callable[[bool], nn.Module]  # tied -> model
     ties: tuple[bool, ...] = (True, False)  # the tying settings the config allows
     notes: str = ""
+    pads: bool = True  # tested with right-padded rows too (False: the model itself fails on padding)
 
 
 def _hf(config_class: str, model_class: str, **config) -> Callable[[bool], nn.Module]:
@@ -108,6 +109,9 @@ TRAINABLE_TOKENS = [5, 17, 40]
 """Token ids whose embedding rows (and, tied, output rows) PEFT's trainable tokens train."""
 
 _LLAMA = _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE)
+_SINK_PADDING = (
+    "unpadded rows only: its eager sink attention gives right-padded rows a NaN loss (transformers 5.24)"
+)
 
 
 FAMILIES: list[Family] = [
@@ -142,6 +146,10 @@ FAMILIES: list[Family] = [
         "GPTNeoConfig", "GPTNeoForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, num_heads=2,
         attention_types=[[["global", "local"], 1]], window_size=8, max_position_embeddings=64,
         resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0), notes="local attention window 8"),
+    Family("Granite-SWA", "GraniteSWAConfig", "GraniteSWAForCausalLM", "causal", _hf(
+        "GraniteSWAConfig", "GraniteSWAForCausalLM", sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], **_LLAMA_LIKE), pads=False,
+        notes="sliding window 4, attention sinks (generic replay); " + _SINK_PADDING),
     Family("BERT (MLM)", "BertConfig", "BertForMaskedLM", "masked", _hf(
         "BertConfig", "BertForMaskedLM", **_BERT_LIKE)),
     Family("RoBERTa (MLM)", "RobertaConfig", "RobertaForMaskedLM", "masked", _hf(
@@ -187,6 +195,71 @@ FAMILIES: list[Family] = [
         linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
         layer_types=["linear_attention", "full_attention"], **_MOE), ties=(False,),
         notes="MoE; linear attention's conv1d, gated norm, A_log, dt_bias frozen (refused otherwise)"),
+    Family("Granite-MoE", "GraniteMoeConfig", "GraniteMoeForCausalLM", "causal", _moe(
+        "GraniteMoeConfig", "GraniteMoeForCausalLM", num_local_experts=4, **_MOE), ties=(False,),
+        notes="MoE: float32 router logits"),
+    Family("Granite-MoE-Shared", "GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", "causal", _moe(
+        "GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", num_local_experts=4,
+        shared_intermediate_size=20, **_MOE), ties=(False,), notes="MoE with a shared MLP"),
+    Family("Granite-MoE-Hybrid (attention layers)", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+        "causal", _moe("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", num_local_experts=4,
+        shared_intermediate_size=20, layer_types=["attention", "attention"], mamba_n_heads=4, mamba_d_state=8,
+        **_MOE), ties=(False,),
+        notes="MoE; its Mamba layers are refused (see the state-space section)"),
+    Family("Jamba (attention layers)", "JambaConfig", "JambaForCausalLM", "causal", _moe(
+        "JambaConfig", "JambaForCausalLM", num_experts=4, attn_layer_period=1, attn_layer_offset=0,
+        expert_layer_period=1, expert_layer_offset=0, use_mamba_kernels=False, **_MOE), ties=(False,),
+        notes="MoE; its Mamba layers are refused (see the state-space section)"),
+    Family("DeepSeek-V2", "DeepseekV2Config", "DeepseekV2ForCausalLM", "causal", _moe(
+        "DeepseekV2Config", "DeepseekV2ForCausalLM", **dict(_MOE, num_key_value_heads=2), n_routed_experts=4,
+        moe_intermediate_size=24, n_group=2, topk_group=1, topk_method="group_limited_greedy",
+        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=8), ties=(False,), notes="MoE: group-limited routing, float32 router"),
+    Family("DBRX", "DbrxConfig", "DbrxForCausalLM", "causal", _moe(
+        "DbrxConfig", "DbrxForCausalLM", vocab_size=VOCAB, d_model=HIDDEN, n_heads=2, n_layers=2,
+        max_seq_len=64, attn_config={"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        ffn_config={"ffn_hidden_size": 24, "moe_num_experts": 4, "moe_top_k": 2}, pad_token_id=0),
+        ties=(False,),
+        notes="MoE: experts as (E * ffn, d) weights of one GLU"),
+    Family("GLM4-MoE", "Glm4MoeConfig", "Glm4MoeForCausalLM", "causal", _moe(
+        "Glm4MoeConfig", "Glm4MoeForCausalLM", head_dim=8, n_routed_experts=4, moe_intermediate_size=24,
+        n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1, **_MOE), ties=(False,),
+        notes="MoE: group-limited sigmoid routing, float32 router"),
+    Family("Ernie-4.5-MoE", "Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", "causal", _moe(
+        "Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", moe_num_experts=4, moe_k=2, moe_intermediate_size=24,
+        moe_num_shared_experts=1, moe_layer_start_index=1, **_LLAMA_LIKE), ties=(False,),
+        notes="MoE: float32 router, shared experts on the folded rows"),
+    Family("Cohere2-MoE", "Cohere2MoeConfig", "Cohere2MoeForCausalLM", "causal", _moe(
+        "Cohere2MoeConfig", "Cohere2MoeForCausalLM", head_dim=8, num_experts=4, num_shared_experts=1,
+        sliding_window=8, **_MOE), ties=(False,), notes="MoE with a shared expert"),
+    Family("EXAONE-MoE", "ExaoneMoeConfig", "ExaoneMoeForCausalLM", "causal", _moe(
+        "ExaoneMoeConfig", "ExaoneMoeForCausalLM", head_dim=8, num_experts=4, moe_intermediate_size=24,
+        first_k_dense_replace=1, sliding_window=8, **_MOE), ties=(False,),
+        notes="MoE: sigmoid routing, float32 router, shared expert"),
+    Family("HunYuan-MoE", "HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", "causal", _moe(
+        "HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", head_dim=8, num_experts=4, moe_topk=2,
+        **_LLAMA_LIKE), ties=(False,), notes="MoE: router owns an nn.Linear, shared MLP"),
+    Family("AfMoE", "AfmoeConfig", "AfmoeForCausalLM", "causal", _moe(
+        "AfmoeConfig", "AfmoeForCausalLM", head_dim=8, num_experts=4, moe_intermediate_size=24,
+        num_dense_layers=1, num_shared_experts=1, sliding_window=8, global_attn_every_n_layers=2, **_MOE),
+        ties=(False,), notes="MoE: sigmoid routing, router owns an nn.Linear, shared experts"),
+    Family("Qwen3.5-MoE", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", "causal", _moe(
+        "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", _LINEAR_ATTENTION, head_dim=8, num_experts=4,
+        moe_intermediate_size=24, shared_expert_intermediate_size=20, linear_num_value_heads=2,
+        linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"], **_MOE), ties=(False,),
+        notes="MoE; linear attention's conv1d, gated norm, A_log, dt_bias frozen (refused otherwise)"),
+    Family("FlexOlmo", "FlexOlmoConfig", "FlexOlmoForCausalLM", "causal", _moe(
+        "FlexOlmoConfig", "FlexOlmoForCausalLM", num_experts=4, **_MOE), ties=(False,), notes="MoE"),
+    Family("Granite-MoE-SWA", "GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", "causal", _moe(
+        "GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", num_local_experts=4, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], **_MOE), ties=(False,), pads=False,
+        notes="MoE; sliding window 4, attention sinks (generic replay); " + _SINK_PADDING),
+    Family("GLM4-MoE-Lite", "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", "causal", _moe(
+        "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", **dict(_MOE, num_key_value_heads=2),
+        n_routed_experts=4, moe_intermediate_size=24, n_shared_experts=1, mlp_layer_types=["dense", "sparse"],
+        q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8),
+        ties=(False,), notes="MoE: float32 router, MLA"),
     Family("Llama + LoRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
         _LLAMA, ["q_proj", "v_proj"]), ties=(True,), notes="only the adapters train"),
     Family("GPT-2 + LoRA (peft)", "GPT2Config", "PeftModelForCausalLM", "causal", _lora(
@@ -210,6 +283,13 @@ FAMILIES: list[Family] = [
         _LLAMA, ["q_proj", "v_proj"], trainable_token_indices=TRAINABLE_TOKENS),
         notes="`LoraConfig(trainable_token_indices=...)`, tokens only in the second micro-batch"),
 ]  # fmt: skip
+
+PHIMOE = Family("PhiMoE", "PhimoeConfig", "PhimoeForCausalLM", "causal", _moe(
+        "PhimoeConfig", "PhimoeForCausalLM", num_local_experts=4, **_MOE), ties=(False,),
+        notes="MoE: sparsemixer routing (sampled in training, see the MoE test)")  # fmt: skip
+"""Not in ``FAMILIES``: in training PhiMoE samples each token's experts (``sparsemixer``, Gumbel noise) and
+differentiates through a custom ``autograd.Function`` that torch.func cannot run; tests/test_clipping_moe.py
+compares it with per-example autograd on the same draws."""
 
 BLOOM = Family("BLOOM", "BloomConfig", "BloomForCausalLM", "causal", _hf(
     "BloomConfig", "BloomForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=2, n_head=2,
