@@ -105,6 +105,21 @@ def _lora(base: Callable[[bool], nn.Module], targets: list[str], **kwargs: Any):
                  init_lora_weights=False, **kwargs)  # fmt: skip
 
 
+def _adaption_prompt(base: Callable[[bool], nn.Module]) -> Callable[[bool], nn.Module]:
+    """PEFT AdaptionPrompt on the last layer, its zero-initialised gate set to 0.5 (at 0 the prompt gets no
+    gradient at all)."""
+    adapted = _peft(base, "AdaptionPromptConfig", task_type="CAUSAL_LM", adapter_len=3, adapter_layers=1)
+
+    def build(tied: bool) -> nn.Module:
+        model = adapted(tied)
+        for name, p in model.named_parameters():
+            if name.endswith("adaption_gate"):
+                p.data.fill_(0.5)
+        return model
+
+    return build
+
+
 TRAINABLE_TOKENS = [5, 17, 40]
 """Token ids whose embedding rows (and, tied, output rows) PEFT's trainable tokens train."""
 
@@ -275,6 +290,9 @@ FAMILIES: list[Family] = [
     Family("Llama + VeRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _peft(
         _LLAMA, "VeraConfig", r=4, target_modules=["q_proj", "v_proj"], init_weights=False), ties=(True,),
         notes="each adapted layer is one generic replay"),
+    Family("Llama + AdaptionPrompt (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _adaption_prompt(
+        _LLAMA), ties=(True,), notes="prompt keys/values shared by the batch; the adapted attention by the "
+        "generic replay"),
     Family("Llama + trainable tokens (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _peft(
         _LLAMA, "TrainableTokensConfig", target_modules=["embed_tokens"], token_indices=TRAINABLE_TOKENS,
         init_weights=False),

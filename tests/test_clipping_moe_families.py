@@ -72,3 +72,16 @@ def test_qwen3_5_moe_linear_attention_parameters_are_refused_unless_frozen():
         p.requires_grad_(True)
     with pytest.raises(UnsupportedLayerError, match=r"'model\.layers\.0\.linear_attn'.*conv1d\.weight"):
         GhostClipper(model, 1.0)
+
+
+def test_nllb_moe_capacity_routing_is_refused_with_the_reason():
+    import transformers
+
+    config = transformers.NllbMoeConfig(
+        vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_experts=4, expert_capacity=2,
+        encoder_sparse_step=1, decoder_sparse_step=1,
+    )  # fmt: skip
+    model = transformers.NllbMoeForConditionalGeneration(config)
+    with pytest.raises(UnsupportedLayerError, match=r"\(NllbMoeSparseMLP\).*capacity, counted over all"):
+        GhostClipper(model, 1.0)

@@ -22,9 +22,10 @@ i's routing and gradient depend on example i alone (the token -> example map is 
   replay; DBRX's experts (``w1``, ``v1``, ``w2`` of shape (E * ffn, d), in ``DbrxExpertGLU``): their own
   rule (``rules_moe_dbrx``).
 
-Refused: JetMoE (its ``JetMoeParallelExperts`` get rows the router already gathered and sorted: which
-token, hence which example, a row holds is not in the call) and PhiMoE/DBRX/MiniMax input jitter (an
-in-place multiplication of the layer input by fresh noise, which the recorded input would not show).
+Refused: NLLB-MoE (its router's expert capacity is counted over the whole batch's tokens), JetMoE (its
+``JetMoeParallelExperts`` get rows the router already gathered and sorted: which token, hence which
+example, a row holds is not in the call) and PhiMoE/DBRX input jitter (an in-place multiplication of the
+layer input by fresh noise, which the recorded input would not show).
 
 Registered by qualified class name, so importing this module does not import transformers.
 """
@@ -133,3 +134,18 @@ for _block in ("JetMoeMoE", "JetMoeMoA"):
 
 # Qwen3.5-MoE's Gated DeltaNet layers are Qwen3-Next's (same parameters read the same way).
 register_refusal(_name("qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"), gated_delta_net_problem)
+
+
+def capacity_routing_problem(layer: nn.Module) -> str:
+    """NLLB-MoE's top-2 router drops the tokens beyond each expert's capacity, counted by a cumulative sum
+    over all the tokens of the batch: whether a token of example i reaches its expert depends on how many
+    tokens of the other examples went there first, so example i's output (and every gradient after this
+    layer) depends on the other examples."""
+    return (
+        "its router drops tokens beyond each expert's capacity, counted over all the tokens of the batch, so "
+        "one example's output depends on the other examples and no per-example gradient of this model is "
+        "bounded by C; NLLB-MoE cannot be trained with per-example clipping (use the dense NLLB / M2M100)"
+    )
+
+
+register_refusal(_name("nllb_moe", "NllbMoeSparseMLP"), capacity_routing_problem)
