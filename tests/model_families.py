@@ -105,6 +105,19 @@ def _lora(base: Callable[[bool], nn.Module], targets: list[str], **kwargs: Any):
                  init_lora_weights=False, **kwargs)  # fmt: skip
 
 
+def _frozen(base: Callable[[bool], nn.Module], parts: tuple[str, ...]) -> Callable[[bool], nn.Module]:
+    """``base`` with the parameters whose names contain one of ``parts`` frozen."""
+
+    def build(tied: bool) -> nn.Module:
+        model = base(tied)
+        for name, p in model.named_parameters():
+            if any(part in name for part in parts):
+                p.requires_grad_(False)
+        return model
+
+    return build
+
+
 def _adaption_prompt(base: Callable[[bool], nn.Module]) -> Callable[[bool], nn.Module]:
     """PEFT AdaptionPrompt on the last layer, its zero-initialised gate set to 0.5 (at 0 the prompt gets no
     gradient at all)."""
@@ -170,6 +183,14 @@ FAMILIES: list[Family] = [
     Family("RoBERTa (MLM)", "RobertaConfig", "RobertaForMaskedLM", "masked", _hf(
         "RobertaConfig", "RobertaForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)),
         notes="positions from input_ids, counted from padding_idx + 1"),
+    Family("DeBERTa-v2 (MLM)", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked", _hf(
+        "DebertaV2Config", "DebertaV2ForMaskedLM", **_BERT_LIKE), notes="absolute positions"),
+    Family("DeBERTa-v2 (MLM), relative attention", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked",
+        _frozen(_hf("DebertaV2Config", "DebertaV2ForMaskedLM", relative_attention=True, position_buckets=8,
+        max_relative_positions=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", **_BERT_LIKE),
+        ("rel_embeddings", "encoder.LayerNorm", "pos_key_proj", "pos_query_proj")),
+        notes="disentangled attention; the shared relative-position table and its projections frozen "
+        "(refused otherwise)"),
     Family("T5", "T5Config", "T5ForConditionalGeneration", "seq2seq", _hf(
         "T5Config", "T5ForConditionalGeneration", **_T5),
         notes="relative_attention_bias trained (its per-example gradient gathered by bucket)"),
