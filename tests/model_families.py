@@ -78,6 +78,9 @@ def _moe(
 
 
 _MOE = dict(_LLAMA_LIKE, num_experts_per_tok=2)
+_SSM = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, pad_token_id=0)
+_MAMBA2_HEADS = dict(mamba_n_heads=4, mamba_d_head=8, mamba_d_state=4, mamba_chunk_size=4, mamba_d_conv=3)
+_SSM_NOTES = "state-space: each Mamba mixer (scan, conv1d, A_log, D, dt) replayed per example"
 _LINEAR_ATTENTION = ("linear_attn.conv1d", "linear_attn.norm", "linear_attn.A_log", "linear_attn.dt_bias")
 
 
@@ -296,6 +299,41 @@ FAMILIES: list[Family] = [
         n_routed_experts=4, moe_intermediate_size=24, n_shared_experts=1, mlp_layer_types=["dense", "sparse"],
         q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8),
         ties=(False,), notes="MoE: float32 router, MLA"),
+    Family("Mamba", "MambaConfig", "MambaForCausalLM", "causal", _hf(
+        "MambaConfig", "MambaForCausalLM", **_SSM, state_size=4, expand=2, conv_kernel=3), ties=(True,),
+        notes=_SSM_NOTES),
+    Family("Mamba2", "Mamba2Config", "Mamba2ForCausalLM", "causal", _hf(
+        "Mamba2Config", "Mamba2ForCausalLM", **_SSM, state_size=4, expand=2, conv_kernel=3, num_heads=4,
+        head_dim=8, n_groups=1, chunk_size=4), ties=(True,), notes=_SSM_NOTES + " (chunked scan)"),
+    Family("FalconMamba", "FalconMambaConfig", "FalconMambaForCausalLM", "causal", _hf(
+        "FalconMambaConfig", "FalconMambaForCausalLM", **_SSM, state_size=4, expand=2, conv_kernel=3),
+        ties=(True,), notes=_SSM_NOTES),
+    Family("LFM2", "Lfm2Config", "Lfm2ForCausalLM", "causal", _hf(
+        "Lfm2Config", "Lfm2ForCausalLM", layer_types=["conv", "full_attention"], conv_L_cache=3,
+        **_LLAMA_LIKE),
+        ties=(True,), notes="short-convolution layers replayed per example (generic path), attention layers"),
+    Family("Jamba (Mamba + attention)", "JambaConfig", "JambaForCausalLM", "causal", _moe(
+        "JambaConfig", "JambaForCausalLM", num_experts=4, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=1, use_mamba_kernels=False, mamba_d_state=4,
+        mamba_d_conv=3, **_MOE), ties=(False,),
+        notes="Mamba layer replayed per example; MoE on the attention layer"),
+    Family("Bamba", "BambaConfig", "BambaForCausalLM", "causal", _hf(
+        "BambaConfig", "BambaForCausalLM", attn_layer_indices=[1], **_MAMBA2_HEADS, **_LLAMA_LIKE),
+        ties=(False,), notes=_SSM_NOTES + " (Mamba2 heads), attention layer"),
+    Family("Falcon-H1", "FalconH1Config", "FalconH1ForCausalLM", "causal", _hf(
+        "FalconH1Config", "FalconH1ForCausalLM", head_dim=8, mamba_d_ssm=32, **_MAMBA2_HEADS, **_LLAMA_LIKE),
+        ties=(False,), notes="parallel attention and Mamba2 in every layer; the mixer replayed per example"),
+    Family("Zamba2", "Zamba2Config", "Zamba2ForCausalLM", "causal", _hf(
+        "Zamba2Config", "Zamba2ForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, mamba_d_state=4, mamba_d_conv=3,
+        mamba_headdim=8, n_mamba_heads=4, chunk_size=4, layers_block_type=["mamba", "hybrid"],
+        hybrid_layer_ids=[1], attention_head_dim=8, use_mem_rope=False, pad_token_id=0), ties=(True,),
+        notes=_SSM_NOTES + "; shared attention block"),
+    Family("Granite-MoE-Hybrid (Mamba + attention)", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+        "causal", _moe("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", num_local_experts=4,
+        shared_intermediate_size=20, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_state=4,
+        mamba_d_head=8, mamba_chunk_size=4, mamba_d_conv=3, **_MOE), ties=(False,),
+        notes=_SSM_NOTES + "; MoE"),
     Family("Llama + LoRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
         _LLAMA, ["q_proj", "v_proj"]), ties=(True,), notes="only the adapters train"),
     Family("GPT-2 + LoRA (peft)", "GPT2Config", "PeftModelForCausalLM", "causal", _lora(

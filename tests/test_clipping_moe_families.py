@@ -33,9 +33,8 @@ def test_phimoe_sampled_routing_matches_per_example_autograd_on_the_same_draws()
         got = clipper.clipped_backward(per_example_lm_loss(model(input_ids=ids).logits, ids, causal=True))
     torch.testing.assert_close(got, norms, rtol=1e-10, atol=0)
     named = dict(model.named_parameters())
-    rescale = (1 - 2.0**-49) / (1 - 2.0**-20)  # the reference clips with float32's margin, clipper float64's
-    for name, value in expected.items():
-        torch.testing.assert_close(named[name].grad, value * rescale, rtol=1e-9, atol=1e-12 * clip)
+    for name, value in expected.items():  # both clip with float32's margin (PhiMoE's softmax runs in float32)
+        torch.testing.assert_close(named[name].grad, value, rtol=1e-9, atol=1e-12 * clip)
     experts = [n for n in named if "experts" in n]
     assert experts and all(named[n].grad.abs().sum() > 0 for n in experts)
     assert any(named[n].grad.abs().sum() > 0 for n in named if "router" in n)
