@@ -194,6 +194,9 @@ FAMILIES: list[Family] = [
         ("rel_embeddings", "encoder.LayerNorm", "pos_key_proj", "pos_query_proj")),
         notes="disentangled attention; the shared relative-position table and its projections frozen "
         "(refused otherwise)"),
+    Family("MPNet (MLM)", "MPNetConfig", "MPNetForMaskedLM", "masked", _frozen(_hf(
+        "MPNetConfig", "MPNetForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)), ("relative_attention_bias",)),
+        notes="relative-position table frozen (refused otherwise: looked up once for the whole batch)"),
     Family("T5", "T5Config", "T5ForConditionalGeneration", "seq2seq", _hf(
         "T5Config", "T5ForConditionalGeneration", **_T5),
         notes="relative_attention_bias trained (its per-example gradient gathered by bucket)"),

@@ -8,6 +8,10 @@ over the batch. The gradient reaching those parameters from the table is summed 
 any call could record one example's part, and a per-example copy cannot be passed in instead (the
 attention's reshapes assume one row). So those parameters are refused while trainable; the attention's
 content projections train exactly when the table is not projected by them.
+
+MPNet's encoder looks its ``relative_attention_bias`` table up with a (query, key) bucket matrix that the
+whole batch shares (``compute_position_bias``), like UMT5: the table's call sees no batch dimension, so its
+per-example gradient is not recorded; refused while trainable, with the parameter to freeze.
 """
 
 from __future__ import annotations
@@ -68,3 +72,17 @@ for _module, _encoder, _attention in (
 ):
     register_refusal(f"{_MODELS}.{_module}.modeling_{_module}.{_encoder}", deberta_table_problem)
     register_refusal(f"{_MODELS}.{_module}.modeling_{_module}.{_attention}", deberta_attention_problem)
+
+
+def mpnet_relative_bias_problem(encoder: nn.Module) -> str | None:
+    """MPNet's relative-position table, looked up once for the whole batch."""
+    if not _trainable(encoder, ("relative_attention_bias",)):
+        return None
+    return (
+        "its relative_attention_bias table is looked up with (query, key) position buckets shared by the "
+        "whole batch, so its per-example gradient is not recorded; freeze it "
+        "(`model.mpnet.encoder.relative_attention_bias.requires_grad_(False)`); the rest trains exactly"
+    )
+
+
+register_refusal(f"{_MODELS}.mpnet.modeling_mpnet.MPNetEncoder", mpnet_relative_bias_problem)
