@@ -36,6 +36,7 @@ optional dependency (``pip install hush_hf[bench]``); without it the Opacus cell
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -54,6 +55,7 @@ MODELS = {
     "bert-tiny": ("bert-tiny", True, 32, 128),
     "bert-tiny-untied": ("bert-tiny", False, 32, 128),
     "llama4x256": ("llama4x256", False, 32, 128),
+    "mamba4x256": ("mamba4x256", False, 8, 128),
 }
 CONTENDERS = ("plain", "hush", "opacus-ghost", "opacus-per-sample")
 
@@ -95,6 +97,11 @@ def build_model(family: str, tied: bool, seq: int):
             tie_word_embeddings=tied,
         )
         return LlamaForCausalLM(config), True
+    if family == "mamba4x256":  # state-space (issue 30): each mixer is replayed per example
+        from transformers import MambaConfig, MambaForCausalLM
+
+        config = MambaConfig(vocab_size=32000, hidden_size=256, num_hidden_layers=4, state_size=16)
+        return MambaForCausalLM(config), True
     raise ValueError(f"unknown model family {family!r}")
 
 
@@ -187,6 +194,8 @@ def measure(name: str, contender: str, steps: int, warmup: int) -> dict:
             raise MemoryError(f"skipped: {needed / 2**30:.1f} GiB of per-sample gradients (shared machine)")
     vocab = model.config.vocab_size
     inputs, labels = random_batch(vocab, batch, seq, causal)
+    accepted = inspect.signature(model.forward).parameters
+    inputs = {k: v for k, v in inputs.items() if k in accepted}  # (Mamba takes no position_ids)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     if contender == "plain":

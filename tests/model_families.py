@@ -29,6 +29,7 @@ class Family:
     build: Callable[[bool], nn.Module]  # tied -> model
     ties: tuple[bool, ...] = (True, False)  # the tying settings the config allows
     notes: str = ""
+    pads: bool = True  # tested with right-padded rows too (False: the model itself fails on padding)
 
 
 def _hf(config_class: str, model_class: str, **config) -> Callable[[bool], nn.Module]:
@@ -77,6 +78,9 @@ def _moe(
 
 
 _MOE = dict(_LLAMA_LIKE, num_experts_per_tok=2)
+_SSM = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, pad_token_id=0)
+_MAMBA2_HEADS = dict(mamba_n_heads=4, mamba_d_head=8, mamba_d_state=4, mamba_chunk_size=4, mamba_d_conv=3)
+_SSM_NOTES = "state-space: each Mamba mixer (scan, conv1d, A_log, D, dt) replayed per example"
 _LINEAR_ATTENTION = ("linear_attn.conv1d", "linear_attn.norm", "linear_attn.A_log", "linear_attn.dt_bias")
 
 
@@ -104,10 +108,41 @@ def _lora(base: Callable[[bool], nn.Module], targets: list[str], **kwargs: Any):
                  init_lora_weights=False, **kwargs)  # fmt: skip
 
 
+def _frozen(base: Callable[[bool], nn.Module], parts: tuple[str, ...]) -> Callable[[bool], nn.Module]:
+    """``base`` with the parameters whose names contain one of ``parts`` frozen."""
+
+    def build(tied: bool) -> nn.Module:
+        model = base(tied)
+        for name, p in model.named_parameters():
+            if any(part in name for part in parts):
+                p.requires_grad_(False)
+        return model
+
+    return build
+
+
+def _adaption_prompt(base: Callable[[bool], nn.Module]) -> Callable[[bool], nn.Module]:
+    """PEFT AdaptionPrompt on the last layer, its zero-initialised gate set to 0.5 (at 0 the prompt gets no
+    gradient at all)."""
+    adapted = _peft(base, "AdaptionPromptConfig", task_type="CAUSAL_LM", adapter_len=3, adapter_layers=1)
+
+    def build(tied: bool) -> nn.Module:
+        model = adapted(tied)
+        for name, p in model.named_parameters():
+            if name.endswith("adaption_gate"):
+                p.data.fill_(0.5)
+        return model
+
+    return build
+
+
 TRAINABLE_TOKENS = [5, 17, 40]
 """Token ids whose embedding rows (and, tied, output rows) PEFT's trainable tokens train."""
 
 _LLAMA = _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA_LIKE)
+_SINK_PADDING = (
+    "unpadded rows only: its eager sink attention gives right-padded rows a NaN loss (transformers 5.24)"
+)
 
 
 FAMILIES: list[Family] = [
@@ -142,11 +177,26 @@ FAMILIES: list[Family] = [
         "GPTNeoConfig", "GPTNeoForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, num_heads=2,
         attention_types=[[["global", "local"], 1]], window_size=8, max_position_embeddings=64,
         resid_dropout=0.0, embed_dropout=0.0, attention_dropout=0.0), notes="local attention window 8"),
+    Family("Granite-SWA", "GraniteSWAConfig", "GraniteSWAForCausalLM", "causal", _hf(
+        "GraniteSWAConfig", "GraniteSWAForCausalLM", sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], **_LLAMA_LIKE), pads=False,
+        notes="sliding window 4, attention sinks (generic replay); " + _SINK_PADDING),
     Family("BERT (MLM)", "BertConfig", "BertForMaskedLM", "masked", _hf(
         "BertConfig", "BertForMaskedLM", **_BERT_LIKE)),
     Family("RoBERTa (MLM)", "RobertaConfig", "RobertaForMaskedLM", "masked", _hf(
         "RobertaConfig", "RobertaForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)),
         notes="positions from input_ids, counted from padding_idx + 1"),
+    Family("DeBERTa-v2 (MLM)", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked", _hf(
+        "DebertaV2Config", "DebertaV2ForMaskedLM", **_BERT_LIKE), notes="absolute positions"),
+    Family("DeBERTa-v2 (MLM), relative attention", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked",
+        _frozen(_hf("DebertaV2Config", "DebertaV2ForMaskedLM", relative_attention=True, position_buckets=8,
+        max_relative_positions=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", **_BERT_LIKE),
+        ("rel_embeddings", "encoder.LayerNorm", "pos_key_proj", "pos_query_proj")),
+        notes="disentangled attention; the shared relative-position table and its projections frozen "
+        "(refused otherwise)"),
+    Family("MPNet (MLM)", "MPNetConfig", "MPNetForMaskedLM", "masked", _frozen(_hf(
+        "MPNetConfig", "MPNetForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)), ("relative_attention_bias",)),
+        notes="relative-position table frozen (refused otherwise: looked up once for the whole batch)"),
     Family("T5", "T5Config", "T5ForConditionalGeneration", "seq2seq", _hf(
         "T5Config", "T5ForConditionalGeneration", **_T5),
         notes="relative_attention_bias trained (its per-example gradient gathered by bucket)"),
@@ -187,6 +237,106 @@ FAMILIES: list[Family] = [
         linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
         layer_types=["linear_attention", "full_attention"], **_MOE), ties=(False,),
         notes="MoE; linear attention's conv1d, gated norm, A_log, dt_bias frozen (refused otherwise)"),
+    Family("Granite-MoE", "GraniteMoeConfig", "GraniteMoeForCausalLM", "causal", _moe(
+        "GraniteMoeConfig", "GraniteMoeForCausalLM", num_local_experts=4, **_MOE), ties=(False,),
+        notes="MoE: float32 router logits"),
+    Family("Granite-MoE-Shared", "GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", "causal", _moe(
+        "GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", num_local_experts=4,
+        shared_intermediate_size=20, **_MOE), ties=(False,), notes="MoE with a shared MLP"),
+    Family("Granite-MoE-Hybrid (attention layers)", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+        "causal", _moe("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", num_local_experts=4,
+        shared_intermediate_size=20, layer_types=["attention", "attention"], mamba_n_heads=4, mamba_d_state=8,
+        **_MOE), ties=(False,),
+        notes="MoE; its Mamba layers are refused (see the state-space section)"),
+    Family("Jamba (attention layers)", "JambaConfig", "JambaForCausalLM", "causal", _moe(
+        "JambaConfig", "JambaForCausalLM", num_experts=4, attn_layer_period=1, attn_layer_offset=0,
+        expert_layer_period=1, expert_layer_offset=0, use_mamba_kernels=False, **_MOE), ties=(False,),
+        notes="MoE; its Mamba layers are refused (see the state-space section)"),
+    Family("DeepSeek-V2", "DeepseekV2Config", "DeepseekV2ForCausalLM", "causal", _moe(
+        "DeepseekV2Config", "DeepseekV2ForCausalLM", **dict(_MOE, num_key_value_heads=2), n_routed_experts=4,
+        moe_intermediate_size=24, n_group=2, topk_group=1, topk_method="group_limited_greedy",
+        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=8), ties=(False,), notes="MoE: group-limited routing, float32 router"),
+    Family("DBRX", "DbrxConfig", "DbrxForCausalLM", "causal", _moe(
+        "DbrxConfig", "DbrxForCausalLM", vocab_size=VOCAB, d_model=HIDDEN, n_heads=2, n_layers=2,
+        max_seq_len=64, attn_config={"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        ffn_config={"ffn_hidden_size": 24, "moe_num_experts": 4, "moe_top_k": 2}, pad_token_id=0),
+        ties=(False,),
+        notes="MoE: experts as (E * ffn, d) weights of one GLU"),
+    Family("GLM4-MoE", "Glm4MoeConfig", "Glm4MoeForCausalLM", "causal", _moe(
+        "Glm4MoeConfig", "Glm4MoeForCausalLM", head_dim=8, n_routed_experts=4, moe_intermediate_size=24,
+        n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1, **_MOE), ties=(False,),
+        notes="MoE: group-limited sigmoid routing, float32 router"),
+    Family("Ernie-4.5-MoE", "Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", "causal", _moe(
+        "Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", moe_num_experts=4, moe_k=2, moe_intermediate_size=24,
+        moe_num_shared_experts=1, moe_layer_start_index=1, **_LLAMA_LIKE), ties=(False,),
+        notes="MoE: float32 router, shared experts on the folded rows"),
+    Family("Cohere2-MoE", "Cohere2MoeConfig", "Cohere2MoeForCausalLM", "causal", _moe(
+        "Cohere2MoeConfig", "Cohere2MoeForCausalLM", head_dim=8, num_experts=4, num_shared_experts=1,
+        sliding_window=8, **_MOE), ties=(False,), notes="MoE with a shared expert"),
+    Family("EXAONE-MoE", "ExaoneMoeConfig", "ExaoneMoeForCausalLM", "causal", _moe(
+        "ExaoneMoeConfig", "ExaoneMoeForCausalLM", head_dim=8, num_experts=4, moe_intermediate_size=24,
+        first_k_dense_replace=1, sliding_window=8, **_MOE), ties=(False,),
+        notes="MoE: sigmoid routing, float32 router, shared expert"),
+    Family("HunYuan-MoE", "HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", "causal", _moe(
+        "HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", head_dim=8, num_experts=4, moe_topk=2,
+        **_LLAMA_LIKE), ties=(False,), notes="MoE: router owns an nn.Linear, shared MLP"),
+    Family("AfMoE", "AfmoeConfig", "AfmoeForCausalLM", "causal", _moe(
+        "AfmoeConfig", "AfmoeForCausalLM", head_dim=8, num_experts=4, moe_intermediate_size=24,
+        num_dense_layers=1, num_shared_experts=1, sliding_window=8, global_attn_every_n_layers=2, **_MOE),
+        ties=(False,), notes="MoE: sigmoid routing, router owns an nn.Linear, shared experts"),
+    Family("Qwen3.5-MoE", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", "causal", _moe(
+        "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", _LINEAR_ATTENTION, head_dim=8, num_experts=4,
+        moe_intermediate_size=24, shared_expert_intermediate_size=20, linear_num_value_heads=2,
+        linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
+        layer_types=["linear_attention", "full_attention"], **_MOE), ties=(False,),
+        notes="MoE; linear attention's conv1d, gated norm, A_log, dt_bias frozen (refused otherwise)"),
+    Family("FlexOlmo", "FlexOlmoConfig", "FlexOlmoForCausalLM", "causal", _moe(
+        "FlexOlmoConfig", "FlexOlmoForCausalLM", num_experts=4, **_MOE), ties=(False,), notes="MoE"),
+    Family("Granite-MoE-SWA", "GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", "causal", _moe(
+        "GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", num_local_experts=4, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], **_MOE), ties=(False,), pads=False,
+        notes="MoE; sliding window 4, attention sinks (generic replay); " + _SINK_PADDING),
+    Family("GLM4-MoE-Lite", "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", "causal", _moe(
+        "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", **dict(_MOE, num_key_value_heads=2),
+        n_routed_experts=4, moe_intermediate_size=24, n_shared_experts=1, mlp_layer_types=["dense", "sparse"],
+        q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8),
+        ties=(False,), notes="MoE: float32 router, MLA"),
+    Family("Mamba", "MambaConfig", "MambaForCausalLM", "causal", _hf(
+        "MambaConfig", "MambaForCausalLM", **_SSM, state_size=4, expand=2, conv_kernel=3), ties=(True,),
+        notes=_SSM_NOTES),
+    Family("Mamba2", "Mamba2Config", "Mamba2ForCausalLM", "causal", _hf(
+        "Mamba2Config", "Mamba2ForCausalLM", **_SSM, state_size=4, expand=2, conv_kernel=3, num_heads=4,
+        head_dim=8, n_groups=1, chunk_size=4), ties=(True,), notes=_SSM_NOTES + " (chunked scan)"),
+    Family("FalconMamba", "FalconMambaConfig", "FalconMambaForCausalLM", "causal", _hf(
+        "FalconMambaConfig", "FalconMambaForCausalLM", **_SSM, state_size=4, expand=2, conv_kernel=3),
+        ties=(True,), notes=_SSM_NOTES),
+    Family("LFM2", "Lfm2Config", "Lfm2ForCausalLM", "causal", _hf(
+        "Lfm2Config", "Lfm2ForCausalLM", layer_types=["conv", "full_attention"], conv_L_cache=3,
+        **_LLAMA_LIKE),
+        ties=(True,), notes="short-convolution layers replayed per example (generic path), attention layers"),
+    Family("Jamba (Mamba + attention)", "JambaConfig", "JambaForCausalLM", "causal", _moe(
+        "JambaConfig", "JambaForCausalLM", num_experts=4, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=1, use_mamba_kernels=False, mamba_d_state=4,
+        mamba_d_conv=3, **_MOE), ties=(False,),
+        notes="Mamba layer replayed per example; MoE on the attention layer"),
+    Family("Bamba", "BambaConfig", "BambaForCausalLM", "causal", _hf(
+        "BambaConfig", "BambaForCausalLM", attn_layer_indices=[1], **_MAMBA2_HEADS, **_LLAMA_LIKE),
+        ties=(False,), notes=_SSM_NOTES + " (Mamba2 heads), attention layer"),
+    Family("Falcon-H1", "FalconH1Config", "FalconH1ForCausalLM", "causal", _hf(
+        "FalconH1Config", "FalconH1ForCausalLM", head_dim=8, mamba_d_ssm=32, **_MAMBA2_HEADS, **_LLAMA_LIKE),
+        ties=(False,), notes="parallel attention and Mamba2 in every layer; the mixer replayed per example"),
+    Family("Zamba2", "Zamba2Config", "Zamba2ForCausalLM", "causal", _hf(
+        "Zamba2Config", "Zamba2ForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, mamba_d_state=4, mamba_d_conv=3,
+        mamba_headdim=8, n_mamba_heads=4, chunk_size=4, layers_block_type=["mamba", "hybrid"],
+        hybrid_layer_ids=[1], attention_head_dim=8, use_mem_rope=False, pad_token_id=0), ties=(True,),
+        notes=_SSM_NOTES + "; shared attention block"),
+    Family("Granite-MoE-Hybrid (Mamba + attention)", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+        "causal", _moe("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", num_local_experts=4,
+        shared_intermediate_size=20, layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_state=4,
+        mamba_d_head=8, mamba_chunk_size=4, mamba_d_conv=3, **_MOE), ties=(False,),
+        notes=_SSM_NOTES + "; MoE"),
     Family("Llama + LoRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _lora(
         _LLAMA, ["q_proj", "v_proj"]), ties=(True,), notes="only the adapters train"),
     Family("GPT-2 + LoRA (peft)", "GPT2Config", "PeftModelForCausalLM", "causal", _lora(
@@ -202,6 +352,9 @@ FAMILIES: list[Family] = [
     Family("Llama + VeRA (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _peft(
         _LLAMA, "VeraConfig", r=4, target_modules=["q_proj", "v_proj"], init_weights=False), ties=(True,),
         notes="each adapted layer is one generic replay"),
+    Family("Llama + AdaptionPrompt (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _adaption_prompt(
+        _LLAMA), ties=(True,), notes="prompt keys/values shared by the batch; the adapted attention by the "
+        "generic replay"),
     Family("Llama + trainable tokens (peft)", "LlamaConfig", "PeftModelForCausalLM", "causal", _peft(
         _LLAMA, "TrainableTokensConfig", target_modules=["embed_tokens"], token_indices=TRAINABLE_TOKENS,
         init_weights=False),
@@ -210,6 +363,13 @@ FAMILIES: list[Family] = [
         _LLAMA, ["q_proj", "v_proj"], trainable_token_indices=TRAINABLE_TOKENS),
         notes="`LoraConfig(trainable_token_indices=...)`, tokens only in the second micro-batch"),
 ]  # fmt: skip
+
+PHIMOE = Family("PhiMoE", "PhimoeConfig", "PhimoeForCausalLM", "causal", _moe(
+        "PhimoeConfig", "PhimoeForCausalLM", num_local_experts=4, **_MOE), ties=(False,),
+        notes="MoE: sparsemixer routing (sampled in training, see the MoE test)")  # fmt: skip
+"""Not in ``FAMILIES``: in training PhiMoE samples each token's experts (``sparsemixer``, Gumbel noise) and
+differentiates through a custom ``autograd.Function`` that torch.func cannot run; tests/test_clipping_moe.py
+compares it with per-example autograd on the same draws."""
 
 BLOOM = Family("BLOOM", "BloomConfig", "BloomForCausalLM", "causal", _hf(
     "BloomConfig", "BloomForCausalLM", vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=2, n_head=2,

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from hush_hf.clipping import GhostClipper, UnsupportedLayerError
+from hush_hf.clipping.ghost import CLIP_MARGINS
 from tests.test_clipping_reference import clipped_sum, norms_of, per_example_grads
 
 
@@ -149,7 +150,9 @@ def test_t5_trainable_relative_position_bias_is_exact() -> None:
     assert len(tables) == 2  # encoder and decoder, trainable
     grads = per_example_grads(model, kwargs, lambda out: seq2seq_loss(out.logits, labels))
     max_norm = float(norms_of(grads).median())
-    expected = clipped_sum(grads, max_norm)
+    # T5's layer norm takes its variance in float32, so the clipper clips with float32's margin
+    # (``graph_dtypes.graph_dtypes``): C (1 - 2^-20).
+    expected = clipped_sum(grads, max_norm * (1 - CLIP_MARGINS[torch.float32]))
     with GhostClipper(model, max_norm) as clipper:
         norms = clipper.clipped_backward(seq2seq_loss(model(**kwargs).logits, labels))
         assert clipper.verified

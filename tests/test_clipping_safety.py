@@ -218,11 +218,13 @@ def test_deberta_relative_position_table_is_refused() -> None:
     )  # fmt: skip
     model = DebertaV2ForMaskedLM(cfg).train()
     model.cls.predictions.bias.requires_grad_(False)
-    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(0))
-    with GhostClipper(model, 1.0) as clipper:
-        loss = per_example_lm_loss(model(input_ids=ids).logits, ids, causal=False)
-        with pytest.raises(UnsupportedLayerError, match=r"'deberta\.encoder\.rel_embeddings\.weight'"):
-            clipper.clipped_backward(loss)
+    # Refused when the clipper is built, naming the layer and what to freeze (rules_positions); the
+    # self-check caught it at the first backward before.
+    with pytest.raises(UnsupportedLayerError, match=r"'deberta\.encoder' \(DebertaV2Encoder\).*rel_emb"):
+        GhostClipper(model, 1.0)
+    model.deberta.encoder.rel_embeddings.requires_grad_(False)  # share_att_key: the content projections
+    with pytest.raises(UnsupportedLayerError, match=r"its query_proj, key_proj project the relative"):
+        GhostClipper(model, 1.0)
 
 
 # ----------------------------------------------------------------------------- rounding margin

@@ -7,7 +7,17 @@ the noise, see ``clipped_sums``). Rules for new layer types are registered with 
 """
 
 # Importing the rule modules registers the built-in rules.
-from hush_hf.clipping import rules_hf, rules_moe, rules_peft, rules_torch  # noqa: F401
+from hush_hf.clipping import (  # noqa: F401
+    rules_attention_sinks,
+    rules_hf,
+    rules_moe,
+    rules_moe_dbrx,
+    rules_moe_families,
+    rules_peft,
+    rules_positions,
+    rules_ssm,
+    rules_torch,
+)
 from hush_hf.clipping.ghost import GhostClipper
 from hush_hf.clipping.loss import per_example_lm_loss
 from hush_hf.clipping.registry import (

@@ -65,6 +65,7 @@ from hush_hf.clipping.factors import (
     squared_norm_of_sum,
     weighted_sum,
 )
+from hush_hf.clipping.graph_dtypes import graph_dtypes
 from hush_hf.clipping.recompute import Hold, NormPass, SumPass, Tap, recomputes, run_pass
 from hush_hf.clipping.registry import (
     LayerRule,
@@ -97,6 +98,10 @@ CLIP_MARGINS: dict[torch.dtype, float] = {
 }
 """Relative clip-norm margin by the narrowest floating dtype of the step: examples are clipped to
 C' = C * (1 - margin), so that the gradient actually applied, c_i g_i, stays within C.
+
+"Narrowest" counts every node of the backward's autograd graph (``graph_dtypes.graph_dtypes``): a float64
+model that runs part of its attention in float32 (MPT, GPT-J) gets float32's margin; with float64's its
+applied gradient exceeded C by 1.9e-10 C (MPT) and 9.2e-13 C (GPT-J).
 
 Why a margin: the norm of g_i and the applied c_i g_i are computed along different routes (Gram
 matrices vs one matmul, in at least float32, then cast to the parameter dtype) and round differently.
@@ -460,6 +465,7 @@ class GhostClipper:
         self._in_forward = False  # between the root module's forward pre-hook and its forward hook
         self._expected: Counter[str] = Counter()  # tapped forward: calls per parameter
         self._anchor: Tensor | None = None  # tapped forward: the taps' shared leaf (``recompute.Tap``)
+        self._graph_dtypes: set[torch.dtype] | None = None  # what the backward computes in (first step)
         self._pass: NormPass | SumPass | None = None  # the two-pass step's current backward
         self._handles: list[RemovableHandle] = [
             model.register_forward_pre_hook(self._on_forward),
@@ -761,7 +767,7 @@ class GhostClipper:
     def _first_pass(self, loss: Tensor, calls: list[_Call], *, retain_graph: bool = True) -> _Pass:
         """Norms and factors of the recorded (untapped) calls: one ``autograd.grad`` to all output edges."""
         b = loss.shape[0]
-        dtype = self._narrowest_dtype(calls, loss)
+        dtype = self._narrowest_dtype(calls, loss, self._computed_dtypes(loss))
         squared = torch.zeros(b, dtype=torch.float64, device=loss.device)
         # d(sum_i loss_i)/d(output) of each call; row i is example i's own output gradient.
         # All at once, so the graph is traversed once; the parameter gradients are not computed.
@@ -828,6 +834,13 @@ class GhostClipper:
         if bad.numel():
             raise FloatingPointError(f"per-example gradient norm is not finite for example(s) {bad.tolist()}")
         return norms
+
+    def _computed_dtypes(self, loss: Tensor) -> set[torch.dtype]:
+        """The floating dtypes the graph behind ``loss`` computes in (``graph_dtypes.graph_dtypes``), walked at
+        the first step and kept: which dtypes a model's ops run in does not change between steps."""
+        if self._graph_dtypes is None:
+            self._graph_dtypes = graph_dtypes(loss)
+        return self._graph_dtypes
 
     def _narrowest_dtype(
         self, calls: list[_Call], loss: Tensor, extra: set[torch.dtype] | None = None
@@ -969,7 +982,7 @@ class GhostClipper:
         norm_pass.close(shapes)
         if not norm_pass.seen:
             raise RuntimeError("no layer with trainable parameters ran in the forward pass")
-        dtype = self._narrowest_dtype([], loss, norm_pass.dtypes)
+        dtype = self._narrowest_dtype([], loss, norm_pass.dtypes | self._computed_dtypes(loss))
         norms = self._finite(norm_pass.squared.sqrt())
         result = _Pass(norms, {}, dtype, {}, frozenset(norm_pass.seen), None, loss.device.type)
         check = {name for name in self._unverified if got.get(name) is not None}

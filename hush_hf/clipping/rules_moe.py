@@ -337,7 +337,10 @@ def attention_sinks_grads(attention: nn.Module, call: RecordedCall, g: Tensor) -
         if cache is None:
             continue
         primary = call.primary
-        length = cache.get_seq_length(attention.layer_idx) if hasattr(cache, "get_seq_length") else None
+        # (PEFT's AdaptedAttention wraps the attention that carries the layer index)
+        inner = getattr(attention, "model", None)
+        layer_idx = getattr(attention, "layer_idx", getattr(inner, "layer_idx", 0))
+        length = cache.get_seq_length(layer_idx) if hasattr(cache, "get_seq_length") else None
         if primary is None or length != primary.shape[1]:
             raise ValueError(
                 f"{type(attention).__name__} ran with a key/value cache that held earlier positions; "

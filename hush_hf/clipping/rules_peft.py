@@ -100,3 +100,23 @@ def lycoris_problem(layer: nn.Module) -> str | None:
 for _method, _classes in (("loha", ("Linear", "Conv2d", "Conv1d")), ("lokr", ("Linear", "Conv2d", "Conv1d"))):
     for _name in _classes:
         register_refusal(f"peft.tuners.{_method}.layer.{_name}", lycoris_problem)
+
+
+def shared_prompt_problem(encoder: nn.Module) -> str | None:
+    """Prompt tuning and P-tuning (peft ``get_prompt``): the virtual prompt is computed once, from one row of
+    prompt tokens, and ``.repeat(batch_size, 1, 1)`` copies it into every row of the batch. The encoder's
+    call therefore sees one row, and its output's gradient is the sum over the batch of every example's
+    part before any layer could record one example's: there is no per-example gradient to take there."""
+    if not any(p.requires_grad for p in encoder.parameters()):
+        return None
+    method = "prompt tuning" if type(encoder).__name__ == "PromptEmbedding" else "P-tuning"
+    return (
+        f"PEFT {method} computes the virtual prompt once per batch (one row of prompt tokens, then "
+        "`.repeat(batch_size, 1, 1)`), so the gradient reaching its encoder is already summed over the "
+        "examples, which hush_hf does not split per example; use prefix tuning (computed per row), LoRA "
+        "or IA3"
+    )
+
+
+register_refusal("peft.tuners.prompt_tuning.model.PromptEmbedding", shared_prompt_problem)
+register_refusal("peft.tuners.p_tuning.model.PromptEncoder", shared_prompt_problem)
