@@ -836,7 +836,7 @@ class GhostClipper:
         return norms
 
     def _computed_dtypes(self, loss: Tensor) -> set[torch.dtype]:
-        """The floating dtypes the graph behind ``loss`` computes in (``graph_dtypes.graph_dtypes``), walked at
+        """The floating dtypes the graph behind ``loss`` computes in (``graph_dtypes``), walked at
         the first step and kept: which dtypes a model's ops run in does not change between steps."""
         if self._graph_dtypes is None:
             self._graph_dtypes = graph_dtypes(loss)
