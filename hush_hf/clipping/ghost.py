@@ -37,359 +37,64 @@ margin, see ``CLIP_MARGINS``).
 from __future__ import annotations
 
 import logging
-import math
 import numbers
 import weakref
 from collections import Counter
-from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.distributed.tensor import DTensor, Partial
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.instancenorm import _InstanceNorm
-from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
-from hush_hf.clipping import clipped_sums, precision
+from hush_hf.clipping import clipped_sums
 from hush_hf.clipping.factors import (
-    Packed,
     PerExampleGrad,
     combine_uses,
-    drop_zero_steps,
     drop_zero_steps_all,
     pack_small,
     squared_norm_of_sum,
     weighted_sum,
 )
 from hush_hf.clipping.graph_dtypes import graph_dtypes
-from hush_hf.clipping.recompute import Hold, NormPass, SumPass, Tap, recomputes, run_pass
+from hush_hf.clipping.layer_calls import (
+    _UNRECOGNISED_CHECKPOINT,
+    CLIP_MARGINS,
+    _Call,
+    _canonical_names,
+    _HookedLayer,
+    _is_fsdp,
+    _Pass,
+    _plan_layers,
+    _trainable,
+    _type_name,
+    _unfold,
+    _vocabulary_size,
+    _walk_graph,
+)
+from hush_hf.clipping.recompute import NormPass, SumPass, run_pass
+from hush_hf.clipping.recording import CallRecorder
 from hush_hf.clipping.registry import (
-    LayerRule,
     RecordedCall,
     UnsupportedLayerError,
-    aliases_for,
-    folds_batch,
-    refusal_for,
-    rule_for,
 )
 from hush_hf.clipping.rules_generic import (
-    GENERIC_CONTAINER_RULE,
-    GENERIC_RULE,
-    holds_parameter_container,
-    own_trainable,
     replay,
-    replaying,
 )
+from hush_hf.clipping.self_check import SelfCheck
 
 logger = logging.getLogger(__name__)
 
 # Models that currently carry a GhostClipper's hooks (a second one would double-record every call).
 _ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
-CLIP_MARGINS: dict[torch.dtype, float] = {
-    torch.bfloat16: 2.0**-6,
-    torch.float16: 2.0**-6,
-    torch.float32: 2.0**-20,
-    torch.float64: 2.0**-49,
-}
-"""Relative clip-norm margin by the narrowest floating dtype of the step: examples are clipped to
-C' = C * (1 - margin), so that the gradient actually applied, c_i g_i, stays within C.
-
-"Narrowest" counts every node of the backward's autograd graph (``graph_dtypes.graph_dtypes``): a float64
-model that runs part of its attention in float32 (MPT, GPT-J) gets float32's margin; with float64's its
-applied gradient exceeded C by 1.9e-10 C (MPT) and 9.2e-13 C (GPT-J).
-
-Why a margin: the norm of g_i and the applied c_i g_i are computed along different routes (Gram
-matrices vs one matmul, in at least float32, then cast to the parameter dtype) and round differently.
-The margins were measured when the applied gradient still came from a second backward pass, which
-rounds every intermediate gradient in the activation dtype (up to 2^-9 relative in bf16): tiny GPT-2,
-BERT, Gemma-2, 2 to 12 layers, bf16 autocast, one example per batch, no margin: ||c_i g_i|| exceeded
-C by up to 0.37% (about 2^-8); 2^-6 = 1.6% leaves 4x headroom. In float32 the excess was at most 6e-8
-(2^-24); 2^-20 leaves 16x. Book-keeping builds c_i g_i from the same (bf16) factors the norm was taken
-of, in float32, so its rounding gap is smaller; the margins are kept, measured, not proven. The cost
-of the margin is clipping at most ``margin`` more than asked (a smaller signal, never a weaker guarantee).
-"""
-
-_CHECK_RTOL = precision.CHECK_RTOL
-_CHECK_RTOL_REDUCED = precision.CHECK_RTOL_REDUCED
-# (The self-check's tolerances and how they follow the float32 matmul precision: ``precision``.)
+# The engine is split by concern: what is hooked and recorded (``layer_calls``), the forward hooks
+# (``recording``), the first-call self-check (``self_check``, tolerances in ``precision``); this module
+# runs the passes: norms, clip coefficients, clipped sums.
 
 
-@dataclass(frozen=True)
-class _HookedLayer:
-    path: str
-    module: nn.Module
-    rule: LayerRule
-    param_names: tuple[str, ...]  # dotted, relative to ``module``
-    folded: bool = False  # may see the batch folded into rows, batch-major (see registry.register_batch_fold)
-
-    @property
-    def label(self) -> str:
-        return f"layer '{self.path or '<root>'}' ({type(self.module).__name__})"
-
-
-@dataclass(frozen=True)
-class _Call:
-    """What one call of a hooked layer saw in the forward pass."""
-
-    layer: _HookedLayer
-    x: Tensor | RecordedCall  # input as the layer's op used it (detached), or the whole call
-    x_source: Tensor  # the input as passed (detached; shares the version counter)
-    x_version: int
-    edge: GradientEdge  # where autograd delivers d(loss)/d(output): the output itself is not kept
-    out_shape: torch.Size
-    out_dtype: torch.dtype
-    params: tuple[Tensor, ...]  # the layer's parameters as the call used them (FSDP2: unsharded)
-
-
-_SAVED = object()  # a tensor argument's place in a tapped call's template (None is an argument value)
-
-
-@dataclass(frozen=True)
-class _TapTag:
-    """What a tap (``recompute.Tap``) keeps besides the saved tensors: how to rebuild the call's input."""
-
-    layer: _HookedLayer
-    template: tuple | None  # records_call: the flattened call, ``_SAVED`` where a saved tensor goes
-    spec: Any  # its tree spec
-    autocast: tuple[str, object] | None
-    cast: torch.dtype | None  # single input: the autocast dtype the layer's op cast it to
-
-
-@dataclass(frozen=True)
-class _Pass:
-    """What the backward pass found: norms and the factors the clipped sum is built from."""
-
-    norms: Tensor  # (b,) float64
-    uses: dict[str, list[PerExampleGrad]]  # parameter name -> its recorded uses
-    dtype: torch.dtype  # narrowest floating dtype of the step (activations, outputs, parameters, loss)
-    used: dict[str, list[Tensor]]  # parameter name -> the tensor(s) the forward used for it
-    recorded: frozenset[str] = frozenset()  # parameters with a use that got a gradient
-    packed: Packed | None = None  # small whole-stored per-example gradients, out of ``uses`` (``pack_small``)
-    device_type: str = "cpu"  # where the step's products run (their float32 precision: ``precision``)
-
-    @property
-    def margin(self) -> float:
-        """``CLIP_MARGINS`` of the step's dtype; a float32 step whose matrix products may run in TF32/bf16
-        takes the bf16 margin (``precision``: both routes round their products' inputs like bf16's)."""
-        if self.dtype == torch.float32 and precision.low_precision_step(self.dtype, self.device_type):
-            return CLIP_MARGINS[torch.bfloat16]
-        return CLIP_MARGINS[self.dtype]
-
-
-def _type_name(module: nn.Module) -> str:
-    return type(module).__name__
-
-
-def _batch_coupling(module: nn.Module) -> str | None:
-    """Why ``module`` makes one example's output (or the model's state) depend on the others, or None.
-
-    Per-example clipping bounds each example's influence only if loss_i depends on example i alone
-    and the forward leaves nothing else behind. Batch norm normalises with statistics of the whole
-    batch in train mode (and SyncBatchNorm of every process's batch) and, like instance norm with
-    ``track_running_stats``, writes batch statistics into buffers that are saved with the model
-    without noise. Neither needs a trainable parameter, so the rule check alone does not see them.
-    GroupNorm, LayerNorm and InstanceNorm without running statistics are per example and fine.
-    """
-    if isinstance(module, _BatchNorm):
-        return (
-            "batch normalisation mixes the examples of a batch (batch statistics in train mode) and "
-            "stores batch statistics in its running-stat buffers"
-        )
-    if isinstance(module, _InstanceNorm) and module.track_running_stats:
-        return "track_running_stats=True stores statistics of the batch in buffers (saved without noise)"
-    return None
-
-
-def _inside(path: str, root: str) -> bool:
-    return root == "" or path.startswith(root + ".")
-
-
-def _layer_params(module: nn.Module, rule: LayerRule | None) -> list[tuple[str, nn.Parameter]]:
-    """The trainable parameters a layer's rule covers: its own, those the rule ``owns`` (submodules'
-    included), or those its injection declares (``registry.Injector``)."""
-    if rule is not None and rule.injects is not None:
-        names = rule.injects.params(module)
-        return [(n, module.get_parameter(n)) for n in names if module.get_parameter(n).requires_grad]
-    if rule is not None and rule.owns is not None:
-        return rule.owns(module)
-    return own_trainable(module)
-
-
-def _plan_layers(model: nn.Module) -> list[_HookedLayer]:
-    """Every module that directly holds a trainable parameter must have a rule (or alias it); no module
-    may couple the examples of a batch (see ``_batch_coupling``). A layer whose rule covers parameters of
-    its submodules (PEFT adapters read from a ``ParameterDict``, T5's relative position bias) takes them
-    over: they are not planned again below it; its other submodules are planned as usual."""
-    layers: dict[int, _HookedLayer] = {}
-    covered: list[tuple[str, set[int]]] = []  # (a planned layer's path, ids of its submodules' params)
-    folding = [path for path, module in model.named_modules() if folds_batch(type(module))]
-    for path, module in model.named_modules(remove_duplicate=False):
-        refusal = refusal_for(type(module))
-        reason = refusal(module) if refusal is not None else None
-        if reason is not None:
-            raise UnsupportedLayerError(f"layer '{path or '<root>'}' ({_type_name(module)}): {reason}")
-        coupling = _batch_coupling(module)
-        if coupling is not None:
-            raise UnsupportedLayerError(
-                f"layer '{path or '<root>'}' ({_type_name(module)}) is not supported by per-example "
-                f"clipping: {coupling}; replace it (e.g. GroupNorm or LayerNorm) before training"
-            )
-        taken = {i for root, ids in covered if root != path and _inside(path, root) for i in ids}
-        rule = rule_for(type(module))
-        if rule is None and holds_parameter_container(module):
-            rule = GENERIC_CONTAINER_RULE
-        own = [(n, p) for n, p in _layer_params(module, rule) if id(p) not in taken]
-        if not own:
-            continue
-        where = f"'{path or '<root>'}' ({_type_name(module)})"
-        if rule is None:
-            aliases = aliases_for(type(module))
-            aliased = aliases.aliases if aliases is not None else {}
-            unused = aliases is not None and aliases.unused_otherwise
-            if all(n in aliased and (unused or module.get_parameter(aliased[n]) is p) for n, p in own):
-                # Counted through the submodule that uses them, or (untied) never read by the forward:
-                # no gradient, which the self-check confirms.
-                continue
-            # No registered rule: torch.func on the layer's own forward.
-            rule = GENERIC_RULE
-        reason = rule.check(module) if rule.check is not None else None
-        if reason is not None:
-            raise UnsupportedLayerError(f"layer {where} is not supported: {reason}")
-        if id(module) not in layers:
-            folded = any(path.startswith(f + ".") for f in folding)
-            layers[id(module)] = _HookedLayer(path, module, rule, tuple(n for n, _ in own), folded)
-            below = {id(p) for n, p in own if "." in n}
-            if below:
-                covered.append((path, below))
-    return list(layers.values())
-
-
-def _fold_factor(source: Tensor, out_rows: int, batch: int) -> int | None:
-    """n when a call of a batch-folding layer returned (batch * n, ...) rows and its input (the primary
-    one, for a rule that records the whole call) has a multiple of batch rows (a mixture-of-experts
-    router may take (batch, seq, d) and return (batch * seq, E)), else None."""
-    if batch == 0 or source.dim() < 2:
-        return None
-    n = out_rows // batch
-    if n < 1 or out_rows != batch * n or source.shape[0] < batch or source.shape[0] % batch:
-        return None
-    return n
-
-
-def _batch_error(layer: _HookedLayer, seen: Any, batch: int) -> ValueError:
-    return ValueError(
-        f"{layer.label} ran on a batch of {seen} but per_example_loss has {batch} entries; every layer "
-        "with trainable parameters must see the batch in dimension 0 (pass position_ids/token_type_ids "
-        "of shape (batch, seq), not (1, seq))"
-    )
-
-
-def _unfold(
-    layer: _HookedLayer, x: Tensor | RecordedCall, source: Tensor, g: Tensor, batch: int
-) -> tuple[Tensor | RecordedCall, Tensor]:
-    """A call's input and output gradient with the batch in dimension 0. A batch-folding layer's
-    (batch * n, ...) rows, batch-major, are viewed as (batch, n, ...), input and output separately (a
-    router may take (batch, seq, d) and return (batch * seq, E)); a rule that records the whole call gets
-    the output gradient unfolded and reads its arguments' layout itself. Any other call must see the
-    batch in dimension 0 (``_batch_error``)."""
-    if source.dim() > 0 and source.shape[0] == batch and g.dim() > 0 and g.shape[0] == batch:
-        return x, g
-    n = _fold_factor(source, g.shape[0] if g.dim() else 0, batch) if layer.folded else None
-    if n is None:
-        raise _batch_error(layer, source.shape[0] if source.dim() else "a scalar", batch)
-    if isinstance(x, Tensor) and x.shape[0] != batch:
-        x = x.reshape(batch, -1, *x.shape[1:])
-    if g.shape[0] != batch:
-        g = g.reshape(batch, -1, *g.shape[1:])
-    return x, g
-
-
-def _output_record(output: Tensor) -> tuple[GradientEdge, torch.Size, torch.dtype]:
-    """What the engine keeps of a layer output: its gradient edge (the autograd node and slot that
-    produced it), shape and dtype. Not the tensor: holding it would keep every layer's output (the
-    vocabulary-wide logits among them) alive through the backward pass, which plain training frees.
-    The edge also stays the layer's own if the model later changes the output in place."""
-    return get_gradient_edge(output), output.shape, output.dtype
-
-
-def _autocast_state(output: Any) -> tuple[str, torch.dtype] | None:
-    """(device type, dtype) of the autocast the call ran under, or None."""
-    device = output.device.type if isinstance(output, Tensor) else "cpu"
-    return (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
-
-
-def _vocabulary_size(layers: list[_HookedLayer]) -> int | None:
-    """The largest embedding table's row count: no per-example gradient with a dimension this large is
-    ever materialised (see ``factors.norm_strategy``). None when the model has no embedding."""
-    sizes = [layer.module.num_embeddings for layer in layers if isinstance(layer.module, nn.Embedding)]
-    return max(sizes) if sizes else None
-
-
-def _canonical_names(model: nn.Module, layers: list[_HookedLayer]) -> dict[tuple[int, str], str]:
-    """(id(layer module), its parameter name) -> the parameter's name in ``model.named_parameters()``.
-
-    Uses are keyed by name, not by tensor identity: FSDP2 swaps a module's registered parameters
-    between sharded DTensors and unsharded tensors around each forward and backward. A tied weight
-    has one name (the first, as ``named_parameters`` reports it) for all of its uses.
-    """
-    first: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        first.setdefault(id(p), name)
-    return {
-        (id(layer.module), n): first[id(layer.module.get_parameter(n))]
-        for layer in layers
-        for n in layer.param_names
-    }
-
-
-def _is_fsdp(model: nn.Module) -> bool:
-    """Whether FSDP2 (``fully_shard``) manages some part of ``model``."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(m, FSDPModule) for m in model.modules())
-
-
-def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-_UNRECOGNISED_CHECKPOINT = (
-    "a gradient checkpointing that hush_hf does not recognise re-runs layers in the backward pass; enable "
-    "it with transformers' model.gradient_checkpointing_enable() (or TrainingArguments("
-    "gradient_checkpointing=True)) or torch's checkpoint_wrapper, which per-example clipping follows"
-)
-
-
-def _walk_graph(loss: Tensor) -> tuple[set[int], bool]:
-    """ids of the leaf tensors that a backward pass from ``loss`` would give a gradient, and whether the
-    graph holds a reentrant ``torch.utils.checkpoint`` node (a walk of the autograd graph: no
-    computation). Such a node hides the layers it re-runs (their parameters are not its inputs) and
-    refuses ``autograd.grad``. Nodes are kept in ``seen`` so their Python wrappers stay the same objects
-    while the walk compares them."""
-    found: set[int] = set()
-    seen: set[Any] = set()
-    reentrant = False
-    stack = [loss.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        reentrant = reentrant or type(node).__name__ == "CheckpointFunctionBackward"
-        variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
-        if variable is not None:
-            found.add(id(variable))
-            continue
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found, reentrant
-
-
-class GhostClipper:
+class GhostClipper(CallRecorder, SelfCheck):
     """Per-example gradient norms and clipped gradient sums via hooks on ``model`` (in place).
 
     Usage, once per micro-batch::
@@ -499,201 +204,6 @@ class GhostClipper:
         return self._pass is not None
 
     # ----------------------------------------------------------------------------- hooks
-    def _on_forward(self, module: nn.Module, args: Any) -> None:
-        if torch.is_grad_enabled() and not replaying():
-            self._forwards += 1
-            self._tapping = recomputes(self._model)
-            self._in_forward = True
-            self._anchor = None
-
-    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._in_forward = False
-
-    def _record(self, layer: _HookedLayer, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        if replaying():
-            return None
-        index = layer.rule.output_index
-        if index is not None and isinstance(output, tuple):
-            # The element the parameters act through (a router's logits) is the layer's output.
-            return self._record_element(layer, module, args, kwargs, output, index)
-        if self._tapping:
-            return self._tap(layer, args, kwargs, output)
-        if not torch.is_grad_enabled():
-            return None
-        if layer.rule.records_call:
-            return self._record_call(layer, args, kwargs, output)
-        inputs = [*args, *kwargs.values()]
-        if len(inputs) != 1 or not isinstance(inputs[0], Tensor) or not isinstance(output, Tensor):
-            raise ValueError(f"{layer.label} must be called with one tensor and return one tensor")
-        if not output.requires_grad:
-            return None  # no gradient reaches this call's parameters
-        source = inputs[0].detach()
-        x = source
-        cast = self._autocast_dtype(layer, source)
-        if cast is not None:
-            # The op multiplies the autocast-dtype copy; the weight gradient is built from it.
-            x = x.to(cast)
-        params = tuple(module.get_parameter(n) for n in layer.param_names)
-        self._calls.append(_Call(layer, x, source, source._version, *_output_record(output), params))
-        if layer.rule.protects_output:
-            # The model modifies this output in place (Falcon: ``mlp_output += attention_output``); it
-            # continues with a copy, so the recorded output keeps the value autograd differentiates.
-            return output.clone()
-        return None
-
-    @staticmethod
-    def _autocast_dtype(layer: _HookedLayer, x: Tensor) -> torch.dtype | None:
-        """The dtype the layer's op casts its input to under autocast (matmul-like rules), or None."""
-        device_type = x.device.type
-        if (
-            layer.rule.casts_input_under_autocast
-            and x.is_floating_point()
-            and torch.is_autocast_enabled(device_type)
-        ):
-            return torch.get_autocast_dtype(device_type)
-        return None
-
-    @staticmethod
-    def _shared_output(output: Tensor, primary: Tensor) -> Tensor | None:
-        """One output for the whole batch (BART's decoder positions: (1, seq, d) from arange), expanded to
-        the batch: the model's broadcasting add reads it identically, and row i of its gradient is then
-        example i's own. None when the output is batch-first already."""
-        if output.dim() > 0 and output.shape[0] == 1 and primary.shape[0] > 1:
-            return output.expand(primary.shape[0], *output.shape[1:])
-        return None
-
-    def _record_call(self, layer: _HookedLayer, args: tuple, kwargs: dict, output: Any) -> Tensor | None:
-        """Record every argument of a call (rules with ``records_call``, e.g. the generic path)."""
-
-        def detach(value: Any) -> Any:
-            return value.detach() if isinstance(value, Tensor) else value
-
-        call = RecordedCall(
-            tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}, _autocast_state(output)
-        )
-        primary = call.primary
-        if primary is None or not isinstance(output, Tensor):
-            raise ValueError(f"{layer.label} must be called with a batch-first tensor and return one tensor")
-        if not output.requires_grad:
-            return None
-        shared = self._shared_output(output, primary)
-        output = shared if shared is not None else output
-        params = tuple(layer.module.get_parameter(n) for n in layer.param_names)
-        self._calls.append(_Call(layer, call, primary, primary._version, *_output_record(output), params))
-        return shared
-
-    def _inject(self, layer: _HookedLayer, module: nn.Module, args: tuple, kwargs: dict) -> Any:
-        """Forward pre-hook of a layer whose rule ``injects`` (T5's relative position bias): the shared
-        tensor is computed here, one batch-first copy per example, recorded (or tapped) like a layer
-        output, and passed to the call as a keyword argument."""
-        if replaying() or not (torch.is_grad_enabled() or self._tapping):
-            return None
-        assert layer.rule.injects is not None
-        injection = layer.rule.injects.inject(module, args, kwargs)
-        if injection is None:
-            return None
-        value = injection.value
-        if self._tapping:
-            tapped = self._tap(layer, (injection.x,), {}, value)
-            value = tapped if tapped is not None else value
-        elif value.requires_grad:
-            x = injection.x.detach()
-            params = tuple(module.get_parameter(n) for n in layer.param_names)
-            self._calls.append(_Call(layer, x, x, x._version, *_output_record(value), params))
-        return args, {**kwargs, injection.key: value}
-
-    def _record_element(
-        self, layer: _HookedLayer, module: nn.Module, args: tuple, kwargs: dict, output: tuple, index: int
-    ) -> tuple | None:
-        """A layer whose rule names ``output_index``: element ``index`` of its tuple output is recorded (or
-        tapped) as the call's output; the others are computed from it inside the call (a router's scores
-        from its logits), so the gradient the rule needs is all the gradient that element gets."""
-        plain = replace(layer, rule=replace(layer.rule, output_index=None))
-        if self._tapping:
-            self._tap(plain, args, kwargs, output[index], within=True)
-            return None
-        element = self._record(plain, module, args, kwargs, output[index])
-        return None if element is None else (*output[:index], element, *output[index + 1 :])
-
-    def _tap(
-        self, layer: _HookedLayer, args: tuple, kwargs: dict, output: Any, *, within: bool = False
-    ) -> Tensor | None:
-        """Tapped forward (gradient checkpointing): count the call's use of each parameter, and route its
-        output through ``recompute.Tap`` with its input saved for the backward pass. The same in the
-        forward and in a recomputation (non-reentrant checkpointing checks that both save alike).
-
-        ``within``: the output is also read inside the call (a router's logits, see ``_record_element``),
-        where a tap after the call would miss that gradient. The input is then saved by a
-        ``recompute.Hold`` and the output's own gradient hook hands the whole gradient to ``receive``;
-        the layer's parameters are among each pass's ``autograd.grad`` inputs (``_within``), so the
-        pass reaches the output whatever precedes the layer."""
-        if self._in_forward:
-            for n in layer.param_names:
-                self._expected[self._names[(id(layer.module), n)]] += 1
-        if not torch.is_grad_enabled() or not isinstance(output, Tensor) or not output.requires_grad:
-            return None
-        if layer.rule.records_call:
-            flat, spec = tree_flatten((tuple(args), dict(kwargs)))
-            saved = [v.detach() for v in flat if isinstance(v, Tensor)]
-            template = tuple(_SAVED if isinstance(v, Tensor) else v for v in flat)
-            autocast = _autocast_state(output)
-            primary = RecordedCall(tuple(args), dict(kwargs), None).primary
-            if primary is None:
-                raise ValueError(f"{layer.label} must be called with a batch-first tensor")
-            shared = None if within else self._shared_output(output, primary)
-            output = shared if shared is not None else output
-            tag = _TapTag(layer, template, spec, autocast, None)
-        else:
-            inputs = [*args, *kwargs.values()]
-            if len(inputs) != 1 or not isinstance(inputs[0], Tensor):
-                raise ValueError(f"{layer.label} must be called with one tensor and return one tensor")
-            saved = [inputs[0].detach()]
-            tag = _TapTag(layer, None, None, None, self._autocast_dtype(layer, inputs[0]))
-        if self._anchor is None:
-            self._anchor = torch.zeros((), device=output.device, requires_grad=True)
-        if within:
-            # The hook keeps the Hold node (not the output's storage); the node does not lead back to the
-            # output's node, so no reference cycle holds the graph.
-            node = Hold.apply(self._anchor, *saved).grad_fn
-            output.register_hook(partial(self._receive_whole, tag, node))
-            return None
-        tapped = Tap.apply(output, self._anchor, self, tag, *saved)
-        return tapped.clone() if layer.rule.protects_output else tapped
-
-    def _receive_whole(self, tag: _TapTag, node: Any, grad: Tensor) -> None:
-        """Gradient hook of a ``within`` tap's output: the gradient it gets from everything that read it."""
-        if self.active:
-            self.receive(tag, node.saved_tensors, grad)  # unpacking recomputes under checkpointing
-
-    def receive(self, tag: _TapTag, saved: tuple[Tensor, ...], grad: Tensor) -> None:
-        """A tapped call's input and output gradient, during a two-pass backward (``recompute``): its
-        per-example gradients go to the current pass."""
-        state, layer = self._pass, tag.layer
-        assert state is not None
-        batch = state.coef.shape[0] if isinstance(state, SumPass) else state.batch
-        x: Tensor | RecordedCall
-        if tag.template is not None:
-            it = iter(saved)
-            flat = [next(it) if v is _SAVED else v for v in tag.template]
-            args, kwargs = tree_unflatten(flat, tag.spec)
-            x = RecordedCall(tuple(args), dict(kwargs), tag.autocast)
-            source = x.primary
-            assert source is not None
-        else:
-            source = saved[0]
-            x = source.to(tag.cast) if tag.cast is not None else source
-        if isinstance(state, NormPass):
-            state.dtypes |= {t.dtype for t in (source, grad) if t.is_floating_point()}
-            if isinstance(x, Tensor) and x.is_floating_point():
-                state.dtypes.add(x.dtype)
-        x, g = _unfold(layer, x, source, grad, batch)
-        module = layer.module
-        with replay():
-            grads = layer.rule.grads(module, x, g)
-        for n in layer.param_names:
-            state.add(self._names[(id(module), n)], drop_zero_steps(grads[n]), module.get_parameter(n).shape)
-
-    # ----------------------------------------------------------------------------- checks
     def _check_usable(self) -> None:
         if self._removed:
             raise RuntimeError("this GhostClipper was removed; build a new one")
@@ -1021,26 +531,6 @@ class GhostClipper:
         finally:
             self._pass = None
 
-    def _autograd_grads(
-        self, loss: Tensor, result: _Pass, names: set[str], *, retain_graph: bool
-    ) -> dict[str, Tensor | None]:
-        """Autograd's gradient of ``loss`` for the parameters ``names``: w.r.t. the tensors the forward
-        used (FSDP2: the unsharded parameters), or the registered one for a layer that never ran."""
-        keys, tensors = [], []
-        for name, p in self._params:
-            if name in names:
-                for t in result.used.get(name, [p]):
-                    keys.append(name)
-                    tensors.append(t)
-        got = torch.autograd.grad(loss, tensors, retain_graph=retain_graph, allow_unused=True)
-        out: dict[str, Tensor | None] = {}
-        for name, g in zip(keys, got, strict=True):
-            if g is not None:
-                out[name] = g if out.get(name) is None else out[name] + g
-            else:
-                out.setdefault(name, None)
-        return out
-
     @staticmethod
     def _clipped_sum(p: nn.Parameter, uses: list[PerExampleGrad], coef: Tensor) -> Tensor:
         """``sum_u sum_i coef_i G_{u,i}`` for one parameter, in at least float32, shaped like ``p``."""
@@ -1073,124 +563,6 @@ class GhostClipper:
         clipped_sums.accumulate_(p, grad, owned=True)
 
     # ----------------------------------------------------------------------------- self-check
-    def _rebuild(self, result: _Pass, coef: Tensor) -> dict[str, Tensor]:
-        """``sum_i coef_i G_{i,p}`` from the recorded factors, for every parameter with a recorded use.
-
-        Built before the check's backward and the factors freed at once, so the check holds one extra
-        gradient-sized copy rather than every layer's output gradient (the logits' included).
-        """
-        rebuilt: dict[str, Tensor] = result.packed.weighted_sums(coef) if result.packed is not None else {}
-        for name, p in self._params:
-            uses = result.uses.pop(name, [])
-            if uses:
-                rebuilt[name] = self._clipped_sum(p, uses, coef)
-        result.uses.clear()
-        return rebuilt
-
-    def _self_check(
-        self,
-        result: _Pass,
-        coef: Tensor,
-        rebuilt: dict[str, Tensor],
-        added: dict[str, Tensor | None],
-        names: set[str],
-    ) -> None:
-        """Refuse when the gradient autograd computes differs from the one the norms were taken of.
-
-        ``added[name]`` is the gradient of ``sum_i coef_i loss_i`` that autograd gives the parameter;
-        ``rebuilt[name] = sum_i coef_i G_{i,p}`` comes from the recorded factors (``_rebuild``, with
-        ``factors.weighted_sum``: a parameter-sized product, no per-example gradient is formed). They
-        agree (to rounding) exactly when every use of every trainable parameter went through a hooked
-        call whose rule is right.
-        A parameter read directly -- ``h @ self.wte.weight.T``, ``F.linear(x, mod.weight)``,
-        DeBERTa's ``rel_embeddings.weight`` -- gets gradient that no norm counted, so its example
-        would be under-clipped: that is refused, naming the parameter. The tolerance is relative to
-        ``sum_i ||c_i g_i||`` (the scale of the whole clipped gradient, so that parameters whose
-        gradient is zero in exact arithmetic, e.g. attention key biases, do not trip it on rounding
-        noise), per parameter and over the checked parameters together: 1e-4 in float32 and wider,
-        2^-4 under bf16/fp16 (where autograd and the rebuilt sum round apart by ~1%), so with bf16 only a
-        direct use carrying more than ~6% of the gradient is seen; 2^-6 for float32 with TF32 (or bf16)
-        matrix products in force (``precision.check_rtol``); run the first step in float32 with
-        ``torch.set_float32_matmul_precision("highest")`` for the sharpest check.
-        A parameter that the loss reaches although no hooked call of it recorded a use
-        (its layer never ran, or a ``ParameterDict`` read by a module with no rule) is refused whatever
-        its gradient, zero included: the structural half of the check.
-
-        Which calls check which parameters (``names``): every not-yet-verified parameter the loss reaches.
-        A parameter is verified by the first check that finds its autograd gradient nonzero and matching;
-        one whose gradient is zero in that call (the batch does not touch it: a token that does not
-        occur, an expert no token is routed to) stays unverified and is checked again at the next call
-        that reaches it. So no parameter goes unverified because of what the first micro-batch holds.
-        What this cannot see: a direct use whose gradient is zero or below the tolerance in every call
-        that reaches the parameter after it was verified (a branch taken only later). That use would be
-        missing from the update, never applied unclipped (the update is built from the factors).
-
-        Why a gradient comparison and not a check of how the forward reads parameters (e.g. a
-        ``TorchFunctionMode`` that flags parameters used outside their module's call): it sees every
-        use, including ones outside the model's forward (a loss computed from ``model.lm_head.weight``)
-        and rule bugs, and has no false alarms on harmless reads (``weight.dtype``, ``.shape``).
-        """
-        total = float((coef.to(torch.float64) * result.norms).sum())
-        reduced = precision.low_precision_step(result.dtype, result.device_type)
-        rtol = precision.check_rtol(result.dtype, result.device_type)
-        gaps: list[tuple[str, float, bool, bool]] = []  # (name, gap, recorded, reached)
-        for name, p in self._params:
-            if name not in names:
-                continue
-            mine, got = rebuilt.get(name), added.get(name)
-            recorded = name in result.recorded
-            if got is None:
-                gap = float(mine.norm()) if mine is not None else 0.0
-            else:
-                got = got.to(torch.promote_types(p.dtype, torch.float32))
-                gap = float((got - mine).norm() if mine is not None else got.norm())
-            gaps.append((name, gap, recorded, got is not None))
-        overall = math.sqrt(sum(gap**2 for _, gap, _, _ in gaps))
-        # A parameter with no recorded use has, by the record, no gradient: reaching it is a direct use.
-        bad = [(n, rec) for n, gap, rec, reached in gaps if (not gap <= rtol * total if rec else reached)]
-        if not bad and not overall <= rtol * total:
-            worst = max(gaps, key=lambda item: item[1])
-            bad = [(worst[0], worst[2])]
-        if bad:
-            self._refuse(bad, reduced)
-        if _is_fsdp(self._model):
-            if total > 0:
-                self._unverified.clear()  # all at once (see _names_to_check)
-            return
-        for name, _, recorded, reached in gaps:
-            got = added.get(name)
-            if recorded and reached and got is not None and bool(got.ne(0).any()):
-                self._unverified.discard(name)
-
-    @staticmethod
-    def _refuse(bad: list[tuple[str, bool]], reduced: bool) -> None:
-        """The self-check's error: parameter names only (the size of a gap is a statistic of the batch)."""
-        unrecorded = [n for n, rec in bad if not rec]
-        listed = ", ".join(f"'{n}'" for n, _ in bad[:5])
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        hint = (
-            f" ({', '.join(repr(n) for n in unrecorded[:5])} reached by the loss although no call of the "
-            "layer owning it ran)"
-            if unrecorded
-            else ""
-        )
-        raise UnsupportedLayerError(
-            f"self-check failed: the gradient autograd adds to trainable parameter(s) {listed}{more} "
-            f"differs from the per-example gradients the clip norms were computed from{hint}. Most "
-            "likely the parameter is used outside its module's forward (read directly, e.g. "
-            "`h @ module.weight.T`, `F.linear(x, module.weight)` or a relative-position table "
-            "`module.weight`), so that use is missing from the per-example norm and clipping would "
-            "not bound it by C; call the owning module instead, freeze the parameter, or register a "
-            "rule for the layer that uses it"
-            + (
-                "; under bf16/fp16 or TF32 matrix products it can also mean unusually large rounding: "
-                "check the same model in float32 with torch.set_float32_matmul_precision('highest')"
-                if reduced
-                else "; less likely, low-precision arithmetic inside the model (rounding beyond 1e-4)"
-            )
-        )
-
-    # ----------------------------------------------------------------------------- lifecycle
     def remove(self) -> None:
         """Take every hook off; the model is exactly as before. Idempotent."""
         for handle in self._handles:
