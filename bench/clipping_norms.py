@@ -19,7 +19,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hush_hf.clipping import GhostClipper, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, example_cross_entropy
 
 
 def timed(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
@@ -59,7 +59,7 @@ def main() -> None:
     batch = {"input_ids": ids, "position_ids": torch.arange(args.seq, device=device).expand_as(ids)}
 
     def loss_of(out: object) -> torch.Tensor:
-        return per_example_lm_loss(out.logits, ids, causal=True)
+        return example_cross_entropy(out.logits, ids, causal=True)
 
     def plain() -> None:
         model.zero_grad(set_to_none=True)

@@ -111,14 +111,14 @@ def measure(name: str, precision: str, contender: str, steps: int, warmup: int, 
             optimizer.zero_grad(set_to_none=True)
 
     elif contender == "hush":
-        from hush_hf.clipping import GhostClipper, per_example_lm_loss
+        from hush_hf.clipping import GhostClipper, example_cross_entropy
         from hush_hf.trainer.noise import privatize_gradients_
 
         po.register_llama_rms_norm()
         clipper = GhostClipper(model, 1.0)
 
         def step(k: int) -> None:
-            loss = per_example_lm_loss(model(**inputs).logits, labels, causal=causal)
+            loss = example_cross_entropy(model(**inputs).logits, labels, causal=causal)
             clipper.clipped_backward(loss)
             privatize_gradients_(
                 trainable, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k

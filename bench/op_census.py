@@ -11,7 +11,7 @@ after ``--warmup`` steps (hush_hf's one-time self-check runs in the warm-up):
 
 - ``plain``: forward with transformers' batch-mean loss, ``backward()``, AdamW, ``zero_grad``. AdamW
   runs ``foreach=True`` in both steps, its default on a GPU (on CPU it defaults to one loop per parameter).
-- ``hush``: forward, ``per_example_lm_loss``, ``GhostClipper.clipped_backward`` (per-example clipping,
+- ``hush``: forward, ``example_cross_entropy``, ``GhostClipper.clipped_backward`` (per-example clipping,
   clipped sums), ``privatize_gradients_`` (noise), AdamW, ``zero_grad``.
 
 Columns: ``ops`` every dispatched aten operation; ``kernels`` those that are not views (``view``,
@@ -146,14 +146,14 @@ def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: 
 
         return step
 
-    from hush_hf.clipping import GhostClipper, per_example_lm_loss
+    from hush_hf.clipping import GhostClipper, example_cross_entropy
     from hush_hf.trainer.noise import privatize_gradients_
 
     clipper = GhostClipper(model, 1.0)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def dp_step(k: int) -> None:
-        loss = per_example_lm_loss(model(**inputs).logits, labels, causal=causal)
+        loss = example_cross_entropy(model(**inputs).logits, labels, causal=causal)
         clipper.clipped_backward(loss)
         privatize_gradients_(
             params, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k

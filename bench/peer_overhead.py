@@ -206,7 +206,7 @@ def measure(name: str, contender: str, steps: int, warmup: int) -> dict:
             optimizer.zero_grad(set_to_none=True)
 
     elif contender == "hush":
-        from hush_hf.clipping import GhostClipper, per_example_lm_loss
+        from hush_hf.clipping import GhostClipper, example_cross_entropy
         from hush_hf.trainer.noise import privatize_gradients_
 
         register_llama_rms_norm()
@@ -214,7 +214,7 @@ def measure(name: str, contender: str, steps: int, warmup: int) -> dict:
         params = [p for p in model.parameters() if p.requires_grad]
 
         def step(k: int) -> None:
-            loss = per_example_lm_loss(model(**inputs).logits, labels, causal=causal)
+            loss = example_cross_entropy(model(**inputs).logits, labels, causal=causal)
             clipper.clipped_backward(loss)
             privatize_gradients_(
                 params, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k

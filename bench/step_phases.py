@@ -65,7 +65,7 @@ def measure(name: str, contender: str, steps: int) -> dict:
             timed("adamw", adamw)
 
     else:
-        from hush_hf.clipping import GhostClipper, ghost, per_example_lm_loss
+        from hush_hf.clipping import GhostClipper, example_cross_entropy, ghost
         from hush_hf.trainer.noise import privatize_gradients_
 
         for attr, label in [
@@ -82,7 +82,7 @@ def measure(name: str, contender: str, steps: int) -> dict:
 
         def step(k: int) -> None:
             logits = timed("forward", lambda: model(**inputs).logits)
-            loss = timed("loss", per_example_lm_loss, logits, labels, causal=causal)
+            loss = timed("loss", example_cross_entropy, logits, labels, causal=causal)
             del logits
             timed("clipped_backward", clipper.clipped_backward, loss)
             timed("noise", privatize_gradients_, params, noise_multiplier=1.0, clip_norm=1.0,

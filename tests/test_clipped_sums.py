@@ -121,7 +121,7 @@ def test_trainer_on_a_bf16_model_noises_the_float32_sum_and_leaves_no_copy(tmp_p
     import numpy as np
     from transformers import TrainerCallback
 
-    from hush_hf.clipping import per_example_lm_loss
+    from hush_hf.clipping import example_cross_entropy
     from hush_hf.trainer import SecretProtectionTrainer
     from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, sgd, tiny_gpt2, token_dataset
 
@@ -156,7 +156,7 @@ def test_trainer_on_a_bf16_model_noises_the_float32_sum_and_leaves_no_copy(tmp_p
             logits = reference_model(
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=positions
             ).logits
-            clipper.clipped_backward(per_example_lm_loss(logits, batch["labels"], causal=True))
+            clipper.clipped_backward(example_cross_entropy(logits, batch["labels"], causal=True))
     for (name, _), p in zip(reference_model.named_parameters(), params, strict=True):
         expected = clipped_sums.clipped_sum(p) / n
         assert seen[name].dtype == torch.bfloat16

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from hush_hf.clipping import GhostClipper, UnsupportedLayerError, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError, example_cross_entropy
 from hush_hf.trainer import GhostClippingCallback, SecretProtectionTrainer
 from tests.model_families import family_named
 from tests.test_clipping_reference import (
@@ -83,7 +83,7 @@ def test_checkpointed_step_matches_reference(name: str, reentrant: bool) -> None
     with GhostClipper(model, max_norm) as clipper:
         for _ in range(2):  # the first call runs the self-check too
             model.zero_grad(set_to_none=True)
-            loss = per_example_lm_loss(model(**kwargs).logits, labels, causal=causal)
+            loss = example_cross_entropy(model(**kwargs).logits, labels, causal=causal)
             norms = clipper.clipped_backward(loss)
             assert clipper.verified
     torch.testing.assert_close(norms, norms_of(grads), rtol=1e-6, atol=0)  # the loss is taken in float32
@@ -96,10 +96,10 @@ def test_checkpointed_per_example_norms_leave_grads_and_graph() -> None:
     loss_of = lambda out: reference_lm_loss(out.logits, labels, True)  # noqa: E731
     grads = per_example_grads(copy.deepcopy(model), kwargs, loss_of)
     plain = copy.deepcopy(model)
-    per_example_lm_loss(plain(**kwargs).logits, labels, causal=True).sum().backward()
+    example_cross_entropy(plain(**kwargs).logits, labels, causal=True).sum().backward()
     model.gradient_checkpointing_enable()
     with GhostClipper(model, 1.0) as clipper:
-        loss = per_example_lm_loss(model(**kwargs).logits, labels, causal=True)
+        loss = example_cross_entropy(model(**kwargs).logits, labels, causal=True)
         norms = clipper.per_example_norms(loss)
         assert all(p.grad is None for p in model.parameters())
         loss.sum().backward()  # the graph is still there, and the taps pass gradients through unchanged
@@ -123,12 +123,12 @@ def test_once_verified_a_checkpointed_step_computes_no_parameter_gradient(monkey
         return original(outputs, wrt, *args, **kw)
 
     with GhostClipper(model, 1.0) as clipper:
-        clipper.clipped_backward(per_example_lm_loss(model(**kwargs).logits, labels, causal=True))
+        clipper.clipped_backward(example_cross_entropy(model(**kwargs).logits, labels, causal=True))
         assert clipper.verified
         first = {n: p.grad.clone() for n, p in model.named_parameters()}
         monkeypatch.setattr(torch.autograd, "grad", recorded)
         monkeypatch.setattr(torch.Tensor, "backward", lambda *a, **k: pytest.fail("Tensor.backward ran"))
-        clipper.clipped_backward(per_example_lm_loss(model(**kwargs).logits, labels, causal=True))
+        clipper.clipped_backward(example_cross_entropy(model(**kwargs).logits, labels, causal=True))
     assert [[t.shape for t in wrt] for wrt in inputs] == [[torch.Size([])], [torch.Size([])]]
     assert not any(t is p for wrt in inputs for t in wrt for p in model.parameters())
     for n, p in model.named_parameters():  # the second call accumulated the same clipped sum
@@ -146,7 +146,7 @@ def saved_bytes(model: nn.Module, kwargs: dict[str, Tensor], labels: Tensor) -> 
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        per_example_lm_loss(model(**kwargs).logits, labels, causal=True)
+        example_cross_entropy(model(**kwargs).logits, labels, causal=True)
     return total
 
 
@@ -205,7 +205,7 @@ def test_a_parameter_read_directly_inside_a_checkpointed_layer_is_refused(reentr
     torch.manual_seed(0)
     model = Stack(direct=True, flagged=True, reentrant=reentrant)
     with GhostClipper(model, 1.0) as clipper:
-        loss = per_example_lm_loss(model(IDS), IDS, causal=True)
+        loss = example_cross_entropy(model(IDS), IDS, causal=True)
         with pytest.raises(UnsupportedLayerError, match=r"'block\.proj\.weight'"):
             clipper.clipped_backward(loss)
     assert all(p.grad is None for p in model.parameters())
@@ -217,7 +217,7 @@ def test_a_checkpoint_without_the_flag_is_refused(reentrant: bool) -> None:
     torch.manual_seed(0)
     model = Stack(direct=False, flagged=False, reentrant=reentrant)
     with GhostClipper(model, 1.0) as clipper:
-        loss = per_example_lm_loss(model(IDS), IDS, causal=True)
+        loss = example_cross_entropy(model(IDS), IDS, causal=True)
         with pytest.raises(RuntimeError, match="gradient_checkpointing_enable"):
             clipper.clipped_backward(loss)
     assert all(p.grad is None for p in model.parameters())
@@ -226,7 +226,7 @@ def test_a_checkpoint_without_the_flag_is_refused(reentrant: bool) -> None:
     unchecked.block.checkpointed = False  # (torch.func does not run checkpoints)
     grads = per_example_grads(unchecked, {"ids": IDS}, lambda out: reference_lm_loss(out, IDS, True))
     with GhostClipper(model, 1e-3) as clipper:
-        norms = clipper.clipped_backward(per_example_lm_loss(model(IDS), IDS, causal=True))
+        norms = clipper.clipped_backward(example_cross_entropy(model(IDS), IDS, causal=True))
     torch.testing.assert_close(norms, norms_of(grads), rtol=1e-5, atol=0)
     close({n: p.grad for n, p in model.named_parameters()}, clipped_sum(grads, 1e-3), rtol=1e-4)
 
@@ -261,7 +261,7 @@ def test_checkpointed_mixture_of_experts_matches_per_example_autograd(reentrant:
     with GhostClipper(model, clip) as clipper:
         for _ in range(2):
             model.zero_grad(set_to_none=True)
-            loss = per_example_lm_loss(model(input_ids=ids).logits, ids, causal=True)
+            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
             got = clipper.clipped_backward(loss)
             assert clipper.verified
             torch.testing.assert_close(got, norms, rtol=1e-10, atol=0)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from hush_hf.clipping import GhostClipper, UnsupportedLayerError, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError, example_cross_entropy
 from tests.model_families import _LLAMA, HIDDEN, VOCAB, _peft
 from tests.test_trainer_helpers import single_thread  # noqa: F401  (autouse fixture)
 
@@ -39,7 +39,7 @@ def m2m100(layerdrop: float) -> nn.Module:
 
 
 def per_example_losses(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return per_example_lm_loss(model(input_ids=ids, labels=labels).logits, labels, causal=False)
+    return example_cross_entropy(model(input_ids=ids, labels=labels).logits, labels, causal=False)
 
 
 def test_layerdrop_is_exact_given_the_layers_the_batch_skipped():

@@ -1,4 +1,4 @@
-"""per_example_lm_loss: per-example mean token cross-entropy, shift for causal LMs, bad input."""
+"""example_cross_entropy: per-example mean token cross-entropy, shift for causal LMs, bad input."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hush_hf.clipping import per_example_lm_loss
+from hush_hf.clipping import example_cross_entropy
 
 
 def manual_loss(logits: torch.Tensor, labels: torch.Tensor, causal: bool) -> list[float]:
@@ -32,7 +32,7 @@ def test_matches_token_by_token_definition(causal: bool) -> None:
     labels = torch.randint(0, 11, (3, 5), generator=g)
     labels[0, 3:] = -100
     labels[2] = -100  # no target at all: loss 0
-    loss = per_example_lm_loss(logits, labels, causal=causal)
+    loss = example_cross_entropy(logits, labels, causal=causal)
     assert loss.shape == (3,) and loss.dtype == torch.float32
     assert loss[2] == 0
     expected = torch.tensor(manual_loss(logits, labels, causal), dtype=torch.float64)
@@ -48,43 +48,43 @@ def test_causal_single_example_equals_transformers_loss() -> None:
     labels = torch.randint(0, 13, (1, 7), generator=g)
     labels[0, 5:] = -100
     expected = ForCausalLMLoss(logits, labels, vocab_size=13)
-    torch.testing.assert_close(per_example_lm_loss(logits, labels, causal=True)[0], expected)
+    torch.testing.assert_close(example_cross_entropy(logits, labels, causal=True)[0], expected)
 
 
 def test_example_without_targets_has_zero_gradient() -> None:
     logits = torch.randn(2, 4, 6, requires_grad=True)
     labels = torch.tensor([[1, 2, 3, 4], [-100, -100, -100, -100]])
-    per_example_lm_loss(logits, labels, causal=False).sum().backward()
+    example_cross_entropy(logits, labels, causal=False).sum().backward()
     assert (logits.grad[1] == 0).all() and (logits.grad[0] != 0).any()
 
 
 def test_half_precision_logits_are_upcast() -> None:
     logits = torch.randn(2, 4, 6).bfloat16()
     labels = torch.randint(0, 6, (2, 4))
-    assert per_example_lm_loss(logits, labels, causal=True).dtype == torch.float32
+    assert example_cross_entropy(logits, labels, causal=True).dtype == torch.float32
 
 
 def test_bad_inputs_are_named_and_label_values_not_echoed() -> None:
     logits = torch.randn(2, 4, 6)
     with pytest.raises(ValueError, match="logits must be"):
-        per_example_lm_loss(logits[0], torch.zeros(4, dtype=torch.long), causal=True)
+        example_cross_entropy(logits[0], torch.zeros(4, dtype=torch.long), causal=True)
     with pytest.raises(ValueError, match=r"labels must be an integer tensor of shape \(2, 4\)"):
-        per_example_lm_loss(logits, torch.zeros(2, 5, dtype=torch.long), causal=True)
+        example_cross_entropy(logits, torch.zeros(2, 5, dtype=torch.long), causal=True)
     with pytest.raises(ValueError, match="labels must be an integer tensor"):
-        per_example_lm_loss(logits, torch.zeros(2, 4), causal=True)
+        example_cross_entropy(logits, torch.zeros(2, 4), causal=True)
     labels = torch.zeros(2, 4, dtype=torch.long)
     labels[1, 2] = 4711  # out of vocabulary (could be a secret token id: must not be echoed)
     with pytest.raises(ValueError, match=r"first at example 1, position 2") as info:
-        per_example_lm_loss(logits, labels, causal=True)
+        example_cross_entropy(logits, labels, causal=True)
     assert "4711" not in str(info.value)
     labels[1, 2] = -5
     with pytest.raises(ValueError, match=r"labels must be in \[0, 6\) or -100"):
-        per_example_lm_loss(logits, labels, causal=False)
+        example_cross_entropy(logits, labels, causal=False)
 
 
 def test_loss_is_finite_for_extreme_logits() -> None:
     logits = torch.tensor([[[1e4, -1e4, 0.0], [0.0, 0.0, 0.0]]])
-    loss = per_example_lm_loss(logits, torch.tensor([[1, 0]]), causal=False)
+    loss = example_cross_entropy(logits, torch.tensor([[1, 0]]), causal=False)
     assert math.isfinite(float(loss[0])) and float(loss[0]) == pytest.approx((2e4 + math.log(3)) / 2)
 
 
@@ -102,7 +102,7 @@ def test_sparse_targets_select_positions_with_the_same_loss_and_gradient(causal:
     for select_below in (loss_module._SELECT_BELOW, 0.0):  # the selected path, then the full one
         monkeypatch.setattr(loss_module, "_SELECT_BELOW", select_below)
         leaf = logits.clone().requires_grad_(True)
-        loss = per_example_lm_loss(leaf, labels, causal=causal)
+        loss = example_cross_entropy(leaf, labels, causal=causal)
         (loss * torch.arange(1.0, 5.0)).sum().backward()
         results.append((loss.detach(), leaf.grad))
     expected = torch.tensor(manual_loss(logits, labels, causal), dtype=torch.float64)

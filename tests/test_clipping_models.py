@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from hush_hf.clipping import GhostClipper, factors, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, example_cross_entropy, factors
 from hush_hf.clipping.factors import DenseFactor, OuterSum
 from tests.test_clipping_reference import (
     MODELS,
@@ -65,7 +65,7 @@ def test_norms_match_torch_func_with_padding_and_tied_weights(name: str) -> None
     assert (kwargs["attention_mask"] == 0).any() and (kwargs["input_ids"] == 0).any()  # padded, pad id 0
     expected = norms_of(reference_grads(name))
     with GhostClipper(model, max_norm=1.0) as clipper:
-        loss = per_example_lm_loss(model(**kwargs).logits, labels, causal=causal)
+        loss = example_cross_entropy(model(**kwargs).logits, labels, causal=causal)
         norms = clipper.per_example_norms(loss)
     assert norms.shape == (labels.shape[0],) and not norms.requires_grad
     assert rel_err(norms, expected) <= RTOL
@@ -92,7 +92,8 @@ def test_leaving_out_the_tied_cross_term_would_be_materially_wrong(name: str) ->
     if name in ("gpt2", "bert"):
         assert gap.min() < -100 * RTOL
     with GhostClipper(model, max_norm=1.0) as clipper:
-        norms = clipper.per_example_norms(per_example_lm_loss(model(**kwargs).logits, labels, causal=causal))
+        losses = example_cross_entropy(model(**kwargs).logits, labels, causal=causal)
+        norms = clipper.per_example_norms(losses)
     assert rel_err(norms, true_norm) <= RTOL
 
 
@@ -105,7 +106,7 @@ def test_clipped_backward_adds_the_clipped_sum(name: str, max_norm: float) -> No
     assert (true_norms > max_norm).all() if max_norm < 1 else (true_norms < max_norm).all()
     expected = clipped_sum(grads, max_norm)
     with GhostClipper(model, max_norm=max_norm) as clipper:
-        norms = clipper.clipped_backward(per_example_lm_loss(model(**kwargs).logits, labels, causal=causal))
+        norms = clipper.clipped_backward(example_cross_entropy(model(**kwargs).logits, labels, causal=causal))
     assert rel_err(norms, true_norms) <= RTOL
     assert_grads_close(model, expected)
 
@@ -139,7 +140,7 @@ def test_book_kept_step_matches_reference_either_strategy(name: str, strategy: s
     with GhostClipper(model, max_norm=max_norm) as clipper:
         for _ in range(2):  # the first call runs the self-check; the second is the plain step
             model.zero_grad(set_to_none=True)
-            loss = per_example_lm_loss(model(**kwargs).logits, labels, causal=causal)
+            loss = example_cross_entropy(model(**kwargs).logits, labels, causal=causal)
             norms = clipper.clipped_backward(loss)
         assert clipper.verified
     assert rel_err(norms, norms_of(grads)) <= RTOL
@@ -156,7 +157,7 @@ def test_clipped_backward_accumulates_over_micro_batches() -> None:
     second = clipped_sum(reference(model, kwargs_b, labels_b, causal), max_norm)
     with GhostClipper(model, max_norm=max_norm) as clipper:
         for kwargs, labels in [(kwargs_a, labels_a), (kwargs_b, labels_b)]:
-            clipper.clipped_backward(per_example_lm_loss(model(**kwargs).logits, labels, causal=causal))
+            clipper.clipped_backward(example_cross_entropy(model(**kwargs).logits, labels, causal=causal))
     assert_grads_close(model, {n: first[n] + second[n] for n in first})
 
 
@@ -167,7 +168,7 @@ def test_frozen_parameters_are_ignored() -> None:
     grads = reference(model, kwargs, labels, causal)
     assert TIED["gemma2"][0] not in grads
     with GhostClipper(model, max_norm=1.0) as clipper:
-        norms = clipper.clipped_backward(per_example_lm_loss(model(**kwargs).logits, labels, causal=causal))
+        norms = clipper.clipped_backward(example_cross_entropy(model(**kwargs).logits, labels, causal=causal))
     assert rel_err(norms, norms_of(grads)) <= RTOL
     assert model.get_parameter(TIED["gemma2"][0]).grad is None
 
@@ -178,13 +179,14 @@ def test_broadcast_position_ids_are_refused() -> None:
     model, kwargs, labels, causal = model_and_batch("gpt2")
     del kwargs["position_ids"]
     with GhostClipper(model, max_norm=1.0) as clipper:
-        loss = per_example_lm_loss(model(**kwargs).logits, labels, causal=causal)
+        loss = example_cross_entropy(model(**kwargs).logits, labels, causal=causal)
         with pytest.raises(ValueError, match=r"transformer\.wpe.*position_ids"):
             clipper.clipped_backward(loss)
         assert all(p.grad is None for p in model.parameters())
         # An expanded (stride-0, non-contiguous) (batch, seq) view is fine.
         kwargs["position_ids"] = torch.arange(labels.shape[1]).expand(labels.shape)
-        norms = clipper.per_example_norms(per_example_lm_loss(model(**kwargs).logits, labels, causal=causal))
+        losses = example_cross_entropy(model(**kwargs).logits, labels, causal=causal)
+        norms = clipper.per_example_norms(losses)
     assert rel_err(norms, norms_of(reference_grads("gpt2"))) <= RTOL
 
 
@@ -199,7 +201,7 @@ def test_bf16_autocast_matches_reference_under_the_same_autocast() -> None:
         expected = norms_of(per_example_grads(model, kwargs, loss_fn))
         with GhostClipper(model, max_norm=1.0) as clipper:
             logits = model(**kwargs).logits
-            norms = clipper.per_example_norms(per_example_lm_loss(logits, labels, causal=causal))
+            norms = clipper.per_example_norms(example_cross_entropy(logits, labels, causal=causal))
     assert logits.dtype == torch.bfloat16
     # The reference's own per-example gradients are bf16-rounded (rel. 2^-8 per entry).
     assert rel_err(norms, expected) <= 2e-3
@@ -226,7 +228,7 @@ def test_no_per_example_tensor_has_a_vocabulary_sized_dimension(name: str) -> No
     hidden = model.get_input_embeddings().embedding_dim
     with GhostClipper(model, max_norm=1.0) as clipper:
         for _ in range(2):  # the first call runs the self-check; the second is the plain step
-            loss = per_example_lm_loss(model(**kwargs).logits, labels, causal=causal)
+            loss = example_cross_entropy(model(**kwargs).logits, labels, causal=causal)
             with Shapes():
                 clipper.clipped_backward(loss)
     assert shapes and vocab not in (batch, hidden) and labels.shape[1] not in (vocab, hidden)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from hush_hf.clipping import GhostClipper, UnsupportedLayerError, clipped_sums, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError, clipped_sums, example_cross_entropy
 from hush_hf.clipping.factors import squared_norm_of_sum, weighted_sum
 from hush_hf.clipping.registry import register_batch_fold, register_norm_rule
 from hush_hf.clipping.routed import RoutedOuterSum
@@ -140,7 +140,7 @@ def reference(model: nn.Module, ids: Tensor, clip: float) -> tuple[Tensor, dict[
     """Per-example norms and sum_i min(1, C'/||g_i||) g_i from one autograd.grad per example's loss
     (independent of hush_hf.clipping but for the per-example loss)."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    losses = per_example_lm_loss(model(input_ids=ids).logits, ids, causal=True)
+    losses = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
     grads = [
         torch.autograd.grad(loss, list(params.values()), retain_graph=True, allow_unused=True)
         for loss in losses
@@ -167,7 +167,7 @@ def test_default_grouped_mm_experts_match_per_example_autograd_in_float32(name):
     norms, expected = reference(model, ids, clip)
     assert (norms > clip).all()
     with GhostClipper(model, clip) as clipper:
-        got = clipper.clipped_backward(per_example_lm_loss(model(input_ids=ids).logits, ids, causal=True))
+        got = clipper.clipped_backward(example_cross_entropy(model(input_ids=ids).logits, ids, causal=True))
     torch.testing.assert_close(got, norms, rtol=1e-5, atol=0)
     named = dict(model.named_parameters())
     diff = torch.cat([(named[n].grad.double() - v).flatten() for n, v in expected.items()])
@@ -230,7 +230,7 @@ def test_an_expert_weights_norm_never_forms_a_per_example_copy_of_all_experts(
     with GhostClipper(model, 1e-3) as clipper:
         shapes = []
         for _ in range(2):
-            loss = per_example_lm_loss(model(input_ids=ids).logits, ids, causal=True)
+            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
             shapes += tensor_shapes(lambda loss=loss: clipper.clipped_backward(loss))
         assert clipper.verified
     for rows, cols in ((2 * intermediate, hidden), (hidden, intermediate)):
@@ -262,7 +262,7 @@ def test_under_bf16_each_applied_per_example_gradient_stays_within_c(autocast):
         for i in range(ids.shape[0]):
             clipped_sums.discard_(list(model.parameters()))
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = per_example_lm_loss(
+                loss = example_cross_entropy(
                     model(input_ids=ids[i : i + 1]).logits, ids[i : i + 1], causal=True
                 )
             assert float(clipper.clipped_backward(loss)[0]) > clip

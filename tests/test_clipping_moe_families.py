@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hush_hf.clipping import GhostClipper, UnsupportedLayerError, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError, example_cross_entropy
 from tests.model_families import FAMILIES, PHIMOE, VOCAB
 from tests.test_clipping_moe import batch_of, reference
 from tests.test_trainer_helpers import single_thread  # noqa: F401  (autouse fixture)
@@ -30,7 +30,7 @@ def test_phimoe_sampled_routing_matches_per_example_autograd_on_the_same_draws()
     assert (norms > clip).all()
     with GhostClipper(model, clip) as clipper:
         torch.manual_seed(7)
-        got = clipper.clipped_backward(per_example_lm_loss(model(input_ids=ids).logits, ids, causal=True))
+        got = clipper.clipped_backward(example_cross_entropy(model(input_ids=ids).logits, ids, causal=True))
     torch.testing.assert_close(got, norms, rtol=1e-10, atol=0)
     named = dict(model.named_parameters())
     for name, value in expected.items():  # both clip with float32's margin (PhiMoE's softmax runs in float32)

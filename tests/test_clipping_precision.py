@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hush_hf.clipping import GhostClipper, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, example_cross_entropy
 from hush_hf.clipping.ghost import CLIP_MARGINS
 from hush_hf.clipping.graph_dtypes import graph_dtypes
 from tests.model_families import HIDDEN, VOCAB, _hf, family_named
@@ -34,7 +34,7 @@ def applied_norms(model, draws: int) -> tuple[list[float], set[torch.dtype]]:
             ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(seed))
             model.zero_grad(set_to_none=True)
             logits = model(input_ids=ids).logits
-            loss = per_example_lm_loss(logits, ids, causal=True)
+            loss = example_cross_entropy(logits, ids, causal=True)
             computed = graph_dtypes(loss)
             norm = clipper.clipped_backward(loss)
             assert float(norm[0]) > 10 * CLIP  # clipped

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import hush_hf.clipping.ghost as ghost
-from hush_hf.clipping import GhostClipper, UnsupportedLayerError, per_example_lm_loss, precision
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError, example_cross_entropy, precision
 from tests.test_clipping_engine import Zoo, zoo_batch, zoo_loss
 from tests.test_clipping_reference import lm_batch, tiny_gpt2
 
@@ -51,7 +51,7 @@ class FunctionalLinear(nn.Module):
 
 
 def lm_loss(logits: Tensor, ids: Tensor) -> Tensor:
-    return per_example_lm_loss(logits, ids, causal=True)
+    return example_cross_entropy(logits, ids, causal=True)
 
 
 IDS = torch.randint(0, 20, (3, 5), generator=torch.Generator().manual_seed(0))
@@ -242,7 +242,7 @@ def test_applied_per_example_gradient_is_within_c(autocast: bool) -> None:
             model.zero_grad()
             one = {k: v[i : i + 1] for k, v in kwargs.items()}
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = per_example_lm_loss(model(**one).logits, labels[i : i + 1], causal=True)
+                loss = example_cross_entropy(model(**one).logits, labels[i : i + 1], causal=True)
             norm = float(clipper.clipped_backward(loss)[0])
             assert norm > max_norm
             worst = max(worst, grad_norm(model) / max_norm)

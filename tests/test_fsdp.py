@@ -31,7 +31,7 @@ PRECISIONS = ("float32", "bf16", "bf16-reduce-bf16", "bf16-params")
 
 def train(model, share: slice, batch: int) -> None:
     """STEPS DP steps on ``share`` of a fixed batch: clip, noise (sum over ranks / B), AdamW."""
-    from hush_hf.clipping import GhostClipper, per_example_lm_loss
+    from hush_hf.clipping import GhostClipper, example_cross_entropy
     from hush_hf.trainer.noise import privatize_gradients_
 
     kwargs, labels = lm_batch(causal=True, batch=batch)
@@ -45,7 +45,7 @@ def train(model, share: slice, batch: int) -> None:
                 if part.stop == 0:
                     continue
                 logits = model(**{k: v[part] for k, v in kwargs.items()}).logits
-                clipper.clipped_backward(per_example_lm_loss(logits, labels[part], causal=True))
+                clipper.clipped_backward(example_cross_entropy(logits, labels[part], causal=True))
             privatize_gradients_(
                 params, noise_multiplier=SIGMA, clip_norm=CLIP, expected_batch_size=batch, dp_seed=SEED,
                 step=step,
@@ -60,7 +60,7 @@ def applied_norms(model, batch: int) -> list[float]:
     self-check on every rank at once (it runs collectives)."""
     import torch.distributed as dist
 
-    from hush_hf.clipping import GhostClipper, per_example_lm_loss
+    from hush_hf.clipping import GhostClipper, example_cross_entropy
 
     kwargs, labels = lm_batch(causal=True, batch=batch)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -68,10 +68,10 @@ def applied_norms(model, batch: int) -> list[float]:
     with GhostClipper(model, CLIP) as clipper:
         for i in range(batch):
             one = {k: v[i : i + 1] for k, v in kwargs.items()}
-            loss = per_example_lm_loss(model(**one).logits, labels[i : i + 1], causal=True)
+            loss = example_cross_entropy(model(**one).logits, labels[i : i + 1], causal=True)
             if not clipper.verified:
                 clipper.per_example_norms(loss)  # the self-check, on every rank, p.grad untouched
-                loss = per_example_lm_loss(model(**one).logits, labels[i : i + 1], causal=True)
+                loss = example_cross_entropy(model(**one).logits, labels[i : i + 1], causal=True)
             first = dist.get_rank() == 0
             norm = float(clipper.clipped_backward(loss if first else loss * 0.0)[0])
             assert norm > CLIP if first else norm == 0.0  # clipped on rank 0; 0 from the fillers

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hush_hf.clipping import GhostClipper, per_example_lm_loss
+from hush_hf.clipping import GhostClipper, example_cross_entropy
 from hush_hf.sampling import WeightedPoissonSampler
 from hush_hf.trainer.fsdp import (
     check_fsdp_plugin,
@@ -64,13 +64,13 @@ def test_a_filler_micro_batch_adds_exactly_zero(causal):
     kwargs, labels = lm_batch(causal=causal)
     with GhostClipper(model, 0.05) as clipper:
         logits = model(**{k: v[:3] for k, v in kwargs.items()}).logits
-        clipper.clipped_backward(per_example_lm_loss(logits, labels[:3], causal=causal))
+        clipper.clipped_backward(example_cross_entropy(logits, labels[:3], causal=causal))
         assert clipper.verified  # a real micro-batch ran the self-check
         before = {n: p.grad.clone() for n, p in model.named_parameters()}
         assert all(g.abs().sum() > 0 for g in before.values())
         for filler in (slice(3, 4), slice(0, 2)):  # one row, and rows another micro-batch already had
             logits = model(**{k: v[filler] for k, v in kwargs.items()}).logits
-            losses = per_example_lm_loss(logits, labels[filler], causal=causal)
+            losses = example_cross_entropy(logits, labels[filler], causal=causal)
             norms = clipper.clipped_backward(losses * 0.0)
             assert torch.equal(norms, torch.zeros_like(norms))
         for name, p in model.named_parameters():
@@ -83,7 +83,7 @@ def test_the_self_check_does_not_pass_on_a_filler():
     kwargs, labels = lm_batch(causal=True)
     with GhostClipper(model, 0.05) as clipper:
         logits = model(**kwargs).logits
-        clipper.clipped_backward(per_example_lm_loss(logits, labels, causal=True) * 0.0)
+        clipper.clipped_backward(example_cross_entropy(logits, labels, causal=True) * 0.0)
         assert not clipper.verified
 
 

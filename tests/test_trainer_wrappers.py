@@ -55,21 +55,21 @@ def test_a_model_loss_returned_in_bf16_is_checked_up_to_its_own_rounding() -> No
     """FSDP2 under bf16 mixed precision casts the model's outputs, its loss among them, to bf16 (rounding
     of up to 2^-9 relative, above the 1e-4 the float32 check allows): the first batch's check accepts the
     bf16 loss of the right scoring and still refuses the wrong one (masked scoring of a causal LM)."""
-    from hush_hf.clipping import per_example_lm_loss
+    from hush_hf.clipping import example_cross_entropy
     from hush_hf.trainer.losses import _check_against_model_loss
 
     model = BY_NAME["Llama"].build(True)
     ids = torch.randint(3, 90, (3, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = model(input_ids=ids, labels=ids)
-    losses = per_example_lm_loss(out.logits, ids, causal=True)
+    losses = example_cross_entropy(out.logits, ids, causal=True)
     counts = torch.full((3,), 8)
     rounded = out.loss.to(torch.bfloat16)
     gap = abs(float(rounded) - float(out.loss)) / float(out.loss)
     assert 1e-4 < gap < 2.0**-8  # what the bf16 cast of this loss costs
     assert _check_against_model_loss(model, rounded, losses, counts)
     assert _check_against_model_loss(model, out.loss, losses, counts)
-    wrong = per_example_lm_loss(out.logits, ids, causal=False)
+    wrong = example_cross_entropy(out.logits, ids, causal=False)
     with pytest.raises(ValueError, match="does not add up to the model's own loss"):
         _check_against_model_loss(model, rounded, wrong, torch.full((3,), 9))
 

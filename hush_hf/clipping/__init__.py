@@ -19,7 +19,7 @@ from hush_hf.clipping import (  # noqa: F401
     rules_torch,
 )
 from hush_hf.clipping.ghost import GhostClipper
-from hush_hf.clipping.loss import per_example_lm_loss
+from hush_hf.clipping.loss import example_cross_entropy
 from hush_hf.clipping.registry import (
     UnsupportedLayerError,
     register_norm_rule,
@@ -29,7 +29,7 @@ from hush_hf.clipping.registry import (
 __all__ = [
     "GhostClipper",
     "UnsupportedLayerError",
-    "per_example_lm_loss",
+    "example_cross_entropy",
     "register_norm_rule",
     "register_param_aliases",
 ]

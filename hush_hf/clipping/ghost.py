@@ -100,7 +100,7 @@ class GhostClipper(CallRecorder, SelfCheck):
     Usage, once per micro-batch::
 
         outputs = model(**batch)                      # exactly one forward, hooks record
-        loss = per_example_lm_loss(outputs.logits, batch["labels"], causal=True)
+        loss = example_cross_entropy(outputs.logits, batch["labels"], causal=True)
         norms = clipper.clipped_backward(loss)        # p.grad += sum_i min(1, C/||g_i||) g_i
 
     The model stays a plain module (class, forward and state_dict unchanged); ``remove()`` takes

@@ -12,7 +12,7 @@ _SELECT_BELOW = 0.5
 """Compute the softmax at the target positions only when at most this fraction of positions has one."""
 
 
-def per_example_lm_loss(logits: Tensor, labels: Tensor, *, causal: bool) -> Tensor:
+def example_cross_entropy(logits: Tensor, labels: Tensor, *, causal: bool) -> Tensor:
     """loss_i = (1/n_i) sum_{t: y_{i,t} != -100} -log softmax(logits_{i,t})[y_{i,t}], shape (b,).
 
     n_i is example i's number of target tokens; an example with none has loss 0 (and gradient 0).

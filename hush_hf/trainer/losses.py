@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hush_hf.clipping import per_example_lm_loss
+from hush_hf.clipping import example_cross_entropy
 from hush_hf.clipping.loss import IGNORE_INDEX
 
 PerExampleLoss = Callable[[nn.Module, dict[str, Any]], Tensor]
@@ -219,7 +219,7 @@ def _check_against_model_loss(model: nn.Module, model_loss: Any, losses: Tensor,
 
 
 def lm_per_example_loss(model: nn.Module, inputs: dict[str, Any]) -> Tensor:
-    """loss_i = mean over example i's target tokens (``per_example_lm_loss``), shape (b,).
+    """loss_i = mean over example i's target tokens (``example_cross_entropy``), shape (b,).
 
     Scored the way the model's own loss scores them (``loss_kind``). The model's own loss is a
     token-weighted batch mean, not per example, so the model is called without ``labels`` except for
@@ -238,7 +238,7 @@ def lm_per_example_loss(model: nn.Module, inputs: dict[str, Any]) -> Tensor:
     verify = _VERIFIED.get(model) != kind
     outputs = model(**inputs, labels=labels) if verify or kind == SEQ2SEQ else model(**inputs)
     logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0 if not verify else 1]
-    losses = per_example_lm_loss(logits, labels, causal=kind == CAUSAL)
+    losses = example_cross_entropy(logits, labels, causal=kind == CAUSAL)
     if verify:
         scored = labels[:, 1:] if kind == CAUSAL else labels
         model_loss = outputs["loss"] if isinstance(outputs, Mapping) else outputs[0]

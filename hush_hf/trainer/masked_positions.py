@@ -24,7 +24,7 @@ from torch import Tensor
 from transformers import BertForMaskedLM
 from transformers.modeling_outputs import MaskedLMOutput
 
-from hush_hf.clipping import per_example_lm_loss
+from hush_hf.clipping import example_cross_entropy
 from hush_hf.trainer.trainer import SecretProtectionTrainer
 
 IGNORE_INDEX = -100
@@ -100,7 +100,7 @@ def masked_positions_loss(model: torch.nn.Module, inputs: dict[str, Any]) -> Ten
     inputs = dict(inputs)
     positions, labels = labelled_positions(inputs.pop("labels"))
     logits = model(**inputs, prediction_positions=positions).logits
-    return per_example_lm_loss(logits, labels.to(logits.device), causal=False)
+    return example_cross_entropy(logits, labels.to(logits.device), causal=False)
 
 
 class MaskedPositionsTrainer(SecretProtectionTrainer):
