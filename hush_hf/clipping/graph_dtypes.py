@@ -13,15 +13,17 @@ with the parameters, and the engine's own float32 anchor leaf (``recompute.Tap``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
 
-def graph_dtypes(loss: Tensor) -> set[torch.dtype]:
-    """Floating dtypes of every tensor on the autograd graph behind ``loss`` (their gradients' dtypes)."""
-    found: set[torch.dtype] = set()
+def graph_nodes(loss: Tensor) -> Iterator[Any]:
+    """Every autograd node behind ``loss``, each once, without computing anything; a leaf
+    (``AccumulateGrad``, with a ``variable``) is yielded but not walked past. The nodes are kept until the
+    walk ends, so their Python wrappers stay the same objects while it compares them."""
     seen: set[Any] = set()
     stack = [loss.grad_fn]
     while stack:
@@ -29,11 +31,19 @@ def graph_dtypes(loss: Tensor) -> set[torch.dtype]:
         if node is None or node in seen:
             continue
         seen.add(node)
+        yield node
+        if getattr(node, "variable", None) is None:
+            stack.extend(next_node for next_node, _ in node.next_functions)
+
+
+def graph_dtypes(loss: Tensor) -> set[torch.dtype]:
+    """Floating dtypes of every tensor on the autograd graph behind ``loss`` (their gradients' dtypes)."""
+    found: set[torch.dtype] = set()
+    for node in graph_nodes(loss):
         if getattr(node, "variable", None) is not None:
             continue  # a leaf (AccumulateGrad): its dtype is the parameter's, counted with the parameters
         for meta in getattr(node, "_input_metadata", ()):
             dtype = getattr(meta, "dtype", None)
             if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
                 found.add(dtype)
-        stack.extend(next_node for next_node, _ in node.next_functions)
     return found

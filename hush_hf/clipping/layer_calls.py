@@ -22,6 +22,7 @@ from hush_hf.clipping.factors import (
     Packed,
     PerExampleGrad,
 )
+from hush_hf.clipping.graph_dtypes import graph_nodes
 from hush_hf.clipping.registry import (
     LayerRule,
     RecordedCall,
@@ -313,21 +314,12 @@ def _walk_graph(loss: Tensor) -> tuple[set[int], bool]:
     """ids of the leaf tensors that a backward pass from ``loss`` would give a gradient, and whether the
     graph holds a reentrant ``torch.utils.checkpoint`` node (a walk of the autograd graph: no
     computation). Such a node hides the layers it re-runs (their parameters are not its inputs) and
-    refuses ``autograd.grad``. Nodes are kept in ``seen`` so their Python wrappers stay the same objects
-    while the walk compares them."""
+    refuses ``autograd.grad``."""
     found: set[int] = set()
-    seen: set[Any] = set()
     reentrant = False
-    stack = [loss.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
+    for node in graph_nodes(loss):
         reentrant = reentrant or type(node).__name__ == "CheckpointFunctionBackward"
         variable = getattr(node, "variable", None)  # AccumulateGrad: a leaf
         if variable is not None:
             found.add(id(variable))
-            continue
-        stack.extend(next_node for next_node, _ in node.next_functions)
     return found, reentrant
