@@ -17,6 +17,7 @@ parent class's, or the instance's before routing), so routes call what the train
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,10 @@ def define_routes(cls: type) -> type:
             return route(self.dp, self, _ParentMethods(cls, self), *args, **kwargs)
 
         routed.__name__, routed.__qualname__, routed.__doc__ = name, f"{cls.__name__}.{name}", route.__doc__
+        signature = inspect.signature(route)  # shown as the method's own: self, then the route's arguments
+        self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        own = list(signature.parameters.values())[3:]  # past (dp, trainer, originals)
+        routed.__signature__ = signature.replace(parameters=[self_parameter, *own])  # type: ignore[attr-defined]
         return routed
 
     for name, route in ROUTES.items():
