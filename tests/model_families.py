@@ -186,6 +186,11 @@ FAMILIES: list[Family] = [
     Family("RoBERTa (MLM)", "RobertaConfig", "RobertaForMaskedLM", "masked", _hf(
         "RobertaConfig", "RobertaForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)),
         notes="positions from input_ids, counted from padding_idx + 1"),
+    Family("Nystromformer (MLM)", "NystromformerConfig", "NystromformerForMaskedLM", "masked", _hf(
+        "NystromformerConfig", "NystromformerForMaskedLM", num_landmarks=64, segment_means_seq_len=64,
+        **_BERT_LIKE), pads=False,
+        notes="default positions start at 2 (padding_idx + 1), passed per row from 2; its attention reads "
+        "padded positions, which the first-step independence check refuses"),
     Family("DeBERTa-v2 (MLM)", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked", _hf(
         "DebertaV2Config", "DebertaV2ForMaskedLM", **_BERT_LIKE), notes="absolute positions"),
     Family("DeBERTa-v2 (MLM), relative attention", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked",

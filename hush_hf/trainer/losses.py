@@ -10,7 +10,8 @@ Both follow what the model itself computes, never its class name:
   On the first batch of each model the split is checked against the model's own loss on that batch.
 - the positions: the ones the model's default forward uses. Ghost clipping needs every layer with
   trainable parameters to see the batch in dimension 0, and some models build position ids of
-  shape (1, seq) shared by the batch (GPT-2, BERT); for those the same positions are passed per row.
+  shape (1, seq) shared by the batch (GPT-2, BERT; Nystromformer's start at 2); for those the same
+  positions are passed per row.
   Models that derive positions per row themselves (RoBERTa and XLM-R from input_ids with the
   padding_idx + 1 offset, OPT from the attention mask) get nothing passed. Which case holds is
   found by running the model's default forward once (no gradient) and looking at the layers' inputs.
@@ -39,7 +40,7 @@ _LOSS_RTOL = 1e-4
 two differ only in summation order; shifted and unshifted scoring differ by far more)."""
 
 _VERIFIED: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
-_POSITIONS: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+_POSITIONS: weakref.WeakKeyDictionary[nn.Module, int | None] = weakref.WeakKeyDictionary()
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -141,9 +142,11 @@ def _probe(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[nn.Module, Te
     return seen
 
 
-def _needs_row_positions(model: nn.Module, inputs: dict[str, Any]) -> bool:
-    """Whether the model's default forward feeds shared (1, seq) positions to a trainable layer; if
-    so, checks that passing ``0..seq-1`` per row gives those layers the same inputs (else refuses)."""
+def _row_positions(model: nn.Module, inputs: dict[str, Any]) -> int | None:
+    """The first position id the model's default forward uses when it feeds shared (1, seq) positions to
+    a trainable layer (0 for GPT-2 and BERT, 2 for Nystromformer and YOSO, whose buffers start at
+    ``padding_idx + 1``), or None when it derives positions per row itself; checks that passing those
+    positions per row gives every layer the same inputs (else refuses)."""
     ids = inputs["input_ids"]
     probe = dict(inputs)
     if ids.shape[0] == 1:  # two rows, so a shared (1, seq) input shows
@@ -152,9 +155,18 @@ def _needs_row_positions(model: nn.Module, inputs: dict[str, Any]) -> bool:
     default = _probe(model, probe)
     shared = [(k, x) for k, (_, x) in enumerate(default) if x.dim() and x.shape[0] == 1]
     if not shared:
-        return False
+        return None
     length = ids.shape[1]
-    probe["position_ids"] = torch.arange(length, device=ids.device).repeat(b, 1)
+    # The default positions themselves, when a layer reads them: consecutive ids from some start.
+    starts = [
+        int(x[0, 0])
+        for _, x in shared
+        if x.dim() == 2 and not x.is_floating_point() and x.shape[1] == length and bool(
+            (x[0] - x[0, 0] == torch.arange(length, device=x.device)).all()
+        )
+    ]
+    start = starts[0] if starts else 0
+    probe["position_ids"] = start + torch.arange(length, device=ids.device).repeat(b, 1)
     passed = _probe(model, probe)
     same = len(passed) == len(default) and all(
         passed[k][0] is default[k][0]
@@ -166,10 +178,11 @@ def _needs_row_positions(model: nn.Module, inputs: dict[str, Any]) -> bool:
     if not same:
         raise ValueError(
             f"{type(unwrap_model(model)).__name__}'s default forward gives a trainable layer inputs shared "
-            "by the whole batch (shape (1, ...)) that are not positions 0..seq-1, so hush_hf cannot give "
-            "each example the same positions per row; put position_ids of shape (batch, seq) in the batch"
+            f"by the whole batch (shape (1, ...)) that are not positions {start}..{start}+seq-1, so hush_hf "
+            "cannot give each example the same positions per row; put position_ids of shape (batch, seq) in "
+            "the batch"
         )
-    return True
+    return start
 
 
 def model_inputs(model: nn.Module, batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
@@ -188,10 +201,11 @@ def model_inputs(model: nn.Module, batch: Mapping[str, Any], device: torch.devic
         if getattr(getattr(unwrap_model(model), "config", None), "is_encoder_decoder", False):
             return inputs  # decoder inputs come from the labels; no shared positions probe
         probe = {k: v for k, v in inputs.items() if k != "labels"}
-        _POSITIONS[model] = _needs_row_positions(model, probe)
-    if _POSITIONS[model]:
+        _POSITIONS[model] = _row_positions(model, probe)
+    start = _POSITIONS[model]
+    if start is not None:
         b, length = ids.shape
-        inputs["position_ids"] = torch.arange(length, device=ids.device).repeat(b, 1)
+        inputs["position_ids"] = start + torch.arange(length, device=ids.device).repeat(b, 1)
     return inputs
 
 
