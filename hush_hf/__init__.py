@@ -8,8 +8,7 @@ Public names are imported lazily so that ``import hush_hf`` stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hush_hf.lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -33,12 +32,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hush_hf' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

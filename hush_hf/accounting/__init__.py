@@ -9,8 +9,7 @@ CLI's choices, the trainer config's check) does not import scipy.signal.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hush_hf.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "ACCOUNTANTS": "accountants",
@@ -31,12 +30,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hush_hf.accounting' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"hush_hf.accounting.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -14,8 +14,7 @@ Names are imported lazily, so ``import hush_hf.audit`` loads neither torch nor m
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hush_hf.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "CanarySpace": "canaries",
@@ -53,12 +52,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hush_hf.audit' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"hush_hf.audit.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
