@@ -88,7 +88,7 @@ def example_rows(batch: Any, features: Sequence[Any], *, pad_token_id: int | Non
                 f"({', '.join(k for k in FLATTENING_METADATA if k in batch)}) that span them, so which "
                 f"tokens form which example is ambiguous; {FLATTENED_FIX}"
             )
-        return _with_inferred_mask(dict(batch), _drawn_ids(features))
+        return batch if "attention_mask" in batch else _with_inferred_mask(dict(batch), _drawn_ids(features))
     if rows > drawn:
         raise ValueError(
             f"the data collator returned {rows} rows for {drawn} drawn examples: an example split over "
@@ -192,7 +192,7 @@ def _with_inferred_mask(batch: dict[str, Any], drawn_ids: list[list[int]] | None
     are.
     """
     ids = batch["input_ids"]
-    if "attention_mask" in batch or drawn_ids is None:
+    if drawn_ids is None:
         return batch
     width = ids.shape[1]
     if all(len(t) == width for t in drawn_ids):
