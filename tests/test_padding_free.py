@@ -14,20 +14,16 @@ Written as the attacks of the issue that found them, each followed by the check 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from transformers import DataCollatorWithFlattening
 
-from hush_hf.trainer import GhostClippingCallback, SecretProtectionTrainer
 from hush_hf.trainer.example_rows import ExampleRowsCollator, example_rows
 from hush_hf.trainer.padding import right_align
+from tests.test_example_independence import train as train_run
 from tests.test_trainer_helpers import (
-    dp_config,
-    make_plan,
     pad_collate,
     parameters,
-    sgd,
     single_thread,  # noqa: F401  (autouse fixture)
     tiny_gpt2,
     token_dataset,
@@ -162,33 +158,12 @@ def right_padded(features):
 
 
 def train(data, collator, tmp_path, *, plain=False, steps=3):
+    """The DP run of tests/test_example_independence.py (noise on, fixed seed) on a float64 tiny GPT-2;
+    returns its trained weights and the logged drawn batch sizes."""
     model = tiny_gpt2(seed=0).double()
-    plan = make_plan(np.full(len(data), 0.6), steps=steps, noise_multiplier=1.0, rows=data)
-    args = dp_config(tmp_path, max_steps=steps, per_device_train_batch_size=3, per_example_clip_norm=0.5)
-    if plain:
-        from transformers import Trainer
-
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=plan.attach(data),
-            data_collator=collator,
-            optimizers=sgd(model, lr=0.1),
-        )
-        GhostClippingCallback.attach(trainer, plan, clip_norm=0.5, dp_seed=1234)
-    else:
-        trainer = SecretProtectionTrainer(
-            model=model,
-            args=args,
-            train_dataset=plan.attach(data),
-            data_collator=collator,
-            plan=plan,
-            optimizers=sgd(model, lr=0.1),
-        )
-    trainer.train()
-    return parameters(model), [
-        log["dp_batch_size"] for log in trainer.state.log_history if "dp_batch_size" in log
-    ]
+    trainer = train_run(model, data, collator, tmp_path, plain=plain, steps=steps)
+    logs = trainer.state.log_history
+    return parameters(model), [log["dp_batch_size"] for log in logs if "dp_batch_size" in log]
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["SecretProtectionTrainer", "attach"])
