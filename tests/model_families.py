@@ -199,12 +199,16 @@ FAMILIES: list[Family] = [
         ("rel_embeddings", "encoder.LayerNorm", "pos_key_proj", "pos_query_proj")),
         notes="disentangled attention; the shared relative-position table and its projections frozen "
         "(refused otherwise)"),
-    Family("MPNet (MLM)", "MPNetConfig", "MPNetForMaskedLM", "masked", _frozen(_hf(
-        "MPNetConfig", "MPNetForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)), ("relative_attention_bias",)),
-        notes="relative-position table frozen (refused otherwise: looked up once for the whole batch)"),
+    Family("MPNet (MLM)", "MPNetConfig", "MPNetForMaskedLM", "masked", _hf(
+        "MPNetConfig", "MPNetForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)),
+        notes="relative_attention_bias trained (the encoder's bias, one copy per example, gathered by "
+        "bucket)"),
     Family("T5", "T5Config", "T5ForConditionalGeneration", "seq2seq", _hf(
         "T5Config", "T5ForConditionalGeneration", **_T5),
         notes="relative_attention_bias trained (its per-example gradient gathered by bucket)"),
+    Family("UMT5", "UMT5Config", "UMT5ForConditionalGeneration", "seq2seq", _hf(
+        "UMT5Config", "UMT5ForConditionalGeneration", **_T5),
+        notes="every self-attention's own relative_attention_bias trained (gathered by bucket)"),
     Family("BART", "BartConfig", "BartForConditionalGeneration", "seq2seq", _hf(
         "BartConfig", "BartForConditionalGeneration", vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=2,
         decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
@@ -412,6 +416,8 @@ OPTIONS: list[Option] = [
     Option("`gradient_checkpointing=True`", "Gemma-2", _CHECKPOINTING),
     Option("`gradient_checkpointing=True`", "Llama + LoRA (peft)", _CHECKPOINTING),
     Option("`gradient_checkpointing=True`", "T5", _CHECKPOINTING, notes="trainable relative_attention_bias"),
+    Option("`gradient_checkpointing=True`", "UMT5", _CHECKPOINTING,
+           notes="every self-attention's trainable relative_attention_bias, handed in again when recomputed"),
     Option("`gradient_checkpointing=True`", "OPT", _CHECKPOINTING, notes="batch x sequence folded"),
     Option("`gradient_checkpointing_kwargs={'use_reentrant': True}`", "GPT-2", _REENTRANT),
     Option("`model.gradient_checkpointing_enable()`", "Llama", prepare=_enable_checkpointing),

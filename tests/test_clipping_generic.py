@@ -1,7 +1,7 @@
 """The generic torch.func path and what stays refused: layers without a rule are exact through their
 own forward (several inputs, outputs shared by the batch), randomness inside such a layer and batch
-folds nobody declared are refused; T5's batch-shared relative position bias is exact per example
-(UMT5's, computed inside every attention, is refused by name)."""
+folds nobody declared are refused; T5's batch-shared relative position bias is exact per example, and
+so is UMT5's, computed inside every self-attention from its own table."""
 
 from __future__ import annotations
 
@@ -140,14 +140,21 @@ def seq2seq_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return token.sum(1) / (labels != -100).sum(1)
 
 
-def test_t5_trainable_relative_position_bias_is_exact() -> None:
+@pytest.mark.parametrize(
+    ("cls", "config", "tables_count"),
+    [("T5ForConditionalGeneration", "T5Config", 2), ("UMT5ForConditionalGeneration", "UMT5Config", 4)],
+    ids=["T5", "UMT5"],
+)
+def test_trainable_relative_position_bias_is_exact(cls: str, config: str, tables_count: int) -> None:
     """T5's bias table is looked up with (query, key) buckets the batch shares and the (1, heads, q, k)
     bias is added to the scores of every attention of its stack; each example's table gradient is its
-    own score gradients gathered by bucket (the encoder's and the decoder's table, all layers)."""
-    model = tiny_t5()
+    own score gradients gathered by bucket (the encoder's and the decoder's table, all layers). UMT5:
+    every self-attention has its own table and computes its bias itself (``compute_bias``), which
+    returns the bias handed in for that call only."""
+    model = tiny_t5(cls, config)
     kwargs, labels = seq2seq_batch()
     tables = [n for n, _ in model.named_parameters() if "relative_attention_bias" in n]
-    assert len(tables) == 2  # encoder and decoder, trainable
+    assert len(tables) == tables_count  # trainable
     grads = per_example_grads(model, kwargs, lambda out: seq2seq_loss(out.logits, labels))
     max_norm = float(norms_of(grads).median())
     # T5's layer norm takes its variance in float32, so the clipper clips with float32's margin
@@ -157,18 +164,23 @@ def test_t5_trainable_relative_position_bias_is_exact() -> None:
         norms = clipper.clipped_backward(seq2seq_loss(model(**kwargs).logits, labels))
         assert clipper.verified
     torch.testing.assert_close(norms, norms_of(grads), rtol=1e-10, atol=0)
+    assert not [m for m in model.modules() if "compute_bias" in vars(m)]  # UMT5's handed-in bias is gone
     for name in tables:  # the tables' own share of the norm is not negligible
         assert float(norms_of({name: grads[name]}).max()) > 1e-3 * float(norms_of(grads).max())
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-8, atol=1e-14)
 
 
-def test_umt5_trainable_relative_position_bias_is_refused_with_the_alternative() -> None:
-    """UMT5 computes its bias inside every attention (no position_bias to pass in): refused, by name."""
+def test_a_handed_in_bias_is_withdrawn_when_the_call_raises() -> None:
+    """UMT5's ``compute_bias`` answers the clipper's bias during one call; if that call fails before it
+    asks (here in its query projection), the attention computes its own bias again afterwards."""
     model = tiny_t5("UMT5ForConditionalGeneration", "UMT5Config")
-    with pytest.raises(UnsupportedLayerError, match="relative_attention_bias.*freeze it"):
-        GhostClipper(model, 1.0)
-    for module in model.modules():
-        if getattr(module, "relative_attention_bias", None) is not None:
-            module.relative_attention_bias.requires_grad_(False)
-    GhostClipper(model, 1.0).remove()
+    attention = model.encoder.block[0].layer[0].SelfAttention
+    kwargs, _ = seq2seq_batch()
+    with GhostClipper(model, 1.0):
+        failing = attention.q.register_forward_hook(lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+        with pytest.raises(RuntimeError, match="boom"):
+            model(**kwargs)
+        failing.remove()
+        assert "compute_bias" not in vars(attention)
+    assert attention.compute_bias(5, 5).shape == (1, 2, 5, 5)  # its own, not the batch's (4, 2, 9, 9)

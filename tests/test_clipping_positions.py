@@ -45,13 +45,3 @@ def test_deberta_shared_attention_keys_name_the_content_projections():
     model.deberta.encoder.rel_embeddings.requires_grad_(False)
     with pytest.raises(UnsupportedLayerError, match=r"its query_proj, key_proj project.*share_att_key=True"):
         GhostClipper(model, 1.0)
-
-
-def test_mpnet_relative_table_is_refused_until_frozen():
-    model = _hf("MPNetConfig", "MPNetForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1))(True)
-    with pytest.raises(
-        UnsupportedLayerError, match=r"'mpnet\.encoder' \(MPNetEncoder\): its relative_attention_bias.*freeze"
-    ):
-        GhostClipper(model, 1.0)
-    model.mpnet.encoder.relative_attention_bias.requires_grad_(False)
-    GhostClipper(model, 1.0).remove()

@@ -37,6 +37,25 @@ from hush_hf.clipping.rules_generic import (
 )
 
 
+def _answer_once(module: nn.Module, method: str, value: Tensor) -> None:
+    """During the call about to run, ``module.<method>(...)`` returns ``value`` (its first use; later
+    uses run the class's method): an instance attribute shadows the method until it is used or the call
+    ends (a forward hook that also runs when the call raises removes it, and itself)."""
+
+    def once(*args: Any, **kwargs: Any) -> Tensor:
+        if module.__dict__.get(method) is once:
+            del module.__dict__[method]
+        return value
+
+    def clear(*_: Any) -> None:
+        if module.__dict__.get(method) is once:
+            del module.__dict__[method]
+        handle.remove()
+
+    module.__dict__[method] = once
+    handle = module.register_forward_hook(clear, always_call=True)
+
+
 class CallRecorder:
     """Forward-hook side of :class:`~hush_hf.clipping.ghost.GhostClipper` (see the module docstring)."""
 
@@ -141,6 +160,9 @@ class CallRecorder:
             x = injection.x.detach()
             params = tuple(module.get_parameter(n) for n in layer.param_names)
             self._calls.append(_Call(layer, x, x, x._version, *_output_record(value), params))
+        if injection.method:
+            _answer_once(module, injection.key, value)
+            return None
         return args, {**kwargs, injection.key: value}
 
     def _record_element(

@@ -76,11 +76,16 @@ class LayerRule:
 class Injection:
     """What an :data:`Injector` computed before a layer call: ``value`` (batch-first, one copy per
     example, e.g. an ``expand`` of a tensor the batch shares) goes into the call as keyword ``key``;
-    the rule gets ``x`` and the gradient of ``sum_i loss_i`` w.r.t. ``value`` (row i: example i's own)."""
+    the rule gets ``x`` and the gradient of ``sum_i loss_i`` w.r.t. ``value`` (row i: example i's own).
+
+    ``method``: ``key`` names a method of the layer that its forward calls once to compute the shared
+    tensor itself (UMT5's ``compute_bias``, MPNet's ``compute_position_bias``); during the call that
+    method returns ``value`` instead, and nothing is added to the call's arguments."""
 
     key: str
     x: Tensor
     value: Tensor
+    method: bool = False
 
 
 @dataclass(frozen=True)

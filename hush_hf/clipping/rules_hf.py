@@ -9,6 +9,8 @@ Registered by qualified class name, so importing this module does not import tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -19,7 +21,6 @@ from hush_hf.clipping.registry import (
     register_batch_fold,
     register_norm_rule,
     register_param_aliases,
-    register_refusal,
 )
 from hush_hf.clipping.rules_torch import (
     as_sequence,
@@ -95,7 +96,7 @@ def falcon_linear_grads(layer: nn.Linear, x: Tensor, g: Tensor) -> dict[str, Per
 register_batch_fold("transformers.models.opt.modeling_opt.OPTDecoderLayer")
 
 
-def _relative_bias_params(attention: nn.Module) -> list[str]:
+def relative_bias_params(attention: nn.Module) -> list[str]:
     bias = getattr(attention, "relative_attention_bias", None)
     return ["relative_attention_bias.weight"] if isinstance(bias, nn.Embedding) else []
 
@@ -119,21 +120,31 @@ def _t5_relative_bias(attention: nn.Module, args: tuple, kwargs: dict) -> Inject
         return None
     other = kwargs.get("key_value_states")
     key_length = hidden.shape[1] if other is None else other.shape[1]
+    bias, ids = looked_up(
+        attention.relative_attention_bias,
+        lambda: attention.compute_bias(hidden.shape[1], key_length, device=hidden.device),
+    )
+    batch = hidden.shape[0]
+    return Injection("position_bias", ids.expand(batch, *ids.shape), bias.expand(batch, *bias.shape[1:]))
+
+
+def looked_up(table: nn.Embedding, compute: Callable[[], Tensor]) -> tuple[Tensor, Tensor]:
+    """``compute()`` (a relative-position bias built from one lookup of ``table``) and the bucket ids
+    that lookup used, (q, k)."""
     buckets: list[Tensor] = []
-    handle = attention.relative_attention_bias.register_forward_hook(lambda m, a, out: buckets.append(a[0]))
+    handle = table.register_forward_hook(lambda m, a, out: buckets.append(a[0]))
     try:
-        bias = attention.compute_bias(hidden.shape[1], key_length, device=hidden.device)
+        bias = compute()
     finally:
         handle.remove()
     (ids,) = buckets
-    batch = hidden.shape[0]
-    return Injection("position_bias", ids.expand(batch, *ids.shape), bias.expand(batch, *bias.shape[1:]))
+    return bias, ids
 
 
 @register_norm_rule(
     "transformers.models.t5.modeling_t5.T5Attention",
     check=lambda attention: embedding_config_problem(attention.relative_attention_bias),
-    injects=Injector(_relative_bias_params, _t5_relative_bias),
+    injects=Injector(relative_bias_params, _t5_relative_bias),
 )
 def t5_relative_bias_grads(attention: nn.Module, buckets: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
     """T5's relative position bias: bias[h, q, k] = table[bucket(q, k), h], shared by every attention of
@@ -147,20 +158,3 @@ def t5_relative_bias_grads(attention: nn.Module, buckets: Tensor, g: Tensor) -> 
     index = buckets.reshape(b, -1, 1).expand(-1, -1, heads).long()
     grad = torch.zeros(b, table.shape[0], heads, dtype=dtype, device=g.device)
     return {"relative_attention_bias.weight": Materialized(grad.scatter_add_(1, index, per_step))}
-
-
-def umt5_relative_bias_problem(attention: nn.Module) -> str | None:
-    """UMT5 computes its relative position bias inside every attention from a (query, key) bucket matrix
-    that the whole batch shares; no per-example gradient of it is recorded (T5 and mT5 have a rule)."""
-    bias = getattr(attention, "relative_attention_bias", None)
-    if bias is None or not any(p.requires_grad for p in bias.parameters()):
-        return None
-    return (
-        "its relative_attention_bias is looked up with (query, key) position buckets shared by the whole "
-        "batch, so its per-example gradients are not recorded; freeze it before training "
-        "(`attention.relative_attention_bias.requires_grad_(False)` on every attention that has one); "
-        "the rest of the model trains with exact clipping"
-    )
-
-
-register_refusal("transformers.models.umt5.modeling_umt5.UMT5Attention", umt5_relative_bias_problem)

@@ -1,4 +1,18 @@
-"""Refusals for position tables that the whole batch shares inside a layer (read from transformers 5.24).
+"""Position tables the whole batch shares inside a layer (read from transformers 5.24): relative-position
+biases computed inside a layer (UMT5, MPNet), exact; DeBERTa's projected table, refused while trainable.
+
+UMT5: every self-attention with ``has_relative_attention_bias`` calls its own ``compute_bias(q, k)``,
+which looks a (q, k) bucket matrix up in ``relative_attention_bias`` and returns a (1, heads, q, k) bias
+that is added to that attention's scores only. MPNet: the encoder calls ``compute_position_bias(x)`` once,
+which looks its ``relative_attention_bias`` up the same way and ``expand``s the bias to (batch, heads, q, k)
+(``contiguous``), then passes it to every layer. Either way the table's lookup has no batch dimension, so
+its own call cannot record one example's gradient. Instead, before the call (``registry.Injection`` with
+``method``), the bias is computed here from the same lookup and the layer's call of that method returns
+it, batch-first (UMT5: an ``expand`` of the (1, heads, q, k) bias; MPNet: the bias as the method builds
+it): the layer computes exactly what it computes by itself, and row i of the bias's gradient is example
+i's own, summed over every layer that adds it. The table's per-example gradient is then T5's gather-sum
+by bucket (``rules_hf.t5_relative_bias_grads``). Not injected (and not recorded) when the call continues
+from cached tokens, as in generation.
 
 DeBERTa (v1 and v2) with ``relative_attention``: the encoder reads its relative-position table as a tensor
 (``rel_embeddings.weight``, then its ``LayerNorm`` when ``norm_rel_ebd`` asks), with no batch dimension, and
@@ -6,19 +20,18 @@ passes it to every layer; each attention projects it (``pos_key_proj``/``pos_que
 ``key_proj``/``query_proj`` when ``share_att_key``) as one (1, positions, d) row and ``.repeat``s the result
 over the batch. The gradient reaching those parameters from the table is summed over the examples before
 any call could record one example's part, and a per-example copy cannot be passed in instead (the
-attention's reshapes assume one row). So those parameters are refused while trainable; the attention's
-content projections train exactly when the table is not projected by them.
-
-MPNet's encoder looks its ``relative_attention_bias`` table up with a (query, key) bucket matrix that the
-whole batch shares (``compute_position_bias``), like UMT5: the table's call sees no batch dimension, so its
-per-example gradient is not recorded; refused while trainable, with the parameter to freeze.
+attention slices the table as a 2-D tensor and repeats its projection by ``batch * heads // heads``, so a
+batch-first table would be repeated once more per example). So those parameters are refused while
+trainable; the attention's content projections train exactly when the table is not projected by them.
 """
 
 from __future__ import annotations
 
-from torch import nn
+from torch import Tensor, nn
 
-from hush_hf.clipping.registry import register_refusal
+from hush_hf.clipping.registry import Injection, Injector, register_norm_rule, register_refusal
+from hush_hf.clipping.rules_hf import looked_up, relative_bias_params, t5_relative_bias_grads
+from hush_hf.clipping.rules_torch import embedding_config_problem
 
 _MODELS = "transformers.models"
 
@@ -74,15 +87,62 @@ for _module, _encoder, _attention in (
     register_refusal(f"{_MODELS}.{_module}.modeling_{_module}.{_attention}", deberta_attention_problem)
 
 
-def mpnet_relative_bias_problem(encoder: nn.Module) -> str | None:
-    """MPNet's relative-position table, looked up once for the whole batch."""
-    if not _trainable(encoder, ("relative_attention_bias",)):
+def _table_problem(layer: nn.Module) -> str | None:
+    table = getattr(layer, "relative_attention_bias", None)
+    return embedding_config_problem(table) if isinstance(table, nn.Embedding) else None
+
+
+def _hidden(args: tuple, kwargs: dict) -> Tensor | None:
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    return hidden if isinstance(hidden, Tensor) and hidden.dim() == 3 else None
+
+
+def _umt5_relative_bias(attention: nn.Module, args: tuple, kwargs: dict) -> Injection | None:
+    """UMT5's bias, computed before the attention computes it (``compute_bias(q, k)``, (1, heads, q, k)) and
+    handed to it as an ``expand`` to (batch, heads, q, k). A training forward starts from an empty cache, so
+    the attention asks for (q, k) with k = q (self-attention; UMT5's cross-attentions have no table) or the
+    encoder's length (a cross-attention given a table), from position 0; None otherwise (cached tokens)."""
+    hidden = _hidden(args, kwargs)
+    if hidden is None:
         return None
-    return (
-        "its relative_attention_bias table is looked up with (query, key) position buckets shared by the "
-        "whole batch, so its per-example gradient is not recorded; freeze it "
-        "(`model.mpnet.encoder.relative_attention_bias.requires_grad_(False)`); the rest trains exactly"
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is not None and int(cache.get_seq_length(attention.layer_idx)) != 0:
+        return None
+    other = kwargs.get("encoder_hidden_states")
+    key_length = hidden.shape[1] if other is None else other.shape[1]
+    compute = type(attention).compute_bias
+    bias, ids = looked_up(
+        attention.relative_attention_bias,
+        lambda: compute(attention, hidden.shape[1], key_length, device=hidden.device),
+    )
+    batch = hidden.shape[0]
+    return Injection(
+        "compute_bias", ids.expand(batch, *ids.shape), bias.expand(batch, *bias.shape[1:]), method=True
     )
 
 
-register_refusal(f"{_MODELS}.mpnet.modeling_mpnet.MPNetEncoder", mpnet_relative_bias_problem)
+def _mpnet_relative_bias(encoder: nn.Module, args: tuple, kwargs: dict) -> Injection | None:
+    """MPNet's bias, ``compute_position_bias(hidden_states)``: (batch, heads, q, k) already, one contiguous
+    copy per example; the encoder's own call of it returns this one."""
+    hidden = _hidden(args, kwargs)
+    if hidden is None:
+        return None
+    compute = type(encoder).compute_position_bias
+    bias, ids = looked_up(encoder.relative_attention_bias, lambda: compute(encoder, hidden))
+    batch = hidden.shape[0]
+    if tuple(bias.shape[:1]) != (batch,) or ids.dim() != 2:
+        shape = tuple(bias.shape)
+        raise ValueError(f"MPNet's position bias has shape {shape}, expected ({batch}, heads, q, k)")
+    return Injection("compute_position_bias", ids.expand(batch, *ids.shape), bias, method=True)
+
+
+register_norm_rule(
+    f"{_MODELS}.umt5.modeling_umt5.UMT5Attention",
+    check=_table_problem,
+    injects=Injector(relative_bias_params, _umt5_relative_bias),
+)(t5_relative_bias_grads)
+register_norm_rule(
+    f"{_MODELS}.mpnet.modeling_mpnet.MPNetEncoder",
+    check=_table_problem,
+    injects=Injector(relative_bias_params, _mpnet_relative_bias),
+)(t5_relative_bias_grads)
