@@ -30,6 +30,9 @@ class Family:
     ties: tuple[bool, ...] = (True, False)  # the tying settings the config allows
     notes: str = ""
     pads: bool = True  # tested with right-padded rows too (False: the model itself fails on padding)
+    reads_padding: bool = False  # a layer reads padded positions: a padded row is refused (padding_readers)
+    autograd_reference: bool = False  # the reference takes one autograd backward per example (the forward
+    # runs a custom autograd.Function that torch.func cannot differentiate)
 
 
 def _hf(config_class: str, model_class: str, **config) -> Callable[[bool], nn.Module]:
@@ -145,6 +148,8 @@ _SINK_PADDING = (
 )
 
 
+_READS_PADDING = "unpadded rows only: a padded row is refused (the layer reads padded positions)"
+
 FAMILIES: list[Family] = [
     Family("GPT-2", "GPT2Config", "GPT2LMHeadModel", "causal", _hf("GPT2Config", "GPT2LMHeadModel", **_GPT2)),
     Family("Llama", "LlamaConfig", "LlamaForCausalLM", "causal", _hf(
@@ -191,6 +196,19 @@ FAMILIES: list[Family] = [
         **_BERT_LIKE), pads=False,
         notes="default positions start at 2 (padding_idx + 1), passed per row from 2; its attention reads "
         "padded positions, which the first-step independence check refuses"),
+    Family("YOSO (MLM)", "YosoConfig", "YosoForMaskedLM", "masked", _hf(
+        "YosoConfig", "YosoForMaskedLM", **_BERT_LIKE), pads=False, reads_padding=True,
+        autograd_reference=True,
+        notes="expectation attention (a custom autograd.Function: reference by per-example autograd); "
+        + _READS_PADDING),
+    Family("ConvBERT (MLM)", "ConvBertConfig", "ConvBertForMaskedLM", "masked", _hf(
+        "ConvBertConfig", "ConvBertForMaskedLM", embedding_size=HIDDEN, conv_kernel_size=3, **_BERT_LIKE),
+        pads=False, reads_padding=True, notes="span-based dynamic convolution; " + _READS_PADDING),
+    Family("FNet (MLM)", "FNetConfig", "FNetForMaskedLM", "masked", _hf(
+        "FNetConfig", "FNetForMaskedLM", vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
+        intermediate_size=32, max_position_embeddings=64, hidden_dropout_prob=0.0, pad_token_id=0,
+        use_tpu_fourier_optimizations=False), pads=False, reads_padding=True,
+        notes="Fourier token mixing; " + _READS_PADDING),
     Family("DeBERTa-v2 (MLM)", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked", _hf(
         "DebertaV2Config", "DebertaV2ForMaskedLM", **_BERT_LIKE), notes="absolute positions"),
     Family("DeBERTa-v2 (MLM), relative attention", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked",
@@ -428,6 +446,10 @@ OPTIONS: list[Option] = [
            notes="router takes (b, T, d), returns (b * T, E)"),
     Option("`gradient_checkpointing=True`", "GPT-OSS", _CHECKPOINTING,
            notes="attention sinks (generic replay)"),
+    Option("`per_device_train_batch_size=1`", "ConvBERT (MLM)", {"per_device_train_batch_size": 1},
+           notes="padded rows: each micro-batch is cut to its one row's length"),
+    Option("`per_device_train_batch_size=1`", "YOSO (MLM)", {"per_device_train_batch_size": 1},
+           notes="padded rows: each micro-batch is cut to its one row's length"),
 ]  # fmt: skip
 
 

@@ -37,6 +37,7 @@ from transformers import Trainer
 from transformers.trainer_utils import seed_worker
 
 from hush_hf.clipping import GhostClipper, clipped_sums
+from hush_hf.clipping.padding_readers import padded_batch_problem, padding_readers
 from hush_hf.trainer import transformers_api
 from hush_hf.trainer.distributed import all_reduce_sum_, check_replicas_agree, rank_and_world_size, replicated
 from hush_hf.trainer.example_rows import ExampleRowsCollator, pad_token_id
@@ -83,6 +84,7 @@ class DPStep:
         self._source: tuple[Any, Any] | None = None  # (dataset, collator): check rows and fillers
         self._independence_checked = False
         self._told_left_padding = False
+        self._padding_readers: list[tuple[str, str, str]] = []
 
     # ------------------------------------------------------------------------- 1. draw
     def data_loader(self, trainer: Trainer, batch_sampler: Any) -> DataLoader:
@@ -122,6 +124,7 @@ class DPStep:
         self.end()
         self.sharded = is_sharded(model)
         self.clipper = GhostClipper(model, self.clip_norm)
+        self._padding_readers = padding_readers(model)  # layers a padded row is refused for
         self._independence_checked = False
         self.model, self.params, self.param_ids = model, params, {id(p) for p in params}
 
@@ -184,6 +187,9 @@ class DPStep:
     def losses(self, trainer: Trainer, micro: dict[str, Any]) -> Tensor:
         """``per_example_loss`` of one micro-batch, as the DP step computes it (shape checked: (rows,))."""
         rows = batch_size(micro)
+        problem = padded_batch_problem(self._padding_readers, micro, pad_token_id(trainer))
+        if problem is not None:
+            raise ValueError(problem)
         batch = model_inputs(self.model, micro, trainer.args.device)
         with trainer.compute_loss_context_manager():
             losses = self.per_example_loss(self.model, batch)

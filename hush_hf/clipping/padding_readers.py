@@ -1,0 +1,95 @@
+"""Layers that read padded positions (read from transformers 5.24): a padded row is refused for them.
+
+Right padding is exact for a model whose every layer keeps the padded positions out of the real ones
+(``hush_hf.trainer.padding``). These layers do not: a real token's output reads the positions after the
+row's end, so a padded row computes something else than the row alone, and how far the batch pads it
+depends on the other rows; one example's clipped gradient would then depend on the others.
+
+- FNet (``FNetBasicFourierTransform``): the Fourier transform over the sequence mixes every position,
+  padding included, into each token; the model takes no attention mask.
+- ConvBERT (``ConvBertSelfAttention``): its span-based convolution (``key_conv_attn_layer``,
+  ``conv_out_layer``) reads each token's neighbouring positions, padding included; the attention mask
+  reaches only its attention scores.
+- YOSO (``YosoSelfAttention``): its attention turns the (batch, seq) mask into ``int(1 + mask / 10000)``,
+  which is 1 for padded keys too, so every token attends to the padded positions.
+
+Each micro-batch (after its right padding is cut, ``trainer.micro_batches.trim_right_padding``) is checked
+before its forward: a row with padding left (a 0 in its ``attention_mask``; without a mask, a trailing pad
+token) is refused, naming the layer. Unpadded rows train exactly. With a mask, micro-batches of one row
+are cut to that row's length, so they train exactly too. Padding every row to one fixed length is not
+accepted: with a mask each micro-batch is cut back to its longest row, and without one (FNet) a batch
+cannot show that its width was fixed rather than its longest row's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+_READERS: dict[str, str] = {}
+_MODELS = "transformers.models"
+
+
+def register_padding_reader(target: str, reason: str) -> None:
+    """Declare that layers of class ``target`` ('module.Class') read padded positions, for ``reason``."""
+    _READERS[target] = reason
+
+
+def padding_readers(model: nn.Module) -> list[tuple[str, str, str]]:
+    """(path, class name, reason) of the first layer of each registered class in ``model``."""
+    found: dict[str, tuple[str, str, str]] = {}
+    for path, module in model.named_modules():
+        kind = type(module)
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        if name in _READERS and name not in found:
+            found[name] = (path, kind.__name__, _READERS[name])
+    return list(found.values())
+
+
+def padded_rows(batch: Mapping[str, Any], pad_token_id: int | None) -> list[int]:
+    """Rows of a micro-batch that hold padding: a 0 in their (batch, seq) ``attention_mask``; without a
+    mask, ``input_ids`` ending in ``pad_token_id``."""
+    mask = batch.get("attention_mask")
+    if isinstance(mask, Tensor) and mask.dim() == 2:
+        return (mask == 0).any(dim=1).nonzero().flatten().tolist()
+    ids = batch.get("input_ids")
+    if pad_token_id is None or not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[1] == 0:
+        return []
+    return (ids[:, -1] == pad_token_id).nonzero().flatten().tolist()
+
+
+def padded_batch_problem(
+    readers: list[tuple[str, str, str]], batch: Mapping[str, Any], pad_token_id: int | None
+) -> str | None:
+    """Why this micro-batch cannot train exactly on a model with these padding readers, or None."""
+    if not readers:
+        return None
+    rows = padded_rows(batch, pad_token_id)
+    if not rows:
+        return None
+    path, kind, reason = readers[0]
+    masked = isinstance(batch.get("attention_mask"), Tensor)
+    single = " or per_device_train_batch_size=1 (each micro-batch is then cut to its row's length)"
+    return (
+        f"layer '{path}' ({kind}) reads padded positions ({reason}): a padded row's output depends on how "
+        f"far its batch pads it (rows {rows} of this micro-batch are padded); train on rows of one length "
+        "(concatenate and chunk the texts)" + (single if masked else "")
+    )
+
+
+register_padding_reader(
+    f"{_MODELS}.fnet.modeling_fnet.FNetBasicFourierTransform",
+    "its Fourier transform over the sequence mixes every position, padding included, into each token",
+)
+register_padding_reader(
+    f"{_MODELS}.convbert.modeling_convbert.ConvBertSelfAttention",
+    "its span-based convolution reads each token's neighbouring positions, padding included (the "
+    "attention mask reaches only its attention scores)",
+)
+register_padding_reader(
+    f"{_MODELS}.yoso.modeling_yoso.YosoSelfAttention",
+    "its attention turns the mask into int(1 + mask / 10000), 1 for padded keys too, so every token "
+    "attends to the padded positions",
+)
