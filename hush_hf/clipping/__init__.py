@@ -9,6 +9,7 @@ the noise, see ``clipped_sums``). Rules for new layer types are registered with 
 # Importing the rule modules registers the built-in rules.
 from hush_hf.clipping import (  # noqa: F401
     rules_attention_sinks,
+    rules_deberta,
     rules_hf,
     rules_moe,
     rules_moe_dbrx,

@@ -1,5 +1,5 @@
 """Position tables the whole batch shares inside a layer (read from transformers 5.24): relative-position
-biases computed inside a layer (UMT5, MPNet), exact; DeBERTa's projected table, refused while trainable.
+biases computed inside a layer (UMT5, MPNet), exact (DeBERTa's projected table: ``rules_deberta``).
 
 UMT5: every self-attention with ``has_relative_attention_bias`` calls its own ``compute_bias(q, k)``,
 which looks a (q, k) bucket matrix up in ``relative_attention_bias`` and returns a (1, heads, q, k) bias
@@ -13,78 +13,17 @@ it): the layer computes exactly what it computes by itself, and row i of the bia
 i's own, summed over every layer that adds it. The table's per-example gradient is then T5's gather-sum
 by bucket (``rules_hf.t5_relative_bias_grads``). Not injected (and not recorded) when the call continues
 from cached tokens, as in generation.
-
-DeBERTa (v1 and v2) with ``relative_attention``: the encoder reads its relative-position table as a tensor
-(``rel_embeddings.weight``, then its ``LayerNorm`` when ``norm_rel_ebd`` asks), with no batch dimension, and
-passes it to every layer; each attention projects it (``pos_key_proj``/``pos_query_proj``, or its own
-``key_proj``/``query_proj`` when ``share_att_key``) as one (1, positions, d) row and ``.repeat``s the result
-over the batch. The gradient reaching those parameters from the table is summed over the examples before
-any call could record one example's part, and a per-example copy cannot be passed in instead (the
-attention slices the table as a 2-D tensor and repeats its projection by ``batch * heads // heads``, so a
-batch-first table would be repeated once more per example). So those parameters are refused while
-trainable; the attention's content projections train exactly when the table is not projected by them.
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from hush_hf.clipping.registry import Injection, Injector, register_norm_rule, register_refusal
+from hush_hf.clipping.registry import Injection, Injector, register_norm_rule
 from hush_hf.clipping.rules_hf import looked_up, relative_bias_params, t5_relative_bias_grads
 from hush_hf.clipping.rules_torch import embedding_config_problem
 
 _MODELS = "transformers.models"
-
-
-def _trainable(module: nn.Module, names: tuple[str, ...]) -> list[str]:
-    found = []
-    for name in names:
-        sub = getattr(module, name, None)
-        if isinstance(sub, nn.Module) and any(p.requires_grad for p in sub.parameters()):
-            found.append(name)
-    return found
-
-
-def deberta_table_problem(encoder: nn.Module) -> str | None:
-    """The encoder's relative-position table (and its LayerNorm) is read whole, shared by the batch."""
-    if not getattr(encoder, "relative_attention", False):
-        return None
-    normed = "layer_norm" in getattr(encoder, "norm_rel_ebd", ())
-    names = _trainable(encoder, ("rel_embeddings", "LayerNorm") if normed else ("rel_embeddings",))
-    if not names:
-        return None
-    return (
-        f"its relative-position table ({', '.join(names)}) is read as one tensor that the whole batch "
-        "shares, so its gradient is summed over the examples before any layer sees one; freeze "
-        + " and ".join(f"encoder.{n}" for n in names)
-        + " (the table then stays as pretrained)"
-    )
-
-
-def deberta_attention_problem(attention: nn.Module) -> str | None:
-    """The projections an attention applies to the shared relative-position table."""
-    if not getattr(attention, "relative_attention", False):
-        return None
-    if getattr(attention, "share_att_key", False):
-        names = _trainable(attention, ("query_proj", "key_proj"))
-    else:
-        names = _trainable(attention, ("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj"))
-    if not names:
-        return None
-    shared = " (with share_att_key=True the table goes through the content projections)"
-    return (
-        f"its {', '.join(names)} project the relative-position table that the whole batch shares (one row, "
-        "then repeated over the batch), so their gradient from it is summed over the examples; freeze "
-        f"{', '.join(names)} in every attention layer" + (shared if attention.share_att_key else "")
-    )
-
-
-for _module, _encoder, _attention in (
-    ("deberta_v2", "DebertaV2Encoder", "DisentangledSelfAttention"),
-    ("deberta", "DebertaEncoder", "DisentangledSelfAttention"),
-):
-    register_refusal(f"{_MODELS}.{_module}.modeling_{_module}.{_encoder}", deberta_table_problem)
-    register_refusal(f"{_MODELS}.{_module}.modeling_{_module}.{_attention}", deberta_attention_problem)
 
 
 def _table_problem(layer: nn.Module) -> str | None:

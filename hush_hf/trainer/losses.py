@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from hush_hf.clipping import example_cross_entropy
 from hush_hf.clipping.loss import IGNORE_INDEX
+from hush_hf.clipping.registry import rule_for
 
 PerExampleLoss = Callable[[nn.Module, dict[str, Any]], Tensor]
 
@@ -121,6 +122,22 @@ def _first_tensor_input(args: tuple, kwargs: dict) -> Tensor | None:
     return None
 
 
+def _taken_over(model: nn.Module) -> set[int]:
+    """Ids of the parameters whose calls the clipping engine does not record on their own: a layer's rule
+    covers them (``owns``, e.g. DeBERTa's table projections, replayed with their attention; ``injects``,
+    e.g. T5's relative-position table), so a shared input of their own calls is no position to pass."""
+    taken: set[int] = set()
+    for module in model.modules():
+        rule = rule_for(type(module))
+        if rule is None:
+            continue
+        if rule.owns is not None:
+            taken |= {id(p) for _, p in rule.owns(module)}
+        if rule.injects is not None:
+            taken |= {id(module.get_parameter(n)) for n in rule.injects.params(module)}
+    return taken
+
+
 def _probe(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[nn.Module, Tensor]]:
     """(layer, first tensor input) of every call of a layer holding trainable parameters, in call
     order, in one forward without gradient."""
@@ -131,7 +148,12 @@ def _probe(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[nn.Module, Te
         if x is not None:
             seen.append((module, x.detach().clone()))
 
-    owners = {id(m): m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))}
+    taken = _taken_over(model)
+    owners = {
+        id(m): m
+        for m in model.modules()
+        if any(p.requires_grad and id(p) not in taken for p in m.parameters(recurse=False))
+    }
     handles = [m.register_forward_pre_hook(record, with_kwargs=True) for m in owners.values()]
     try:
         with torch.no_grad():

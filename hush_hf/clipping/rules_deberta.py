@@ -1,0 +1,135 @@
+"""DeBERTa's (v1 and v2) disentangled attention with ``relative_attention`` (read from transformers 5.24).
+
+The encoder reads its relative-position table as one tensor (``rel_embeddings.weight``, then its
+``LayerNorm`` when ``norm_rel_ebd`` asks), with no batch dimension, and passes it to every layer as
+``rel_embeddings``; each attention projects it (v2: ``pos_key_proj``/``pos_query_proj``, or its own
+``key_proj``/``query_proj`` when ``share_att_key``; v1: ``pos_proj``/``pos_q_proj``) as one (1, positions, d)
+row and ``.repeat``s the result over the batch.
+
+The projections are exact: whatever reaches them from the table does so inside this attention's call, so
+example i's gradient of them is d/dtheta <attention(x_i, table; theta)[0], g_i>, with g_i example i's
+gradient of the call's output. The attention is replayed one example at a time with torch.func
+(``rules_generic.generic_grads``), the table held as it is (never split per example, even when its
+length equals the batch size), differentiated w.r.t. those projections (under ``share_att_key`` also
+w.r.t. their use on the content, which happens in the same call) and the attention's own parameters (v1:
+``q_bias``, ``v_bias``). A dropout with p > 0 inside the attention is refused (a replay draws other masks).
+
+The table itself (``rel_embeddings`` and its ``LayerNorm``) stays refused while trainable: its gradient
+reaches it through every layer's call from a tensor the batch shares, summed over the examples before any
+call could record one example's part, and a per-example copy cannot be handed in (the attention slices the
+table as a 2-D tensor and repeats its projection by ``batch * heads // heads``, so a batch-first table
+would be repeated once more per example).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from hush_hf.clipping.factors import PerExampleGrad
+from hush_hf.clipping.registry import RecordedCall, register_norm_rule, register_refusal
+from hush_hf.clipping.rules_generic import generic_grads, own_trainable, random_submodule
+
+_MODELS = "transformers.models"
+_PROJECTIONS = ("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj")
+
+
+def _trainable(module: nn.Module, names: tuple[str, ...]) -> list[str]:
+    found = []
+    for name in names:
+        sub = getattr(module, name, None)
+        if isinstance(sub, nn.Module) and any(p.requires_grad for p in sub.parameters()):
+            found.append(name)
+    return found
+
+
+def deberta_table_problem(encoder: nn.Module) -> str | None:
+    """The encoder's relative-position table (and its LayerNorm) is read whole, shared by the batch."""
+    if not getattr(encoder, "relative_attention", False):
+        return None
+    normed = "layer_norm" in getattr(encoder, "norm_rel_ebd", ())
+    names = _trainable(encoder, ("rel_embeddings", "LayerNorm") if normed else ("rel_embeddings",))
+    if not names:
+        return None
+    return (
+        f"its relative-position table ({', '.join(names)}) is read as one tensor that the whole batch "
+        "shares, so its gradient is summed over the examples before any layer sees one; freeze "
+        + " and ".join(f"encoder.{n}" for n in names)
+        + " (the table then stays as pretrained)"
+    )
+
+
+def _table_projections(attention: nn.Module) -> tuple[str, ...]:
+    """The submodules that project the relative-position table inside this attention."""
+    if not getattr(attention, "relative_attention", False):
+        return ()
+    return ("query_proj", "key_proj") if getattr(attention, "share_att_key", False) else _PROJECTIONS
+
+
+def deberta_attention_params(attention: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """What the replay differentiates: the attention's own trainable parameters and those of the
+    projections it applies to the table (dotted names)."""
+    owned = own_trainable(attention)
+    for name in _trainable(attention, _table_projections(attention)):
+        sub = getattr(attention, name)
+        owned += [(f"{name}.{n}", p) for n, p in sub.named_parameters() if p.requires_grad]
+    return owned
+
+
+def deberta_attention_problem(attention: nn.Module) -> str | None:
+    """A dropout inside the replayed attention."""
+    random = random_submodule(attention)
+    if random is None:
+        return None
+    names = [n.split(".")[0] for n, _ in deberta_attention_params(attention)]
+    return (
+        f"its {', '.join(dict.fromkeys(names))} are differentiated by replaying the attention one example at "
+        f"a time, which cannot reproduce its dropout ('{random}', p > 0); set attention_probs_dropout_prob "
+        "and hidden_dropout_prob to 0, or freeze those parameters in every attention layer"
+    )
+
+
+class _TableHeld(nn.Module):
+    """``attention(...)[0]`` with ``rel_embeddings`` held fixed, owning the replayed parameters under
+    flat names (the same Parameter objects; the attention is held outside the module tree)."""
+
+    def __init__(self, attention: nn.Module, table: Tensor | None, has_table: bool) -> None:
+        super().__init__()
+        object.__setattr__(self, "attention", attention)
+        object.__setattr__(self, "table", table)
+        self.has_table = has_table
+        self.dotted: dict[str, str] = {}
+        for name, p in deberta_attention_params(attention):
+            flat = name.replace(".", "__")
+            self.register_parameter(flat, p)
+            self.dotted[flat] = name
+
+    def forward(self, *args: object, **kwargs: object) -> Tensor:
+        theta = {dotted: getattr(self, flat) for flat, dotted in self.dotted.items()}
+        if self.has_table:
+            kwargs = {**kwargs, "rel_embeddings": self.table}
+        return functional_call(self.attention, theta, args, kwargs)[0]
+
+
+def deberta_attention_grads(attention: nn.Module, call: RecordedCall, g: Tensor) -> dict[str, PerExampleGrad]:
+    """Example i's gradient of the replayed parameters: the generic replay of output 0, table held."""
+    kwargs = dict(call.kwargs)
+    has_table = "rel_embeddings" in kwargs
+    table = kwargs.pop("rel_embeddings", None)
+    held = _TableHeld(attention, table, has_table)
+    grads = generic_grads(held, replace(call, kwargs=kwargs), g)
+    return {held.dotted[flat]: grad for flat, grad in grads.items()}
+
+
+for _module, _encoder in (("deberta_v2", "DebertaV2Encoder"), ("deberta", "DebertaEncoder")):
+    register_refusal(f"{_MODELS}.{_module}.modeling_{_module}.{_encoder}", deberta_table_problem)
+register_norm_rule(
+    f"{_MODELS}.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention",
+    f"{_MODELS}.deberta.modeling_deberta.DisentangledSelfAttention",
+    check=deberta_attention_problem,
+    records_call=True,
+    output_index=0,
+    owns=deberta_attention_params,
+)(deberta_attention_grads)
