@@ -195,9 +195,8 @@ FAMILIES: list[Family] = [
         notes="positions from input_ids, counted from padding_idx + 1"),
     Family("Nystromformer (MLM)", "NystromformerConfig", "NystromformerForMaskedLM", "masked", _hf(
         "NystromformerConfig", "NystromformerForMaskedLM", num_landmarks=64, segment_means_seq_len=64,
-        **_BERT_LIKE), pads=False,
-        notes="default positions start at 2 (padding_idx + 1), passed per row from 2; its attention reads "
-        "padded positions, which the first-step independence check refuses"),
+        **_BERT_LIKE), pads=False, reads_padding=True,
+        notes="default positions start at 2 (padding_idx + 1), passed per row from 2; " + _READS_PADDING),
     Family("YOSO (MLM)", "YosoConfig", "YosoForMaskedLM", "masked", _hf(
         "YosoConfig", "YosoForMaskedLM", **_BERT_LIKE), pads=False, reads_padding=True,
         autograd_reference=True,

@@ -23,8 +23,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given", "ignore:nois
          "Fourier transform over the sequence mixes every position"),
         ("YOSO (MLM)", r"yoso\.encoder\.layer\.0\.attention\.self' \(YosoSelfAttention\)",
          r"int\(1 \+ mask / 10000\), 1 for padded keys too"),
+        ("Nystromformer (MLM)",
+         r"nystromformer\.encoder\.layer\.0\.attention\.self' \(NystromformerSelfAttention\)",
+         r"depthwise convolution over the values \(conv_kernel_size=65\)"),
     ],
-    ids=["ConvBERT", "FNet", "YOSO"],
+    ids=["ConvBERT", "FNet", "YOSO", "Nystromformer"],
 )  # fmt: skip
 def test_a_padded_row_is_refused_naming_the_layer(tmp_path, family: str, layer: str, reason: str):
     base = family_named(family)
@@ -39,3 +42,15 @@ def test_padded_rows_are_told_by_the_mask_or_else_by_a_trailing_pad_token():
     assert padded_rows({"input_ids": ids}, 0) == [1, 2]
     assert padded_rows({"input_ids": ids}, None) == []
     assert padded_rows({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, 0) == []
+
+
+def test_nystromformer_landmarks_are_named_too():
+    """Fewer landmarks than positions: the landmarks (unmasked segment means) read padding as well."""
+    from hush_hf.clipping.padding_readers import padding_readers
+    from tests.model_families import _BERT_LIKE, _hf
+
+    model = _hf("NystromformerConfig", "NystromformerForMaskedLM", num_landmarks=8, segment_means_seq_len=64,
+                **_BERT_LIKE)(True)  # fmt: skip
+    ((path, kind, reason),) = padding_readers(model)
+    assert (path, kind) == ("nystromformer.encoder.layer.0.attention.self", "NystromformerSelfAttention")
+    assert "conv_kernel_size=65" in reason and "landmarks are unmasked means" in reason
