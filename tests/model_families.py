@@ -462,8 +462,8 @@ OPTIONS: list[Option] = [
     Option("`per_device_train_batch_size=1`", "YOSO (MLM)", {"per_device_train_batch_size": 1},
            notes="padded rows: each micro-batch is cut to its one row's length"),
     Option("`per_device_train_batch_size=1`", "FNet (MLM)", {"per_device_train_batch_size": 1},
-           notes="padded rows (no mask from the collator: inferred from the drawn rows), each micro-batch cut "
-           "to its one row's length"),
+           notes="padded rows (no mask from the collator: inferred from the drawn rows), each micro-batch "
+           "cut to its one row's length"),
     Option("`per_device_train_batch_size=1`", "Nystromformer (MLM)", {"per_device_train_batch_size": 1},
            notes="padded rows: each micro-batch is cut to its one row's length"),
 ]  # fmt: skip
