@@ -131,10 +131,10 @@ def _taken_over(model: nn.Module) -> set[int]:
         rule = rule_for(type(module))
         if rule is None:
             continue
-        if rule.owns is not None:
-            taken |= {id(p) for _, p in rule.owns(module)}
-        if rule.injects is not None:
-            taken |= {id(module.get_parameter(n)) for n in rule.injects.params(module)}
+        names = [n for n, _ in rule.owns(module)] if rule.owns is not None else []
+        names += rule.injects.params(module) if rule.injects is not None else []
+        # (a submodule's parameter, dotted; the layer's own stay probed with the layer)
+        taken |= {id(module.get_parameter(n)) for n in names if "." in n}
     return taken
 
 
