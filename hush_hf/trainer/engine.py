@@ -187,9 +187,10 @@ class DPStep:
     def losses(self, trainer: Trainer, micro: dict[str, Any]) -> Tensor:
         """``per_example_loss`` of one micro-batch, as the DP step computes it (shape checked: (rows,))."""
         rows = batch_size(micro)
-        problem = padded_batch_problem(self._padding_readers, micro, pad_token_id(trainer))
-        if problem is not None:
-            raise ValueError(problem)
+        if self._padding_readers:  # a padded row is refused for these layers (clipping.padding_readers)
+            problem = padded_batch_problem(self._padding_readers, micro, pad_token_id(trainer))
+            if problem is not None:
+                raise ValueError(problem)
         batch = model_inputs(self.model, micro, trainer.args.device)
         with trainer.compute_loss_context_manager():
             losses = self.per_example_loss(self.model, batch)
