@@ -177,8 +177,12 @@ def test_a_handed_in_bias_is_withdrawn_when_the_call_raises() -> None:
     model = tiny_t5("UMT5ForConditionalGeneration", "UMT5Config")
     attention = model.encoder.block[0].layer[0].SelfAttention
     kwargs, _ = seq2seq_batch()
+
+    def fail(*_: object) -> None:
+        raise RuntimeError("boom")
+
     with GhostClipper(model, 1.0):
-        failing = attention.q.register_forward_hook(lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+        failing = attention.q.register_forward_hook(fail)
         with pytest.raises(RuntimeError, match="boom"):
             model(**kwargs)
         failing.remove()
