@@ -74,6 +74,18 @@ def padded_rows(batch: Mapping[str, Any], pad_token_id: int | None) -> list[int]
     return (ids[:, -1] == pad_token_id).nonzero().flatten().tolist()
 
 
+_SINGLE = " or per_device_train_batch_size=1 (each micro-batch is then cut to its row's length)"
+
+
+def _refusal(readers: list[tuple[str, str, str]], where: str, *, single: bool) -> str:
+    path, kind, reason = readers[0]
+    return (
+        f"layer '{path}' ({kind}) reads padded positions ({reason}): a padded row's output depends on how "
+        f"far its batch pads it ({where}); train on rows of one length (concatenate and chunk the texts)"
+        + (_SINGLE if single else "")
+    )
+
+
 def padded_batch_problem(
     readers: list[tuple[str, str, str]], batch: Mapping[str, Any], pad_token_id: int | None
 ) -> str | None:
@@ -83,14 +95,69 @@ def padded_batch_problem(
     rows = padded_rows(batch, pad_token_id)
     if not rows:
         return None
-    path, kind, reason = readers[0]
     masked = isinstance(batch.get("attention_mask"), Tensor)
-    single = " or per_device_train_batch_size=1 (each micro-batch is then cut to its row's length)"
-    return (
-        f"layer '{path}' ({kind}) reads padded positions ({reason}): a padded row's output depends on how "
-        f"far its batch pads it (rows {rows} of this micro-batch are padded); train on rows of one length "
-        "(concatenate and chunk the texts)" + (single if masked else "")
-    )
+    return _refusal(readers, f"rows {rows} of this micro-batch are padded", single=masked)
+
+
+def padded_dataset_problem(
+    readers: list[tuple[str, str, str]], dataset: Any, micro_batch_size: int
+) -> str | None:
+    """Why this dataset's rows will be padded in training on a model with these padding readers, or None.
+
+    Read before the first step on every rank alike, so that a run which would meet a padded micro-batch
+    fails before any work (and no rank is left waiting in a collective for one that raised). With
+    micro-batches of more than one row: ``input_ids`` of more than one length (a collator pads them to
+    the longest), or rows holding padding themselves (a 0 in their ``attention_mask``, e.g. tokenised with
+    ``padding="max_length"``: a micro-batch is cut back only to its longest row). Micro-batches of one row
+    are cut to the row's length. Rows without ``input_ids`` (tokenised by the collator) are left to the
+    check of each micro-batch."""
+    if not readers or micro_batch_size <= 1:
+        return None
+    lengths, padded = _row_lengths_and_padding(dataset)
+    if len(set(lengths)) > 1:
+        first = lengths[0]
+        other = next(i for i, n in enumerate(lengths) if n != first)
+        where = f"dataset rows 0 and {other} have {first} and {lengths[other]} tokens, so a batch pads them"
+        return _refusal(readers, where, single=True)
+    if padded is not None:
+        return _refusal(
+            readers, f"dataset row {padded} holds padding: a 0 in its attention_mask", single=True
+        )
+    return None
+
+
+def _row_lengths_and_padding(dataset: Any) -> tuple[list[int], int | None]:
+    """The ``input_ids`` length of each row ([] without them) and the first row whose ``attention_mask``
+    holds a 0 (None if none). A ``datasets.Dataset`` is read column-wise through Arrow, without building
+    Python rows; other map-style datasets row by row."""
+    try:
+        import datasets
+        import pyarrow.compute as pc
+    except ImportError:  # pragma: no cover - datasets is a core dependency
+        datasets = None
+    if datasets is not None and isinstance(dataset, datasets.Dataset):
+        columns = dataset.with_format("arrow")  # column reads then respect select/shuffle views
+        names = dataset.column_names
+        lengths = pc.list_value_length(columns["input_ids"]).to_pylist() if "input_ids" in names else []
+        padded = None
+        if "attention_mask" in names:
+            mask = columns["attention_mask"]
+            mask = mask.combine_chunks() if hasattr(mask, "combine_chunks") else mask  # row indices 0..n-1
+            zeros = pc.equal(pc.list_flatten(mask), 0)
+            if pc.any(zeros).as_py():
+                padded = int(pc.min(pc.filter(pc.list_parent_indices(mask), zeros)).as_py())
+        return lengths, padded
+    lengths, padded = [], None
+    for i in range(len(dataset)):
+        row = dataset[i]
+        if not isinstance(row, Mapping):
+            return [], None
+        ids, mask = row.get("input_ids"), row.get("attention_mask")
+        if ids is not None and hasattr(ids, "__len__"):
+            lengths.append(len(ids))
+        if padded is None and mask is not None and 0 in [int(v) for v in mask]:
+            padded = i
+    return (lengths if len(lengths) == len(dataset) else []), padded
 
 
 register_padding_reader(

@@ -37,7 +37,7 @@ from transformers import Trainer
 from transformers.trainer_utils import seed_worker
 
 from hush_hf.clipping import GhostClipper, clipped_sums
-from hush_hf.clipping.padding_readers import padded_batch_problem, padding_readers
+from hush_hf.clipping.padding_readers import padded_batch_problem, padded_dataset_problem, padding_readers
 from hush_hf.trainer import transformers_api
 from hush_hf.trainer.distributed import all_reduce_sum_, check_replicas_agree, rank_and_world_size, replicated
 from hush_hf.trainer.example_rows import ExampleRowsCollator, pad_token_id
@@ -151,6 +151,7 @@ class DPStep:
         clipped_sums.discard_(self.params)  # only this step's clipped sum may reach the optimizer
         self.clipper.reset()
         if not self._independence_checked:
+            self._check_padding_readers(trainer)
             self._check_independence(trainer)
             self._independence_checked = True
         inputs = self._right_aligned({k: v for k, v in inputs.items() if not is_plan_column(k)})
@@ -276,6 +277,16 @@ class DPStep:
         if self._source is None:
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
         return split_micro_batches(self._collated([self._source[0][0]]), 1)[0]
+
+    def _check_padding_readers(self, trainer: Trainer) -> None:
+        """ValueError before any forward when the dataset's rows will be padded in training and the model
+        has a layer that reads padded positions (clipping.padding_readers); every rank reads the same
+        dataset, so every rank raises alike. Each micro-batch is checked again before its forward."""
+        if self._padding_readers and self._source is not None:
+            size = trainer.args.per_device_train_batch_size
+            problem = padded_dataset_problem(self._padding_readers, self._source[0], size)
+            if problem is not None:
+                raise ValueError(problem)
 
     def _check_independence(self, trainer: Trainer) -> None:
         """ValueError unless each check row's per-example loss is the same inside a batch and alone.
