@@ -10,18 +10,23 @@ gradient and the input of that expert's product; see ``rules_moe``). Example i's
 so ``||G_i||^2 = sum_e ||G_i[e]||^2`` and, for two uses of W, ``<G_i, H_i> = sum_e <G_i[e], H_i[e]>``.
 Each (example, expert) block is taken like one weight of ``factors`` (mixed ghost clipping, Bu et al.
 2023): from the Gram matrices of its pairs, ``sum_{p, q} <row_p, row_q><col_p, col_q>``, or from the
-block G_i[e] formed, whichever ``factors.norm_strategy``'s rule picks for that expert (formed only when
-the (rows x cols) block is no larger than the pairs' factors it stands for). The norm is taken one
-expert at a time, so at most one expert's per-example blocks, (b, rows, cols), exist at once: never a
-per-example copy of all experts, (b, E, rows, cols). The clipped sum ``sum_i c_i G_i`` is, per expert,
-one (rows x |P_e|) @ (|P_e| x cols) product with c_i folded into the pairs (book-keeping, Bu et al.
-2023): the work of that expert's ordinary weight gradient.
+block G_i[e] formed, whichever ``factors.norm_strategy``'s rule picks for that (example, expert) group
+(formed only when the (rows x cols) block is no larger than the group's factors it stands for). Blocks
+are formed one at a time: never a per-example copy, (b, rows, cols), let alone one of all experts,
+(b, E, rows, cols). The Gram matrices are batched by size: the groups of (W/2, W] pairs, W a power of
+two, padded to W and taken in one product, so the work is at most 4x the groups' own whatever the
+routing (padding every example to the busiest example of an expert cost up to b x that busiest
+group's, e.g. a randomly initialised Mixtral sending 127 of an example's 128 tokens to one expert). The
+pairs are kept in (expert, example) order (``pair_groups``: the rules build them so; others are sorted
+once), every group a contiguous run. The clipped sum ``sum_i c_i G_i`` is, per expert, one
+(rows x |P_e|) @ (|P_e| x cols) product with c_i folded into the pairs (book-keeping, Bu et al. 2023):
+the work of that expert's ordinary weight gradient.
 
 Measured (tests/test_clipping_moe.py, a dispatch mode recording every tensor of a clipped backward): a
 Mixtral layer of 5 experts (72 x 20 up, 20 x 36 down), top-2, 3 examples of 11 tokens: a block pays
 from 15.7 (down: 12.9) pairs of one example on one expert and an example sends at most 11, so only Gram
-matrices appear, no (3, 72, 20) block; with 70 tokens and 20 x 8 / 8 x 10 experts blocks are formed,
-(3, 20, 8), one expert at a time. In neither case does any tensor of 3 x 5 x rows x cols entries appear.
+matrices appear, no (72, 20) block is squared; with 70 tokens and 20 x 8 / 8 x 10 experts blocks are
+formed, (20, 8), one at a time. In neither case does a (3, rows, cols) tensor appear.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from torch.distributed.tensor import DTensor
 
 from hush_hf.clipping.factors import DenseFactor, OuterSum, PerExampleGrad
 from hush_hf.clipping.registry import RecordedCall, register_batch_fold, register_norm_rule, register_refusal
-from hush_hf.clipping.routed import RoutedOuterSum, pair_groups
+from hush_hf.clipping.routed import PairGroups, RoutedOuterSum, pair_groups
 from hush_hf.clipping.rules_generic import generic_grads, generic_problem, own_trainable
 from hush_hf.clipping.rules_torch import as_sequence, bias_grad, linear_grads
 
@@ -182,6 +182,29 @@ def _grouped(
     return torch.cat(parts) if parts else x.new_zeros(0, width)
 
 
+def routed_pairs(
+    index: Tensor, weights: Tensor, g: Tensor, batch: int, n_experts: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, PairGroups]:
+    """(token, expert, routing weight, example) of the (token, expert) pairs of a top-k call that carry
+    something (an expert index in range, a nonzero weight and output gradient: the others add exactly 0),
+    grouped by expert as the eager loop runs them and, within an expert, by example (tokens ascend), with
+    their ``PairGroups``: one device-to-host read, no boolean indexing. ``index``/``weights``: (n, k);
+    ``g``: the call's output gradient, (n, d), batch-major."""
+    tokens, top_k = index.shape
+    token = torch.arange(tokens, device=index.device).repeat_interleave(top_k)
+    expert, weight = index.reshape(-1).long(), weights.reshape(-1)
+    live = (expert < n_experts) & (weight != 0) & _nonzero(g)[token]
+    expert = torch.where(live, expert, n_experts)  # the others sort last, past every expert
+    order = torch.argsort(expert, stable=True)
+    token, expert, weight = token[order], expert[order], weight[order]
+    example = token // (tokens // batch)
+    groups = pair_groups(example, expert, batch, n_experts + 1)
+    assert groups.order is None  # grouped by construction
+    sizes = groups.sizes[: batch * n_experts]
+    kept = sum(sizes)
+    return token[:kept], expert[:kept], weight[:kept], example[:kept], PairGroups(None, sizes)
+
+
 def _call_arguments(experts: nn.Module, call: RecordedCall) -> tuple[Tensor, Tensor, Tensor]:
     """(hidden states (n, d), expert indices (n, k), routing weights (n, k)) of one experts call; the
     names differ by family (GPT-OSS: router_indices, routing_weights), the order does not."""
@@ -227,14 +250,7 @@ def topk_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
     tokens, top_k = index.shape
     if g.shape[0] != tokens:
         raise ValueError(f"{type(experts).__name__} returned {g.shape[0]} rows for {tokens} tokens")
-    token = torch.arange(tokens, device=index.device).repeat_interleave(top_k)
-    expert, weight = index.reshape(-1).long(), weights.reshape(-1)
-    live = (expert < n_experts) & (weight != 0) & _nonzero(g)[token]
-    token, expert, weight = token[live], expert[live], weight[live]
-    order = torch.argsort(expert, stable=True)  # pairs grouped by expert, as the eager loop runs them
-    token, expert, weight = token[order], expert[order], weight[order]
-    example = token // (tokens // batch)  # within an expert, tokens ascend: grouped by (expert, example)
-    groups = pair_groups(example, expert, batch, n_experts)
+    token, expert, weight, example, groups = routed_pairs(index, weights, g, batch, n_experts)
     counts = groups.expert_counts(batch)
     up_name = "gate_up_proj" if experts.has_gate else "up_proj"
     up, down = getattr(experts, up_name).detach(), experts.down_proj.detach()
