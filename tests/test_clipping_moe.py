@@ -68,9 +68,10 @@ def test_routed_norms_inner_products_and_weighted_sums_equal_the_dense_per_examp
 
 def test_routed_norms_of_groups_of_every_size_equal_the_dense_reference_in_either_pair_order():
     """(40 x 30) experts, a block pays from 17.1 pairs: (example, expert) groups of 1 to 40 pairs, so
-    Gram matrices padded to widths 1, 2, 4, 8, 16, 32 (17 pairs: padded to 32) and blocks formed (18, 40
-    pairs). The norms equal the dense reference with the pairs shuffled and with them already grouped by
-    (expert, example) (no reordering then); a non-finite pair leaves the other examples' norms exact."""
+    Gram matrices in size classes 1, 2, 3, 6, 12, 24 (5 pairs padded to 6, 9 to 12, 17 to 24) and blocks
+    formed (18, 40 pairs). The norms equal the dense reference with the pairs shuffled and with them
+    already grouped by (expert, example) (no reordering then); a non-finite pair leaves the other
+    examples' norms exact."""
     from hush_hf.clipping.routed import pair_groups
 
     batch, experts, rows, cols = 3, 4, 40, 30
@@ -90,7 +91,7 @@ def test_routed_norms_of_groups_of_every_size_equal_the_dense_reference_in_eithe
     for use in (shuffled, grouped):
         torch.testing.assert_close(squared_norm_of_sum([use]), expected, rtol=1e-12, atol=0)
     broken = grouped.row.clone()
-    # example 2's first pair (on expert 2), read as padding by example 1's 9 pairs on expert 2 (width 16)
+    # example 2's first pair (on expert 2), read as padding by example 1's 9 pairs on expert 2 (width 12)
     broken[int(torch.nonzero(grouped.example == 2)[0])] = float("nan")
     norms = squared_norm_of_sum([RoutedOuterSum(grouped.example, grouped.expert, broken, grouped.col, 3, 4)])
     assert norms[2].isnan() and torch.equal(norms[:2], squared_norm_of_sum([grouped])[:2])

@@ -12,15 +12,15 @@ Each (example, expert) block is taken like one weight of ``factors`` (mixed ghos
 2023): from the Gram matrices of its pairs, ``sum_{p, q} <row_p, row_q><col_p, col_q>``, or from the
 block G_i[e] formed, whichever ``factors.norm_strategy``'s rule picks for that (example, expert) group
 (formed only when the (rows x cols) block is no larger than the group's factors it stands for). Blocks
-are formed one at a time: never a per-example copy, (b, rows, cols), let alone one of all experts,
-(b, E, rows, cols). The Gram matrices are batched by size: the groups of (W/2, W] pairs, W a power of
-two, padded to W and taken in one product, so the work is at most 4x the groups' own whatever the
-routing (padding every example to the busiest example of an expert cost up to b x that busiest
+are formed one at a time: never a per-example copy, (b, rows, cols), let alone one of all experts, (b, E,
+rows, cols). The Gram matrices are batched by size: each group padded to its size class (a power of two
+or 3/4 of one) and each class taken in one product, so the work is at most 2.25x the groups' own whatever
+the routing (padding every example to the busiest example of an expert cost up to b x that busiest
 group's, e.g. a randomly initialised Mixtral sending 127 of an example's 128 tokens to one expert). The
 pairs are kept in (expert, example) order (``pair_groups``: the rules build them so; others are sorted
-once), every group a contiguous run. The clipped sum ``sum_i c_i G_i`` is, per expert, one
-(rows x |P_e|) @ (|P_e| x cols) product with c_i folded into the pairs (book-keeping, Bu et al. 2023):
-the work of that expert's ordinary weight gradient.
+once), every group a contiguous run. The clipped sum ``sum_i c_i G_i`` is, per expert, one (rows x |P_e|)
+@ (|P_e| x cols) product with c_i folded into the pairs (book-keeping, Bu et al. 2023): the work of that
+expert's ordinary weight gradient.
 
 Measured (tests/test_clipping_moe.py, a dispatch mode recording every tensor of a clipped backward): a
 Mixtral layer of 5 experts (72 x 20 up, 20 x 36 down), top-2, 3 examples of 11 tokens: a block pays
@@ -62,6 +62,13 @@ def pair_groups(example: Tensor, expert: Tensor, batch: int, num_experts: int) -
     counts = torch.bincount(key, minlength=batch * num_experts)
     *sizes, is_grouped = torch.cat([counts, ordered.long()[None]]).tolist()
     return PairGroups(None if is_grouped else torch.argsort(key, stable=True), sizes)
+
+
+def _padded_width(n: int) -> int:
+    """The size class a group of n >= 1 pairs is padded to: the least of 2^k and 3 * 2^(k-2) (k >= 2)
+    that is >= n, so at most 1.5 n (2.25x its Gram work), in about 2 log2(n) classes."""
+    power = 1 << (n - 1).bit_length()
+    return power * 3 // 4 if power >= 4 and n <= power * 3 // 4 else power
 
 
 @dataclass(frozen=True)
@@ -173,10 +180,11 @@ class RoutedOuterSum(ExtensionGrad):
     def _squared_norms(self) -> Tensor:
         """``||G_i||^2 = sum_e ||G_i[e]||^2``, group by group: a group of n pairs whose block is no larger
         than its factors (``factors.norm_strategy``'s rule) is formed, one at a time; the others take
-        ``sum_{p,q} <row_p, row_q><col_p, col_q>``, batched by size: groups of (W/2, W] pairs padded to W
-        (W a power of two; the padding masked out), one Gram product per W. Work: at most 4x the
+        ``sum_{p,q} <row_p, row_q><col_p, col_q>``, batched by size: each group padded to its size class W
+        (``_padded_width``; the padding masked out), one Gram product per W. Work: at most 2.25x the
         unpadded Gram matrices', whatever the routing (an expert most of one example's tokens go to
-        pads nothing else), in one product per size class instead of one per expert."""
+        pads nothing else), in one product per size class instead of one per expert. Summed with
+        ``torch.sum`` (pairwise), not as a batched dot (whose float32 sum is sequential)."""
         groups, example, row, col = self._grouped
         dtype = compute_dtype(self.row, self.col)
         device = self.row.device
@@ -193,7 +201,7 @@ class RoutedOuterSum(ExtensionGrad):
                 block = r.T @ col[starts[g] : starts[g] + n].to(dtype)
                 total[g % self.batch] += block.pow(2).sum()
             else:
-                by_width.setdefault(1 << (n - 1).bit_length(), []).append(g)
+                by_width.setdefault(_padded_width(n), []).append(g)
         for width, members in sorted(by_width.items()):
             first = torch.tensor([starts[g] for g in members], device=device)
             size = torch.tensor([groups.sizes[g] for g in members], device=device)
