@@ -2,17 +2,19 @@
 
     .venv/bin/python bench/step_overhead.py [--quick] [--models bert-tiny gpt2 gemma2-small llama-small ...]
                                             [--seqs 128 256] [--batch 32] [--steps 3] [--bf16]
-                                            [--compare checkpointing]
+                                            [--compare checkpointing] [--gradient-checkpointing]
+                                            [--rounds 1]
 
 For each model and sequence length, two fresh processes train the same model on the same random
 batch of ``--batch`` sequences: a plain ``transformers.Trainer`` (batch-mean loss, one backward,
 default batch clipping) and a ``SecretProtectionTrainer`` whose plan samples every example
 (rho = 1, B = batch, one micro-batch of the same size; ghost clipping, all-reduce, noise). Reported:
 median seconds per optimizer step after ``--warmup`` steps (timed between ``on_step_begin`` and
-``on_step_end``, i.e. forward, backward(s), noise and the optimizer) and peak memory during the
-timed steps (CUDA: ``max_memory_allocated``; CPU: peak resident set size of the process, sampled
-every 2 ms, which includes the ~0.5 GB of the Python/torch runtime and dilutes the ratio). Targets on a
-GPU for GPT-2 small at batch >= 32: time ratio <= 1.3, memory ratio <= 1.1.
+``on_step_end``, i.e. forward, backward(s), noise and the optimizer), as wall time and as the
+process's CPU time (all threads; on a shared CPU less disturbed by other processes than wall time),
+and peak memory during the timed steps (CUDA: ``max_memory_allocated``; CPU: peak resident set
+size of the process, sampled every 2 ms, which includes the ~0.5 GB of the Python/torch runtime and
+dilutes the ratio). Targets on a GPU for GPT-2 small at batch >= 32: time ratio <= 1.3, memory ratio <= 1.1.
 
 ``--quick`` (CPU smoke run): sequence 128 only, batch 8, 2 timed steps.
 
@@ -20,6 +22,12 @@ GPU for GPT-2 small at batch >= 32: time ratio <= 1.3, memory ratio <= 1.1.
 ``gradient_checkpointing=True`` (transformers' default, non-reentrant; the clipping engine then takes
 two backward passes, each recomputing the checkpointed layers), instead of plain against DP: what
 checkpointing saves in peak memory and costs in time under per-example clipping.
+
+``--gradient-checkpointing``: both contenders train with ``gradient_checkpointing=True`` (with
+``--compare plain``: the plain Trainer with checkpointing against the DP step with checkpointing).
+
+``--rounds N``: N rounds, the two contenders alternating (base, other, base, other, ...), each round's
+ratios printed, then their medians: on a shared machine load drifts, and interleaving spreads it over both.
 """
 
 from __future__ import annotations
@@ -37,11 +45,12 @@ import time
 import warnings
 from pathlib import Path
 
-MODELS = ("bert-tiny", "gpt2", "gemma2-small", "llama-small", "llama-small-lora")
+MODELS = ("bert-tiny", "gpt2", "gemma2-small", "llama-small", "llama-small-lora", "mixtral-small")
 
 
 def build_model(name: str, seq: int):
-    """BERT-Tiny (L=2, H=128) MLM, GPT-2 small (124M), a small Gemma-2 (eager attention); random init."""
+    """BERT-Tiny (L=2, H=128) MLM, GPT-2 small (124M), a small Gemma-2 (eager attention), small Llama and
+    Mixtral (eager attention); random init."""
     from transformers import (
         BertConfig,
         BertForMaskedLM,
@@ -95,6 +104,23 @@ def build_model(name: str, seq: int):
 
             model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
         return model, True
+    if name == "mixtral-small":
+        # Mixtral-style, 4 layers x 256, 8 experts (256 -> 512 -> 256, gated), top-2, vocab 4096.
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        config = MixtralConfig(
+            vocab_size=4096,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=512,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            max_position_embeddings=max(1024, seq),
+            attn_implementation="eager",
+        )
+        return MixtralForCausalLM(config), True
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
 
 
@@ -143,9 +169,11 @@ class PeakRss:
         self._thread.join()
 
 
-def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode: str, bf16: bool) -> dict:
-    """Seconds per step and peak memory of ``mode`` ('plain', 'dp' or 'dp-checkpointing'), in this
-    (fresh) process."""
+def measure(
+    model_name: str, seq: int, batch: int, steps: int, warmup: int, mode: str, bf16: bool, checkpointing: bool
+) -> dict:
+    """Seconds per step (wall and process CPU time) and peak memory of ``mode`` ('plain', 'dp' or
+    'dp-checkpointing'; ``checkpointing``: gradient checkpointing in either mode), in this (fresh) process."""
     import numpy as np
     import scipy.sparse as sp
     import torch
@@ -171,8 +199,10 @@ def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode
         use_cpu=not cuda,
         dataloader_pin_memory=False,
         learning_rate=1e-4,
+        gradient_checkpointing=checkpointing or mode == "dp-checkpointing",
     )
     times: list[float] = []
+    cpu_times: list[float] = []
     rss = PeakRss() if not cuda else None
 
     class StepClock(TrainerCallback):
@@ -184,13 +214,14 @@ def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode
                     torch.cuda.reset_peak_memory_stats()
                 else:
                     rss.__enter__()
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
             if cuda:
                 torch.cuda.synchronize()
             if state.global_step > warmup:
                 times.append(time.perf_counter() - self.start)
+                cpu_times.append(time.process_time() - self.cpu_start)
 
     if mode == "plain":
         trainer = Trainer(
@@ -220,13 +251,11 @@ def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode
                 bound=np.array([5e-3]),
             ),
             memberships=sp.csr_matrix(([1.0], [0], [0, 1]), shape=(1, batch)),
-        )
+        ).bound_to(dataset)
         trainer = SecretProtectionTrainer(
             model=model,
             # The step's cost does not depend on the guarantee: sigma is set, not certified.
-            args=SecretProtectionConfig(
-                **common, noise_multiplier=1.0, gradient_checkpointing=mode == "dp-checkpointing"
-            ),
+            args=SecretProtectionConfig(**common, noise_multiplier=1.0),
             train_dataset=plan.attach(dataset),  # rows are verified against the plan
             data_collator=collate,
             plan=plan,
@@ -241,6 +270,7 @@ def measure(model_name: str, seq: int, batch: int, steps: int, warmup: int, mode
         peak = rss.peak
     return {
         "seconds": statistics.median(times),
+        "cpu_seconds": statistics.median(cpu_times),
         "peak_bytes": int(peak),
         "device": torch.cuda.get_device_name() if cuda else f"cpu x{torch.get_num_threads()} threads",
     }
@@ -257,6 +287,7 @@ def run_isolated(model: str, seq: int, args: argparse.Namespace, mode: str) -> d
             "warmup": args.warmup,
             "mode": mode,
             "bf16": args.bf16,
+            "checkpointing": args.gradient_checkpointing,
         }
     )
     path = os.pathsep.join(
@@ -288,6 +319,12 @@ def main() -> None:
         default="plain",
         help="plain: plain Trainer vs DP (default); checkpointing: DP vs DP with gradient checkpointing",
     )
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="gradient checkpointing for both contenders (with --compare plain: plain+ckpt vs DP+ckpt)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per model and length")
     parser.add_argument("--_measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._measure:
@@ -303,6 +340,7 @@ def main() -> None:
                     spec["warmup"],
                     spec["mode"],
                     spec["bf16"],
+                    spec["checkpointing"],
                 )
             )
         )
@@ -310,26 +348,42 @@ def main() -> None:
     if args.quick:
         args.seqs, args.batch, args.steps = [128], 8, 2
 
+    if args.gradient_checkpointing and args.compare == "checkpointing":
+        parser.error("--gradient-checkpointing goes with --compare plain (checkpointing on both sides)")
     base, other = ("plain", "dp") if args.compare == "plain" else ("dp", "dp-checkpointing")
-    print(f"batch {args.batch}, {args.steps} timed steps after {args.warmup} warm-up; bf16={args.bf16}")
+    print(
+        f"batch {args.batch}, {args.steps} timed steps after {args.warmup} warm-up; bf16={args.bf16}; "
+        f"gradient checkpointing on both: {args.gradient_checkpointing}; {args.rounds} round(s)"
+    )
     print(f"{base} against {other}")
     header = (
-        f"{'model':<13} {'seq':>4} {'base s/step':>12} {'other s/step':>12} {'time x':>7} "
-        f"{'base peak MB':>13} {'other peak MB':>13} {'memory x':>8}"
+        f"{'model':<13} {'seq':>4} {'round':>5} {'base s/step':>12} {'other s/step':>12} {'time x':>7} "
+        f"{'cpu time x':>10} {'base peak MB':>13} {'other peak MB':>13} {'memory x':>8}"
     )
     print(header)
     device = None
     for model in args.models:
         for seq in args.seqs:
-            first = run_isolated(model, seq, args, base)
-            second = run_isolated(model, seq, args, other)
-            device = first["device"]
-            print(
-                f"{model:<13} {seq:>4} {first['seconds']:>12.4f} {second['seconds']:>12.4f} "
-                f"{second['seconds'] / first['seconds']:>7.2f} {first['peak_bytes'] / 2**20:>13.0f} "
-                f"{second['peak_bytes'] / 2**20:>13.0f} {second['peak_bytes'] / first['peak_bytes']:>8.2f}",
-                flush=True,
-            )
+            wall, cpu = [], []
+            for round_ in range(1, args.rounds + 1):
+                first = run_isolated(model, seq, args, base)
+                second = run_isolated(model, seq, args, other)
+                device = first["device"]
+                wall.append(second["seconds"] / first["seconds"])
+                cpu.append(second["cpu_seconds"] / first["cpu_seconds"])
+                print(
+                    f"{model:<13} {seq:>4} {round_:>5} {first['seconds']:>12.4f} {second['seconds']:>12.4f} "
+                    f"{wall[-1]:>7.2f} {cpu[-1]:>10.2f} {first['peak_bytes'] / 2**20:>13.0f} "
+                    f"{second['peak_bytes'] / 2**20:>13.0f} "
+                    f"{second['peak_bytes'] / first['peak_bytes']:>8.2f}",
+                    flush=True,
+                )
+            if args.rounds > 1:
+                print(
+                    f"{model:<13} {seq:>4} {'med':>5} {'':>12} {'':>12} {statistics.median(wall):>7.2f} "
+                    f"{statistics.median(cpu):>10.2f}",
+                    flush=True,
+                )
     print(f"device: {device}")
 
 

@@ -66,6 +66,37 @@ def test_routed_norms_inner_products_and_weighted_sums_equal_the_dense_per_examp
     torch.testing.assert_close(weighted_sum(g, weights), torch.einsum("b,berc->erc", weights, dg))
 
 
+def test_routed_norms_of_groups_of_every_size_equal_the_dense_reference_in_either_pair_order():
+    """(40 x 30) experts, a block pays from 17.1 pairs: (example, expert) groups of 1 to 40 pairs, so
+    Gram matrices in size classes 1, 2, 3, 6, 12, 24 (5 pairs padded to 6, 9 to 12, 17 to 24) and blocks
+    formed (18, 40 pairs). The norms equal the dense reference with the pairs shuffled and with them
+    already grouped by (expert, example) (no reordering then); a non-finite pair leaves the other
+    examples' norms exact."""
+    from hush_hf.clipping.routed import pair_groups
+
+    batch, experts, rows, cols = 3, 4, 40, 30
+    sizes = {(0, 0): 1, (0, 1): 2, (0, 3): 40, (1, 0): 3, (1, 1): 5, (1, 2): 9, (2, 2): 17, (2, 3): 18}
+    example = torch.tensor([i for (i, _), n in sizes.items() for _ in range(n)])
+    expert = torch.tensor([e for (_, e), n in sizes.items() for _ in range(n)])
+    g = torch.Generator().manual_seed(3)
+    row = torch.randn(len(example), rows, generator=g, dtype=torch.float64)
+    col = torch.randn(len(example), cols, generator=g, dtype=torch.float64)
+    shuffle = torch.randperm(len(example), generator=g)
+    shuffled = RoutedOuterSum(example[shuffle], expert[shuffle], row[shuffle], col[shuffle], batch, experts)
+    order = torch.argsort(expert * batch + example, stable=True)
+    grouped = RoutedOuterSum(example[order], expert[order], row[order], col[order], batch, experts)
+    assert pair_groups(grouped.example, grouped.expert, batch, experts).order is None
+    assert pair_groups(shuffled.example, shuffled.expert, batch, experts).order is not None
+    expected = dense(grouped).pow(2).sum((1, 2, 3))
+    for use in (shuffled, grouped):
+        torch.testing.assert_close(squared_norm_of_sum([use]), expected, rtol=1e-12, atol=0)
+    broken = grouped.row.clone()
+    # example 2's first pair (on expert 2), read as padding by example 1's 9 pairs on expert 2 (width 12)
+    broken[int(torch.nonzero(grouped.example == 2)[0])] = float("nan")
+    norms = squared_norm_of_sum([RoutedOuterSum(grouped.example, grouped.expert, broken, grouped.col, 3, 4)])
+    assert norms[2].isnan() and torch.equal(norms[:2], squared_norm_of_sum([grouped])[:2])
+
+
 def test_routed_uses_refuse_other_forms_and_inconsistent_pairs():
     g = random_routed(5)
     with pytest.raises(ValueError, match="routed uses of the same shape"):
@@ -177,18 +208,20 @@ def test_default_grouped_mm_experts_match_per_example_autograd_in_float32(name):
     assert experts and all(named[n].grad.abs().sum() > 0 for n in experts)
 
 
-def tensor_shapes(fn) -> list[tuple[int, ...]]:
-    """Shapes of every tensor the ops inside ``fn()`` return (a dispatch mode sees all of them)."""
+def tensor_shapes(fn, *, ops: bool = False) -> list:
+    """Shapes of every tensor the ops inside ``fn()`` return (a dispatch mode sees all of them); with
+    ``ops``, (operation name, shape) pairs."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    shapes: list[tuple[int, ...]] = []
+    shapes: list = []
 
     class Shapes(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             for t in out if isinstance(out, tuple | list) else (out,):
                 if isinstance(t, Tensor):
-                    shapes.append(tuple(t.shape))
+                    shape = tuple(t.shape)
+                    shapes.append((func.overloadpacket.__name__, shape) if ops else shape)
             return out
 
     with Shapes():
@@ -221,9 +254,10 @@ def test_an_expert_weights_norm_never_forms_a_per_example_copy_of_all_experts(
     """Every tensor a clipped backward creates (the self-check's step and a plain one), seen by a dispatch
     mode; 3 examples, 5 experts, top-2. gate_up_proj is (5, 72, 20) and down_proj (5, 20, 36): a block pays
     from 15.7 (resp. 12.9) pairs of one example on one expert, and 11 tokens send at most 11, so the norms
-    come from Gram matrices: no (3, 72, 20) or (3, 20, 36) block appears, let alone a (3, 5, 72, 20) copy of
-    all experts. With 70 tokens and (5, 20, 8) and (5, 8, 10) experts (a block pays from 5.7, resp. 4.4
-    pairs) blocks are formed, one expert at a time: (3, 20, 8), never (3, 5, 20, 8)."""
+    come from Gram matrices: no (72, 20) or (20, 36) block is squared, no (3, 72, 20) per-example block
+    appears, let alone a (3, 5, 72, 20) copy of all experts. With 70 tokens and (5, 20, 8) and (5, 8, 10)
+    experts (a block pays from 5.7, resp. 4.4 pairs) blocks are formed and squared, one (example, expert)
+    at a time: (20, 8), never (3, 20, 8) nor (3, 5, 20, 8)."""
     batch, experts = 3, 5
     model = mixtral(hidden, intermediate, experts)
     ids = batch_of(batch, length)
@@ -231,19 +265,21 @@ def test_an_expert_weights_norm_never_forms_a_per_example_copy_of_all_experts(
         shapes = []
         for _ in range(2):
             loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
-            shapes += tensor_shapes(lambda loss=loss: clipper.clipped_backward(loss))
+            shapes += tensor_shapes(lambda loss=loss: clipper.clipped_backward(loss), ops=True)
         assert clipper.verified
     for rows, cols in ((2 * intermediate, hidden), (hidden, intermediate)):
         blocks = [
             s
-            for s in shapes
+            for _, s in shapes
             if s[-2:] == (rows, cols) or s[-1:] in ((rows * cols,), (experts * rows * cols,))
         ]
         assert (experts, rows, cols) in blocks  # the clipped sum itself
-        copies = [s for s in blocks if math.prod(s) >= batch * experts * rows * cols]
-        assert not copies, copies
-        per_example = [s for s in blocks if s[0] == batch and math.prod(s) == batch * rows * cols]
-        assert bool(per_example) == formed, (rows, cols, per_example)
+        size = math.prod
+        copies = [s for s in blocks if size(s) >= batch * experts * rows * cols]
+        per_example = [s for s in blocks if s[0] == batch and size(s) == batch * rows * cols]
+        assert not copies and not per_example, (copies, per_example)
+        squared = [s for op, s in shapes if op == "pow" and s == (rows, cols)]
+        assert bool(squared) == formed, (rows, cols, squared)
 
 
 # ----------------------------------------------------------------------------- bf16

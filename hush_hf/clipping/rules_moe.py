@@ -47,13 +47,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from hush_hf.clipping.factors import DenseFactor, OuterSum, PerExampleGrad
 from hush_hf.clipping.registry import RecordedCall, register_batch_fold, register_norm_rule, register_refusal
-from hush_hf.clipping.routed import RoutedOuterSum
+from hush_hf.clipping.routed import PairGroups, RoutedOuterSum, pair_groups
 from hush_hf.clipping.rules_generic import generic_grads, generic_problem, own_trainable
 from hush_hf.clipping.rules_torch import as_sequence, bias_grad, linear_grads
 
@@ -165,17 +164,45 @@ def _grouped(
     matrix, expert by expert as transformers' eager loop runs them: ``x W[e]^T`` for W[e] (out, in),
     ``x W[e]`` for a transposed W[e] (in, out); with ``adjoint``, the product back to the input side
     (``x W[e]``, resp. ``x W[e]^T``)."""
+    width = weight.shape[2] if transposed != adjoint else weight.shape[1]
+    # Written in place where autocast does not pick the product's dtype: no concatenated copy.
+    direct = x.dtype == weight.dtype and not torch.is_autocast_enabled(x.device.type)
+    out = x.new_empty(x.shape[0], width) if direct else None
     parts, start = [], 0
     for e, count in enumerate(counts):
         if count:
-            rows, w = x[start : start + count], weight[e]
-            if adjoint:
-                parts.append(rows @ (w.T if transposed else w))
+            rows, w = x[start : start + count], weight[e] if transposed != adjoint else weight[e].T
+            if out is not None:
+                torch.mm(rows, w, out=out[start : start + count])
             else:
-                parts.append(rows @ w if transposed else F.linear(rows, w))
+                parts.append(rows @ w)
             start += count
-    width = weight.shape[2] if transposed != adjoint else weight.shape[1]
+    if out is not None:
+        return out
     return torch.cat(parts) if parts else x.new_zeros(0, width)
+
+
+def routed_pairs(
+    index: Tensor, weights: Tensor, g: Tensor, batch: int, n_experts: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, PairGroups]:
+    """(token, expert, routing weight, example) of the (token, expert) pairs of a top-k call that carry
+    something (an expert index in range, a nonzero weight and output gradient: the others add exactly 0),
+    grouped by expert as the eager loop runs them and, within an expert, by example (tokens ascend), with
+    their ``PairGroups``: one device-to-host read, no boolean indexing. ``index``/``weights``: (n, k);
+    ``g``: the call's output gradient, (n, d), batch-major."""
+    tokens, top_k = index.shape
+    token = torch.arange(tokens, device=index.device).repeat_interleave(top_k)
+    expert, weight = index.reshape(-1).long(), weights.reshape(-1)
+    live = (expert < n_experts) & (weight != 0) & _nonzero(g)[token]
+    expert = torch.where(live, expert, n_experts)  # the others sort last, past every expert
+    order = torch.argsort(expert, stable=True)
+    token, expert, weight = token[order], expert[order], weight[order]
+    example = token // (tokens // batch)
+    groups = pair_groups(example, expert, batch, n_experts + 1)
+    assert groups.order is None  # grouped by construction
+    sizes = groups.sizes[: batch * n_experts]
+    kept = sum(sizes)
+    return token[:kept], expert[:kept], weight[:kept], example[:kept], PairGroups(None, sizes)
 
 
 def _call_arguments(experts: nn.Module, call: RecordedCall) -> tuple[Tensor, Tensor, Tensor]:
@@ -223,13 +250,8 @@ def topk_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
     tokens, top_k = index.shape
     if g.shape[0] != tokens:
         raise ValueError(f"{type(experts).__name__} returned {g.shape[0]} rows for {tokens} tokens")
-    token = torch.arange(tokens, device=index.device).repeat_interleave(top_k)
-    expert, weight = index.reshape(-1).long(), weights.reshape(-1)
-    live = (expert < n_experts) & (weight != 0) & _nonzero(g)[token]
-    token, expert, weight = token[live], expert[live], weight[live]
-    order = torch.argsort(expert, stable=True)  # pairs grouped by expert, as the eager loop runs them
-    token, expert, weight = token[order], expert[order], weight[order]
-    counts = torch.bincount(expert, minlength=n_experts).tolist()
+    token, expert, weight, example, groups = routed_pairs(index, weights, g, batch, n_experts)
+    counts = groups.expert_counts(batch)
     up_name = "gate_up_proj" if experts.has_gate else "up_proj"
     up, down = getattr(experts, up_name).detach(), experts.down_proj.detach()
     transposed = bool(experts.is_transposed)
@@ -247,10 +269,9 @@ def topk_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
         da = _grouped(dy, down, counts, transposed, adjoint=True)
         (dh,) = torch.autograd.grad(a, h_leaf, da.to(a.dtype))
     a = a.detach()
-    example = token // (tokens // batch)
 
     def routed(row: Tensor, col: Tensor) -> RoutedOuterSum:
-        return RoutedOuterSum(example, expert, row, col, batch, n_experts)
+        return RoutedOuterSum(example, expert, row, col, batch, n_experts, groups)
 
     if transposed:
         grads = {up_name: routed(x, dh), "down_proj": routed(a, dy)}

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from hush_hf.clipping.registry import RecordedCall, register_norm_rule
 from hush_hf.clipping.routed import RoutedOuterSum
-from hush_hf.clipping.rules_moe import _as_used, _autocast, _grouped, _nonzero, sharded_experts_problem
+from hush_hf.clipping.rules_moe import _as_used, _autocast, _grouped, routed_pairs, sharded_experts_problem
 
 _WEIGHTS = ("mlp.w1", "mlp.v1", "mlp.w2")
 
@@ -50,13 +50,8 @@ def dbrx_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
             f"DbrxExperts got {hidden.shape[0]} hidden rows, {tokens} routed tokens and {g.shape[0]} output "
             f"rows for {batch} examples"
         )
-    token = torch.arange(tokens, device=index.device).repeat_interleave(top_k)
-    expert, weight = index.reshape(-1).long(), weights.reshape(-1)
-    live = (weight != 0) & _nonzero(g)[token]
-    token, expert, weight = token[live], expert[live], weight[live]
-    order = torch.argsort(expert, stable=True)  # pairs grouped by expert, as the eager loop runs them
-    token, expert, weight = token[order], expert[order], weight[order]
-    counts = torch.bincount(expert, minlength=n_experts).tolist()
+    token, expert, weight, example, groups = routed_pairs(index, weights, g, batch, n_experts)
+    counts = groups.expert_counts(batch)
     shape = (n_experts, ffn, hidden.shape[-1])
     w1, v1, w2 = (experts.get_parameter(n).detach().view(shape) for n in _WEIGHTS)
     with torch.no_grad(), _autocast(call):
@@ -72,9 +67,8 @@ def dbrx_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
     act = act.detach()
     a = act * u
     du = da * act
-    example = token // (tokens // batch)
 
     def routed(row: Tensor, col: Tensor) -> RoutedOuterSum:
-        return RoutedOuterSum(example, expert, row, col, batch, n_experts)
+        return RoutedOuterSum(example, expert, row, col, batch, n_experts, groups)
 
     return {"mlp.w1": routed(dh, x), "mlp.v1": routed(du, x), "mlp.w2": routed(a, dy)}
