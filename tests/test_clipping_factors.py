@@ -109,7 +109,7 @@ def test_float32_inputs_are_computed_in_at_least_float32_and_half_is_upcast() ->
     row = DenseFactor(torch.randn(B, 4, ROWS, generator=g).bfloat16())
     col = DenseFactor(torch.randn(B, 4, COLS, generator=g).bfloat16())
     value = squared_norm_of_sum([OuterSum(row, col)])
-    assert value.dtype == torch.float32
+    assert value.dtype == torch.float64  # products in float32, summed in float64 (factors.exact_sum)
     exact = torch.einsum("btr,btk->brk", row.values.double(), col.values.double()).pow(2).flatten(1).sum(1)
     torch.testing.assert_close(value.double(), exact, rtol=1e-6, atol=0)
 
@@ -323,3 +323,25 @@ def test_the_bf16_clipped_sum_route_equals_the_float32_route(narrow: str, monkey
     reference = torch.einsum("b,brk->rk", weights.double(), materialize(exact))
     torch.testing.assert_close(split.double(), reference, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(split, widened, rtol=1e-6, atol=1e-6)
+
+
+def test_float32_norms_lose_less_than_the_clip_margin_however_many_terms() -> None:
+    """The float32 clip margin (2^-20) covers rounding only if a norm's sum of products loses far less.
+    A float32 batched dot summed 796,928 terms with relative error 3.7e-4 (norms too small: examples
+    under-clipped); each path is checked at sizes like that against float64, within margin / 16."""
+    from hush_hf.clipping.layer_calls import CLIP_MARGINS
+
+    bound = CLIP_MARGINS[torch.float32] / 16
+    g = torch.Generator().manual_seed(0)
+    big = Materialized(torch.randn(2, 796_928, generator=g))  # a 1024 x 778 weight, materialised
+    exact = (big.values.double() ** 2).sum(dim=1)
+    assert ((inner(big, big) - exact).abs() / exact).max() < bound
+    steps, width = 1024, 64  # the ghost path: T^2 = 1,048,576 Gram products per example
+    x = torch.randn(2, steps, width, generator=g)
+    y = torch.randn(2, steps, width, generator=g)
+    ghost = OuterSum(DenseFactor(x), DenseFactor(y))
+    exact = (torch.einsum("bti,btj->bij", x.double(), y.double()) ** 2).sum(dim=(1, 2))
+    assert ((inner(ghost, ghost) - exact).abs() / exact).max() < bound
+    packed = pack_small({"bias": [Materialized(torch.randn(2, 60_000, generator=g))]})
+    exact = (packed.values.double() ** 2).sum(dim=1)
+    assert ((packed.squared_norms() - exact).abs() / exact).max() < bound

@@ -38,7 +38,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from hush_hf.clipping.factors import ExtensionGrad, PerExampleGrad, compute_dtype
+from hush_hf.clipping.factors import ExtensionGrad, PerExampleGrad, compute_dtype, exact_sum
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class RoutedOuterSum(ExtensionGrad):
         if other is self:
             return self._squared_norms()
         dtype = compute_dtype(self.row, self.col, other.row, other.col)
-        total = torch.zeros(self.batch, dtype=dtype, device=self.row.device)
+        total = torch.zeros(self.batch, dtype=torch.float64, device=self.row.device)
         mine, theirs = self._experts(), other._experts()
         _, rows, cols = self.shape
         pair_bytes = rows * self.row.element_size() + cols * self.col.element_size()
@@ -170,11 +170,11 @@ class RoutedOuterSum(ExtensionGrad):
             steps = a.row.shape[1] + c.row.shape[1]
             # factors.norm_strategy's rule: form the block when it is no larger than the pairs' factors.
             if rows * cols * dtype.itemsize <= steps * pair_bytes:
-                total += torch.bmm(_blocks(a, dtype)[:, None, :], _blocks(c, dtype)[:, :, None]).flatten()
+                total += exact_sum(_blocks(a, dtype) * _blocks(c, dtype), dim=1)
             else:
                 k_row = torch.bmm(a.row.to(dtype), c.row.to(dtype).transpose(1, 2))
                 k_col = torch.bmm(a.col.to(dtype), c.col.to(dtype).transpose(1, 2))
-                total += (k_row * k_col).sum(dim=(1, 2))
+                total += exact_sum(k_row * k_col, dim=(1, 2))
         return total
 
     def _squared_norms(self) -> Tensor:
@@ -183,12 +183,12 @@ class RoutedOuterSum(ExtensionGrad):
         ``sum_{p,q} <row_p, row_q><col_p, col_q>``, batched by size: each group padded to its size class W
         (``_padded_width``; the padding masked out), one Gram product per W. Work: at most 2.25x the
         unpadded Gram matrices', whatever the routing (an expert most of one example's tokens go to
-        pads nothing else), in one product per size class instead of one per expert. Summed with
-        ``torch.sum`` (pairwise), not as a batched dot (whose float32 sum is sequential)."""
+        pads nothing else), in one product per size class instead of one per expert. Summed in float64
+        (``factors.exact_sum``)."""
         groups, example, row, col = self._grouped
         dtype = compute_dtype(self.row, self.col)
         device = self.row.device
-        total = torch.zeros(self.batch, dtype=dtype, device=device)
+        total = torch.zeros(self.batch, dtype=torch.float64, device=device)
         _, rows, cols = self.shape
         pair_bytes = rows * self.row.element_size() + cols * self.col.element_size()
         starts = list(itertools.accumulate(groups.sizes, initial=0))
@@ -199,7 +199,7 @@ class RoutedOuterSum(ExtensionGrad):
             if rows * cols * dtype.itemsize <= n * pair_bytes:  # formed: one (rows x cols) block at a time
                 r = row[starts[g] : starts[g] + n].to(dtype)
                 block = r.T @ col[starts[g] : starts[g] + n].to(dtype)
-                total[g % self.batch] += block.pow(2).sum()
+                total[g % self.batch] += exact_sum(block.pow(2), dim=(0, 1))
             else:
                 by_width.setdefault(_padded_width(n), []).append(g)
         for width, members in sorted(by_width.items()):
@@ -213,7 +213,7 @@ class RoutedOuterSum(ExtensionGrad):
             # (where, not a product with the mask: a padding row may be another group's non-finite pair)
             gram = torch.where(valid[:, :, None] & valid[:, None, :], gram, 0.0)
             owner = torch.tensor([g % self.batch for g in members], device=device)
-            total.index_add_(0, owner, gram.sum(dim=(1, 2)))
+            total.index_add_(0, owner, exact_sum(gram, dim=(1, 2)))
         return total
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
