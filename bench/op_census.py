@@ -24,12 +24,16 @@ reads of its CPU step counters left out). Ratios
 are hush over plain. Models: 4-layer GPT-2 (tied, Conv1D) and Llama (untied, RMSNorm), built from
 configs with small widths, random init, random tokens; ``bfloat16`` casts the whole model
 (bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32).
-``--top N`` also prints the N most frequent operations of each step.
+``--top N`` also prints the N most frequent operations of each step. ``--breakdown N`` prints, for
+each step, the N Python call sites that dispatch the most kernels and the most casts: the innermost
+frame in ``hush_hf`` (else in this script, else the innermost frame outside torch), so a count can be
+traced to the line that causes it (slower: one stack walk per operation).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections import Counter
@@ -57,11 +61,36 @@ def optimizer_step(optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-class OpCensus(TorchDispatchMode):
-    """Counts every aten operation dispatched while active, with casts and float32 matrix products."""
+_ROOT = str(Path(__file__).resolve().parents[1])
+_TORCH = os.path.dirname(torch.__file__)
 
-    def __init__(self) -> None:
+
+def call_site() -> str:
+    """The Python line an operation comes from: the innermost frame in ``hush_hf``, else in ``bench``,
+    else the innermost outside torch (a model's forward), as ``path:line (function)``."""
+    frame = sys._getframe(2)
+    fallback = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_ROOT):
+            rel = os.path.relpath(name, _ROOT)
+            if rel.startswith("hush_hf") or (rel.startswith("bench") and fallback is None):
+                return f"{rel}:{frame.f_lineno} ({frame.f_code.co_name})"
+        elif fallback is None and not name.startswith(_TORCH) and "<" not in name:
+            fallback = f"{name.rsplit('site-packages/', 1)[-1]}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return fallback or "torch (autograd engine, optimizer)"
+
+
+class OpCensus(TorchDispatchMode):
+    """Counts every aten operation dispatched while active, with casts and float32 matrix products;
+    with ``sites``, also the kernels and casts of each Python call site (``call_site``)."""
+
+    def __init__(self, sites: bool = False) -> None:
         super().__init__()
+        self.sites = sites
+        self.kernel_sites: Counter[str] = Counter()
+        self.cast_sites: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
         self.views = 0
         self.casts: Counter[str] = Counter()
@@ -73,14 +102,22 @@ class OpCensus(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         self.ops[name] += 1
+        site = call_site() if self.sites else ""
         if func.is_view or name in NO_KERNEL:
             self.views += 1
+        elif self.sites:
+            self.kernel_sites[f"{site} {name}"] += 1
+        cast = None
         if name == "_to_copy" and isinstance(args[0], torch.Tensor):
             target = kwargs.get("dtype")
             if target is not None and target != args[0].dtype:
-                self.casts[f"{args[0].dtype}->{target}".replace("torch.", "")] += 1
+                cast = f"{args[0].dtype}->{target}".replace("torch.", "")
         elif name == "copy_" and isinstance(args[1], torch.Tensor) and args[0].dtype != args[1].dtype:
-            self.casts[f"{args[1].dtype}->{args[0].dtype}".replace("torch.", "")] += 1
+            cast = f"{args[1].dtype}->{args[0].dtype}".replace("torch.", "")
+        if cast is not None:
+            self.casts[cast] += 1
+            if self.sites:
+                self.cast_sites[f"{site} {cast}"] += 1
         elif name in MATMULS:
             self.matmuls += 1
             if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
@@ -163,11 +200,13 @@ def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: 
     return dp_step
 
 
-def census(family: str, dtype: torch.dtype, contender: str, batch: int, seq: int, warmup: int) -> OpCensus:
+def census(
+    family: str, dtype: torch.dtype, contender: str, batch: int, seq: int, warmup: int, sites: bool = False
+) -> OpCensus:
     step = make_step(family, dtype, contender, batch, seq)
     for k in range(warmup):
         step(k)
-    counter = OpCensus()
+    counter = OpCensus(sites)
     with counter:
         step(warmup)
     return counter
@@ -182,6 +221,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
+    parser.add_argument(
+        "--breakdown", type=int, default=0, help="also list the N call sites with the most kernels and casts"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -196,7 +238,8 @@ def main() -> None:
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
             found = {
-                c: census(family, dtype, c, args.batch, args.seq, args.warmup) for c in ("plain", "hush")
+                c: census(family, dtype, c, args.batch, args.seq, args.warmup, bool(args.breakdown))
+                for c in ("plain", "hush")
             }
             plain, hush = found["plain"].summary(), found["hush"].summary()
             cells = []
@@ -209,6 +252,12 @@ def main() -> None:
                     common = ", ".join(f"{n} {k}" for n, k in found[c].ops.most_common(args.top))
                     print(f"    {c} top ops: {common}")
                     print(f"    {c} casts: {dict(found[c].casts)}")
+            if args.breakdown:
+                for c in ("plain", "hush"):
+                    for title, sites in (("kernels", found[c].kernel_sites), ("casts", found[c].cast_sites)):
+                        print(f"    {c} {title} by call site:")
+                        for site, k in sites.most_common(args.breakdown):
+                            print(f"      {k:5d}  {site}")
 
 
 if __name__ == "__main__":
