@@ -149,7 +149,7 @@ def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
     GEMM and a float32 copy of the wider factor (an output projection's logits gradient)."""
     transpose = row.shape[-1] > col.shape[-1]
     narrow, wide = (col, row) if transpose else (row, col)
-    scaled = narrow.float() * weights.float()[:, None, None]
+    scaled = narrow * weights.float()[:, None, None]  # bf16 x float32 -> float32: one kernel, no cast
     pieces = bf16_pieces(scaled.reshape(-1, scaled.shape[-1]))
     wide = wide.reshape(-1, wide.shape[-1])
     total = mm_float32(pieces[0].T, wide)
@@ -471,9 +471,11 @@ def squared_norm_of_sum(
 
 
 def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
-    """Dense factor vectors scaled by their example's weight, flattened to (b*T, n)."""
+    """Dense factor vectors scaled by their example's weight, flattened to (b*T, n), in ``dtype`` (at
+    least the factor's). The product widens the factor itself (the same numbers as widening it first:
+    a bf16 value is exact in float32), so no widened copy of the factor is dispatched."""
     assert isinstance(f, DenseFactor)
-    values = f.values.to(dtype) * weights.to(dtype)[:, None, None]
+    values = f.values * weights.to(dtype)[:, None, None]
     return values.reshape(-1, values.shape[-1])
 
 
