@@ -9,7 +9,7 @@ from torch.func import functional_call, grad, vmap
 
 import hush_hf.clipping  # noqa: F401  (registers the rules)
 from hush_hf.clipping.registry import rule_for
-from hush_hf.clipping.rules_rms_norm import llama_rms_norm_grads
+from hush_hf.clipping.rules_rms_norm import llama_rms_norm_grads, rounded_rms_normalised, saved_normalised
 
 modeling_llama = pytest.importorskip("transformers.models.llama.modeling_llama")
 
@@ -62,3 +62,23 @@ def test_the_rule_serves_llama_and_the_classes_with_its_forward_only():
     t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
     assert rule_for(qwen2.Qwen2RMSNorm) is rule  # the same forward code
     assert rule_for(t5.T5LayerNorm) is not rule  # a different forward (no rounding back, weight-dtype cast)
+
+
+def test_the_forward_hook_takes_the_forwards_own_xhat_and_the_rule_agrees_with_recomputing_it():
+    layer = norm_layer(torch.bfloat16)
+    x = (3.0 * torch.randn(4, 9, 24)).to(torch.bfloat16).requires_grad_()
+    g = torch.randn(4, 9, 24).to(torch.bfloat16)
+    saved = saved_normalised(layer, x.detach(), layer(x))
+    assert saved is not None
+    assert torch.equal(saved.values, rounded_rms_normalised(x.detach(), layer.variance_epsilon))
+    from_saved = llama_rms_norm_grads(layer, saved, g)["weight"].values
+    assert torch.equal(from_saved, llama_rms_norm_grads(layer, x.detach(), g)["weight"].values)
+
+
+def test_an_output_made_otherwise_gives_the_rule_the_input():
+    layer = norm_layer(torch.float32)
+    x = torch.randn(2, 5, 24, requires_grad=True)
+    assert saved_normalised(layer, x.detach(), x * layer.weight) is None  # the weight is not `self`
+    assert saved_normalised(layer, x.detach(), layer(x) + 0.0) is None  # not the multiplication itself
+    layer.weight.requires_grad_(False)
+    assert saved_normalised(layer, x.detach(), layer(x)) is None  # nothing saved for the weight

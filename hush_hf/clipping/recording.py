@@ -69,11 +69,14 @@ class CallRecorder:
         if not output.requires_grad:
             return None  # no gradient reaches this call's parameters
         source = inputs[0].detach()
-        x = source
+        x: Any = source
         cast = self._autocast_dtype(layer, source)
         if cast is not None:
             # The op multiplies the autocast-dtype copy; the weight gradient is built from it.
             x = x.to(cast)
+        if layer.rule.saved_input is not None:  # a value the forward computed, in place of the input
+            saved = layer.rule.saved_input(module, source, output)
+            x = x if saved is None else saved
         params = tuple(module.get_parameter(n) for n in layer.param_names)
         self._calls.append(_Call(layer, x, source, source._version, *_output_record(output), params))
         if layer.rule.protects_output:
