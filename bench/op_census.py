@@ -28,11 +28,20 @@ configs with small widths, random init, random tokens; ``bfloat16`` casts the wh
 each step, the N Python call sites that dispatch the most kernels and the most casts: the innermost
 frame in ``hush_hf`` (else in this script, else the innermost frame outside torch), so a count can be
 traced to the line that causes it (slower: one stack walk per operation).
+
+``--cuda-routes`` also counts the hush step as CUDA runs it, on this machine: the engine's few
+CUDA-only routes (``hush_hf.clipping.factors``: bf16 x bf16 products with float32 output, ``out_dtype``,
+which torch has for CUDA only; and the clipped sum of two bf16 factors that depends on it) are taken
+as on a GPU, each ``out_dtype`` product emulated by widening its two operands first. Those widenings
+are counted apart (``emulated``) and left out of the ``kernels (CUDA)`` and ``casts (CUDA)`` columns:
+what a GPU would dispatch for this step. The first table's counts stay the headline (what this
+machine dispatched); the CUDA columns are derived, and no GPU ran them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import warnings
@@ -59,6 +68,43 @@ def optimizer_step(optimizer) -> None:
     finally:
         _IN_OPTIMIZER[0] = False
     optimizer.zero_grad(set_to_none=True)
+
+
+_EMULATING = [False]  # inside an emulated CUDA-only product: its operand widenings are counted apart
+
+
+@contextlib.contextmanager
+def cuda_routes():
+    """The engine takes its CUDA-only routes on this machine (see the module docstring): bf16/fp16
+    operand pairs count as ``out_dtype``-capable whatever their device, and each such product is
+    emulated by a widening of its operands (flagged) and a float32 product (one kernel, as on CUDA)."""
+    import hush_hf.clipping.factors as factors
+
+    def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+
+    def emulated(product):
+        def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            _EMULATING[0] = True
+            try:
+                a, b = a.float(), b.float()
+            finally:
+                _EMULATING[0] = False
+            return product(a, b)
+
+        return run
+
+    saved = {
+        n: getattr(factors, n) for n in ("_float32_output_supported", "_mm_out_float32", "_bmm_out_float32")
+    }
+    factors._float32_output_supported = supported
+    factors._mm_out_float32 = emulated(torch.mm)
+    factors._bmm_out_float32 = emulated(torch.bmm)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(factors, name, value)
 
 
 _ROOT = str(Path(__file__).resolve().parents[1])
@@ -91,6 +137,7 @@ class OpCensus(TorchDispatchMode):
         self.sites = sites
         self.kernel_sites: Counter[str] = Counter()
         self.cast_sites: Counter[str] = Counter()
+        self.emulated = 0  # operand widenings of emulated CUDA-only products (``cuda_routes``)
         self.ops: Counter[str] = Counter()
         self.views = 0
         self.casts: Counter[str] = Counter()
@@ -116,6 +163,7 @@ class OpCensus(TorchDispatchMode):
             cast = f"{args[1].dtype}->{args[0].dtype}".replace("torch.", "")
         if cast is not None:
             self.casts[cast] += 1
+            self.emulated += _EMULATING[0]
             if self.sites:
                 self.cast_sites[f"{site} {cast}"] += 1
         elif name in MATMULS:
@@ -135,6 +183,8 @@ class OpCensus(TorchDispatchMode):
             "f32 mm": self.f32_matmuls,
             "mm": self.matmuls,
             "syncs": self.syncs,
+            "kernels (CUDA)": total - self.views - self.emulated,
+            "casts (CUDA)": sum(self.casts.values()) - self.emulated,
         }
 
 
@@ -201,14 +251,23 @@ def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: 
 
 
 def census(
-    family: str, dtype: torch.dtype, contender: str, batch: int, seq: int, warmup: int, sites: bool = False
+    family: str,
+    dtype: torch.dtype,
+    contender: str,
+    batch: int,
+    seq: int,
+    warmup: int,
+    sites: bool = False,
+    cuda: bool = False,
 ) -> OpCensus:
-    step = make_step(family, dtype, contender, batch, seq)
-    for k in range(warmup):
-        step(k)
-    counter = OpCensus(sites)
-    with counter:
-        step(warmup)
+    """One step's census; ``cuda``: with the engine's CUDA routes (``cuda_routes``), warm-up included."""
+    with cuda_routes() if cuda else contextlib.nullcontext():
+        step = make_step(family, dtype, contender, batch, seq)
+        for k in range(warmup):
+            step(k)
+        counter = OpCensus(sites)
+        with counter:
+            step(warmup)
     return counter
 
 
@@ -223,6 +282,11 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
     parser.add_argument(
         "--breakdown", type=int, default=0, help="also list the N call sites with the most kernels and casts"
+    )
+    parser.add_argument(
+        "--cuda-routes",
+        action="store_true",
+        help="also count the hush step with the engine's CUDA-only routes (emulated widenings left out)",
     )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -252,8 +316,23 @@ def main() -> None:
                     common = ", ".join(f"{n} {k}" for n, k in found[c].ops.most_common(args.top))
                     print(f"    {c} top ops: {common}")
                     print(f"    {c} casts: {dict(found[c].casts)}")
+            if args.cuda_routes:
+                cuda = census(
+                    family, dtype, "hush", args.batch, args.seq, args.warmup, bool(args.breakdown), cuda=True
+                )
+                routed = cuda.summary()
+                cells = [
+                    f"{plain[c.split()[0]]} / {routed[c]} ({routed[c] / plain[c.split()[0]]:.2f}x)"
+                    for c in ("kernels (CUDA)", "casts (CUDA)")
+                ]
+                print(
+                    f"    CUDA routes: kernels {cells[0]}, casts {cells[1]} "
+                    f"({cuda.emulated} emulation widenings left out; {routed['kernels']} kernels, "
+                    f"{routed['casts']} casts dispatched here)"
+                )
+                found["hush (CUDA routes)"] = cuda
             if args.breakdown:
-                for c in ("plain", "hush"):
+                for c in found:
                     for title, sites in (("kernels", found[c].kernel_sites), ("casts", found[c].cast_sites)):
                         print(f"    {c} {title} by call site:")
                         for site, k in sites.most_common(args.breakdown):

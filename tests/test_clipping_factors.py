@@ -15,6 +15,7 @@ from hush_hf.clipping.factors import (
     OneHotFactor,
     OuterSum,
     bf16_pieces,
+    bf16_pieces_side_by_side,
     bmm_float32,
     combine_uses,
     drop_zero_steps,
@@ -301,6 +302,9 @@ def test_bf16_pieces_sum_to_the_float32_value_exactly() -> None:
     assert hi.dtype == mid.dtype == lo.dtype == torch.bfloat16
     assert torch.equal(hi.double() + mid.double() + lo.double(), x.double())
     assert not torch.equal(hi.float(), x)  # the pieces are needed
+    side_by_side = bf16_pieces_side_by_side(x.reshape(64, 64))
+    assert side_by_side.dtype == torch.bfloat16 and side_by_side.shape == (64, 192)
+    assert torch.equal(side_by_side, torch.cat([p.reshape(64, 64) for p in (hi, mid, lo)], dim=1))
 
 
 @pytest.mark.parametrize("narrow", ["row", "col"])

@@ -126,8 +126,18 @@ def mm_float32(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` of two bf16 matrices with float32 accumulation and output: ``out_dtype`` on CUDA, float32
     copies elsewhere (the same numbers: each product of two bf16 numbers is exact in float32)."""
     if _float32_output_supported(a, b):
-        return torch.mm(a, b, out_dtype=torch.float32)
+        return _mm_out_float32(a, b)
     return torch.mm(a.float(), b.float())
+
+
+def _mm_out_float32(a: Tensor, b: Tensor) -> Tensor:
+    """CUDA only: ``torch.mm`` of two bf16/fp16 matrices with float32 accumulation and output."""
+    return torch.mm(a, b, out_dtype=torch.float32)
+
+
+def _bmm_out_float32(a: Tensor, b: Tensor) -> Tensor:
+    """CUDA only: ``torch.bmm`` of two bf16/fp16 batches with float32 accumulation and output."""
+    return torch.bmm(a, b, out_dtype=torch.float32)
 
 
 def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -140,21 +150,37 @@ def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return hi, mid, (rest - mid).to(torch.bfloat16)
 
 
+def bf16_pieces_side_by_side(x: Tensor) -> Tensor:
+    """``bf16_pieces(x)`` of a (N, n) float32 ``x`` written side by side into one (N, 3 n) bf16 tensor
+    (hi, mid, lo of row k in columns 0:n, n:2n, 2n:3n): the same numbers (``copy_`` rounds to nearest as
+    ``Tensor.to`` does; the differences are exact), with no separate piece tensors."""
+    n = x.shape[-1]
+    out = torch.empty(x.shape[0], 3 * n, dtype=torch.bfloat16, device=x.device)
+    hi, mid, lo = out[:, :n], out[:, n : 2 * n], out[:, 2 * n :]
+    hi.copy_(x)
+    rest = x - hi  # float32 - bf16: exact, in float32
+    mid.copy_(rest)
+    rest -= mid
+    lo.copy_(rest)
+    return out
+
+
 def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
     """``sum_{i,t} w_i row_{i,t} col_{i,t}^T`` of two bf16 factors in float32 without a float32 copy of
     either: the weights are folded into the narrower factor in float32 (a transient scaled copy of it),
-    that is split exactly into three bf16 pieces (``bf16_pieces``) and each piece multiplies the other
-    factor as it is, bf16 operands with float32 accumulation and output (``mm_float32``). The same sum
-    as the float32 route, up to float32 accumulation order; three bf16 GEMMs instead of one float32
-    GEMM and a float32 copy of the wider factor (an output projection's logits gradient)."""
+    that is split exactly into three bf16 pieces side by side (``bf16_pieces_side_by_side``), which
+    multiply the other factor as it is in one GEMM, bf16 operands with float32 accumulation and output
+    (``mm_float32``, a (3 n) x cols result), and the three (n x cols) blocks are summed. The same sum
+    as the float32 route, up to float32 accumulation order; one bf16 GEMM with three times the rows
+    instead of one float32 GEMM and a float32 copy of the wider factor (an output projection's logits
+    gradient)."""
     transpose = row.shape[-1] > col.shape[-1]
     narrow, wide = (col, row) if transpose else (row, col)
+    n = narrow.shape[-1]
     scaled = narrow * weights.float()[:, None, None]  # bf16 x float32 -> float32: one kernel, no cast
-    pieces = bf16_pieces(scaled.reshape(-1, scaled.shape[-1]))
-    wide = wide.reshape(-1, wide.shape[-1])
-    total = mm_float32(pieces[0].T, wide)
-    for piece in pieces[1:]:
-        total += mm_float32(piece.T, wide)
+    pieces = bf16_pieces_side_by_side(scaled.reshape(-1, n))
+    blocks = mm_float32(pieces.T, wide.reshape(-1, wide.shape[-1]))  # (3 n, cols)
+    total = blocks.view(3, n, -1).sum(dim=0)
     return total.T if transpose else total
 
 
@@ -164,7 +190,7 @@ def bmm_float32(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     accumulation and output (CUDA, ``out_dtype``) give what float32 copies of them would, without
     the copies; elsewhere the operands are widened first."""
     if dtype == torch.float32 and _float32_output_supported(a, b):
-        return torch.bmm(a, b, out_dtype=torch.float32)
+        return _bmm_out_float32(a, b)
     return torch.bmm(a.to(dtype), b.to(dtype))
 
 
