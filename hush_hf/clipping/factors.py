@@ -110,6 +110,12 @@ def compute_dtype(*tensors: Tensor) -> torch.dtype:
     return dtype
 
 
+def as_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype)``, without the call when t has that dtype already (a no-op ``to`` still costs a
+    Python call and a dispatch; the engine made hundreds per micro-batch)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _float32_output_supported(a: Tensor, b: Tensor) -> bool:
     """Whether ``torch.bmm``/``torch.mm`` can take these bf16/fp16 operands as they are and return float32
     (``out_dtype``: cuBLAS accumulates in float32; CUDA only in torch 2.13)."""
@@ -191,7 +197,7 @@ def bmm_float32(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     the copies; elsewhere the operands are widened first."""
     if dtype == torch.float32 and _float32_output_supported(a, b):
         return _bmm_out_float32(a, b)
-    return torch.bmm(a.to(dtype), b.to(dtype))
+    return torch.bmm(as_dtype(a, dtype), as_dtype(b, dtype))
 
 
 def _dense(f: Factor) -> Tensor | None:
@@ -205,7 +211,7 @@ def gram(f: Factor, h: Factor) -> Tensor:
     if isinstance(f, DenseFactor) and isinstance(h, DenseFactor):
         dtype = compute_dtype(f.values, h.values)
         if f.values is h.values and not _float32_output_supported(f.values, h.values):
-            values = f.values.to(dtype)  # one widened copy for both sides of a squared norm
+            values = as_dtype(f.values, dtype)  # one widened copy for both sides of a squared norm
             return torch.bmm(values, values.transpose(1, 2))
         return bmm_float32(f.values, h.values.transpose(1, 2), dtype)
     if isinstance(f, OneHotFactor) and isinstance(h, OneHotFactor):
@@ -213,7 +219,7 @@ def gram(f: Factor, h: Factor) -> Tensor:
     if isinstance(f, OneHotFactor):
         return gram(h, f).transpose(1, 2)
     # f dense (b, T, n), h one-hot (b, S): <f_t, e_{x_s}> = f_t[x_s].
-    values = f.values.to(compute_dtype(f.values))
+    values = as_dtype(f.values, compute_dtype(f.values))
     b, t_len = values.shape[:2]
     index = h.ids[:, None, :].expand(b, t_len, h.ids.shape[1])
     return torch.gather(values, 2, index)
@@ -222,7 +228,7 @@ def gram(f: Factor, h: Factor) -> Tensor:
 def _contract_col(m: Tensor, col: Factor) -> Tensor:
     """``(M_i c_{i,t})`` for every t: shape (b, T, rows)."""
     if isinstance(col, DenseFactor):
-        return torch.einsum("brk,btk->btr", m, col.values.to(m.dtype))
+        return torch.einsum("brk,btk->btr", m, as_dtype(col.values, m.dtype))
     b, rows = m.shape[:2]
     index = col.ids[:, None, :].expand(b, rows, col.ids.shape[1])
     return torch.gather(m, 2, index).transpose(1, 2)
@@ -231,12 +237,12 @@ def _contract_col(m: Tensor, col: Factor) -> Tensor:
 def _inner_materialized_outer(m: Materialized, g: OuterSum) -> Tensor:
     """``<M_i, sum_t r_t c_t^T> = sum_t r_t^T M_i c_t`` without materialising G."""
     dtype = compute_dtype(m.values, *(f.values for f in (g.row, g.col) if isinstance(f, DenseFactor)))
-    values = m.values.to(dtype)
+    values = as_dtype(m.values, dtype)
     if values.dim() != 3:
         raise ValueError(f"a factored gradient needs a 2-D parameter, got shape {tuple(values.shape[1:])}")
     mc = _contract_col(values, g.col)  # (b, T, rows)
     if isinstance(g.row, DenseFactor):
-        return (mc * g.row.values.to(dtype)).sum(dim=(1, 2))
+        return (mc * as_dtype(g.row.values, dtype)).sum(dim=(1, 2))
     return torch.gather(mc, 2, g.row.ids[:, :, None]).sum(dim=(1, 2))
 
 
@@ -252,10 +258,14 @@ def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
         dtype = torch.promote_types(k_row.dtype, k_col.dtype)
         b = k_row.shape[0]
         # sum_{t,s} K_row K_col as one batched dot (one kernel, no (b, T, T') product tensor)
-        return torch.bmm(k_row.to(dtype).reshape(b, 1, -1), k_col.to(dtype).reshape(b, -1, 1)).flatten()
+        flat_row, flat_col = (
+            as_dtype(k_row, dtype).reshape(b, 1, -1),
+            as_dtype(k_col, dtype).reshape(b, -1, 1),
+        )
+        return torch.bmm(flat_row, flat_col).flatten()
     if isinstance(g, Materialized) and isinstance(h, Materialized):
         dtype = compute_dtype(g.values, h.values)
-        a, c = g.values.to(dtype).flatten(1), h.values.to(dtype).flatten(1)
+        a, c = as_dtype(g.values, dtype).flatten(1), as_dtype(h.values, dtype).flatten(1)
         return torch.bmm(a[:, None, :], c[:, :, None]).flatten()  # batched dot: no (b, n) product tensor
     if isinstance(g, Materialized):
         return _inner_materialized_outer(g, h)
@@ -501,7 +511,7 @@ def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     least the factor's). The product widens the factor itself (the same numbers as widening it first:
     a bf16 value is exact in float32), so no widened copy of the factor is dispatched."""
     assert isinstance(f, DenseFactor)
-    values = f.values * weights.to(dtype)[:, None, None]
+    values = f.values * as_dtype(weights, dtype)[:, None, None]
     return values.reshape(-1, values.shape[-1])
 
 
@@ -524,8 +534,9 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
         return total
     if isinstance(g, Materialized):
         dtype = compute_dtype(g.values)
-        values = g.values.to(dtype)
-        return (weights.to(dtype)[None, :] @ values.reshape(values.shape[0], -1)).reshape(values.shape[1:])
+        values = as_dtype(g.values, dtype)
+        total = as_dtype(weights, dtype)[None, :] @ values.reshape(values.shape[0], -1)
+        return total.reshape(values.shape[1:])
     row, col = g.row, g.col
     dtype = compute_dtype(*(f.values for f in (row, col) if isinstance(f, DenseFactor)))
     device = weights.device
@@ -535,15 +546,15 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
         # Fold the weights into the narrower factor (for an output projection: the hidden states,
         # not the vocabulary-wide logits gradient): a smaller scaled copy, the same one matmul.
         if row.size <= col.size:
-            return _weighted_rows(row, weights, dtype).T @ col.values.to(dtype).reshape(-1, col.size)
-        return row.values.to(dtype).reshape(-1, row.size).T @ _weighted_rows(col, weights, dtype)
+            return _weighted_rows(row, weights, dtype).T @ as_dtype(col.values, dtype).reshape(-1, col.size)
+        return as_dtype(row.values, dtype).reshape(-1, row.size).T @ _weighted_rows(col, weights, dtype)
     out = torch.zeros(row.size, col.size, dtype=dtype, device=device)
     if isinstance(row, OneHotFactor) and isinstance(col, DenseFactor):
         return out.index_add_(0, row.ids.reshape(-1), _weighted_rows(col, weights, dtype))
     if isinstance(row, DenseFactor) and isinstance(col, OneHotFactor):
         return out.index_add_(1, col.ids.reshape(-1), _weighted_rows(row, weights, dtype).T)
     assert isinstance(row, OneHotFactor) and isinstance(col, OneHotFactor)
-    w = weights.to(dtype)[:, None].expand(row.ids.shape).reshape(-1)
+    w = as_dtype(weights, dtype)[:, None].expand(row.ids.shape).reshape(-1)
     return out.index_put_((row.ids.reshape(-1), col.ids.reshape(-1)), w, accumulate=True)
 
 
@@ -572,7 +583,7 @@ class Packed:
         """``sum_i w_i G_{k,i}`` for every packed parameter k: one (1 x b) @ (b x N) product, in at
         least float32, split into views shaped like the parameters."""
         dtype = compute_dtype(self.values)
-        total = (weights.to(dtype)[None, :] @ self.values.to(dtype)).flatten()
+        total = (as_dtype(weights, dtype)[None, :] @ as_dtype(self.values, dtype)).flatten()
         sizes = [math.prod(shape) for shape in self.shapes]
         parts = torch.split(total, sizes)
         return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
@@ -596,4 +607,4 @@ def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
     shapes = tuple(part.values.shape[1:] for part in parts)  # type: ignore[union-attr]
     dtype = compute_dtype(*(part.values for part in parts))  # type: ignore[union-attr]
     values = torch.cat([part.values.reshape(part.values.shape[0], -1) for part in parts], dim=1)  # type: ignore[union-attr]
-    return Packed(values.to(dtype), tuple(names), shapes)
+    return Packed(as_dtype(values, dtype), tuple(names), shapes)

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Partial
 from torch.utils.hooks import RemovableHandle
 
@@ -85,6 +86,21 @@ from hush_hf.clipping.rules_generic import (
 from hush_hf.clipping.self_check import SelfCheck
 
 logger = logging.getLogger(__name__)
+
+
+def _trainable_ids(modules: list[nn.Module]) -> list[int]:
+    """``[id(p) for _, p in _trainable(model)]`` from ``list(model.modules())``: each parameter once, in
+    ``named_parameters`` order (modules in order, then their own parameters), without building names."""
+    seen: set[int] = set()
+    ids = []
+    for module in modules:
+        for p in module._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                if p.requires_grad:
+                    ids.append(id(p))
+    return ids
+
 
 # Models that currently carry a GhostClipper's hooks (a second one would double-record every call).
 _ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
@@ -207,13 +223,14 @@ class GhostClipper(CallRecorder, SelfCheck):
     def _check_usable(self) -> None:
         if self._removed:
             raise RuntimeError("this GhostClipper was removed; build a new one")
-        current = _trainable(self._model)
-        # FSDP2 swaps parameter objects (sharded / unsharded) by design: compare names there.
-        same = (
-            [n for n, _ in current] == [n for n, _ in self._params]
-            if _is_fsdp(self._model)
-            else [id(p) for _, p in current] == self._trainable_ids
-        )
+        # One walk of the modules per call (this runs for every micro-batch): the trainable parameters in
+        # ``named_parameters`` order, by identity. FSDP2 swaps parameter objects (sharded / unsharded) by
+        # design: compare names there.
+        modules = list(self._model.modules())
+        if any(isinstance(m, FSDPModule) for m in modules):
+            same = [n for n, _ in _trainable(self._model)] == [n for n, _ in self._params]
+        else:
+            same = _trainable_ids(modules) == self._trainable_ids
         if not same:
             raise RuntimeError(
                 "the trainable parameters of the model changed since the GhostClipper was built "
