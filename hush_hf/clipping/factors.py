@@ -476,7 +476,11 @@ class _Chunks:
 
 
 def squared_norm_of_sum(
-    uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None, *, clamp: bool = True
+    uses: Sequence[PerExampleGrad],
+    never_materialize_dim: int | None = None,
+    *,
+    clamp: bool = True,
+    combined: bool = False,
 ) -> Tensor:
     """``||sum_u G_{u,i}||^2 = sum_u ||G_{u,i}||^2 + 2 sum_{u<v} <G_{u,i}, G_{v,i}>``, shape (b,).
 
@@ -485,7 +489,8 @@ def squared_norm_of_sum(
     leaving them out can under-estimate it, which would void the clipping bound. Computed the
     cheaper way (``norm_strategy``): from the factors' Gram matrices, or by materialising the
     per-example gradient for that moment only (the factors stay what the clipped sum is built from).
-    ``clamp=False`` leaves out the final ``clamp_min(0)`` (for a caller that clamps many at once).
+    ``clamp=False`` leaves out the final ``clamp_min(0)`` (for a caller that clamps many at once);
+    ``combined=True``: the uses are ``combine_uses``'s result already (not decided again).
     """
     if not uses:
         raise ValueError("squared_norm_of_sum needs at least one use")
@@ -493,7 +498,8 @@ def squared_norm_of_sum(
     if chunks is not None:
         parts = [squared_norm_of_sum(part, never_materialize_dim, clamp=clamp) for _, part in chunks]
         return torch.cat(parts)
-    uses = combine_uses(uses, never_materialize_dim)
+    if not combined:
+        uses = combine_uses(uses, never_materialize_dim)
     total: Tensor | None = None
     for u, g in enumerate(uses):
         for v in range(u, len(uses)):

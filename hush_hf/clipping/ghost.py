@@ -347,7 +347,9 @@ class GhostClipper(CallRecorder, SelfCheck):
         packed = pack_small(uses)  # biases and norm scales: one norm, one clipped-sum product for all
         if packed is not None:
             terms.append(packed.squared_norms())
-        terms += [squared_norm_of_sum(found, self._vocab, clamp=False) for found in uses.values()]
+        terms += [
+            squared_norm_of_sum(found, self._vocab, clamp=False, combined=True) for found in uses.values()
+        ]
         if terms:
             # Each parameter's exact squared norm is >= 0: a tiny negative is rounding (clamped per term).
             # (stacked first, widened once: one cast, not one per parameter)
