@@ -30,8 +30,8 @@ frame in ``hush_hf`` (else in this script, else the innermost frame outside torc
 traced to the line that causes it (slower: one stack walk per operation).
 
 ``--cuda-routes`` also counts the hush step as CUDA runs it, on this machine: the engine's few
-CUDA-only routes (``hush_hf.clipping.factors``: bf16 x bf16 products with float32 output, ``out_dtype``,
-which torch has for CUDA only; and the clipped sum of two bf16 factors that depends on it) are taken
+CUDA-only routes (``hush_hf.clipping.float32_products``: bf16 x bf16 products with float32 output,
+``out_dtype``, which torch has for CUDA only; and the clipped sum of two bf16 factors built on it) are taken
 as on a GPU, each ``out_dtype`` product emulated by widening its two operands first. Those widenings
 are counted apart (``emulated``) and left out of the ``kernels (CUDA)`` and ``casts (CUDA)`` columns:
 what a GPU would dispatch for this step. The first table's counts stay the headline (what this
@@ -79,6 +79,7 @@ def cuda_routes():
     operand pairs count as ``out_dtype``-capable whatever their device, and each such product is
     emulated by a widening of its operands (flagged) and a float32 product (one kernel, as on CUDA)."""
     import hush_hf.clipping.factors as factors
+    import hush_hf.clipping.float32_products as products
 
     def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
         return a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
@@ -94,17 +95,20 @@ def cuda_routes():
 
         return run
 
-    saved = {
-        n: getattr(factors, n) for n in ("_float32_output_supported", "_mm_out_float32", "_bmm_out_float32")
-    }
-    factors._float32_output_supported = supported
-    factors._mm_out_float32 = emulated(torch.mm)
-    factors._bmm_out_float32 = emulated(torch.bmm)
+    patches = [
+        (factors, "float32_output_supported", supported),
+        (products, "float32_output_supported", supported),
+        (products, "_mm_out_float32", emulated(torch.mm)),
+        (products, "_bmm_out_float32", emulated(torch.bmm)),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(factors, name, value)
+        for owner, name, value in saved:
+            setattr(owner, name, value)
 
 
 _ROOT = str(Path(__file__).resolve().parents[1])

@@ -14,9 +14,6 @@ from hush_hf.clipping.factors import (
     Materialized,
     OneHotFactor,
     OuterSum,
-    bf16_pieces,
-    bf16_pieces_side_by_side,
-    bmm_float32,
     combine_uses,
     drop_zero_steps,
     drop_zero_steps_all,
@@ -28,6 +25,7 @@ from hush_hf.clipping.factors import (
     weighted_sum,
 )
 from hush_hf.clipping.factors import materialize as materialize_use
+from hush_hf.clipping.float32_products import bf16_pieces, bf16_pieces_side_by_side, bmm_float32
 
 B, ROWS, COLS = 3, 7, 5
 
