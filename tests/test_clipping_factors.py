@@ -11,6 +11,7 @@ from torch import Tensor
 from hush_hf.clipping.factors import (
     PACK_BELOW,
     DenseFactor,
+    GramMemo,
     Materialized,
     OneHotFactor,
     OuterSum,
@@ -325,3 +326,38 @@ def test_the_bf16_clipped_sum_route_equals_the_float32_route(narrow: str, monkey
     reference = torch.einsum("b,brk->rk", weights.double(), materialize(exact))
     torch.testing.assert_close(split.double(), reference, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(split, widened, rtol=1e-6, atol=1e-6)
+
+
+def test_a_factor_shared_by_several_uses_gets_its_gram_matrix_once(monkeypatch) -> None:
+    """Three projections of one input (detached views of one tensor, as the hooks record them) and a
+    one-hot use: norms with a ``GramMemo`` equal the norms without, the shared Gram matrix is computed
+    once and dropped after its last use."""
+    import hush_hf.clipping.factors as factors
+
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(B, 6, 32, generator=g, dtype=torch.float64)  # wide enough for the ghost norm
+    uses = {
+        name: [
+            OuterSum(
+                DenseFactor(torch.randn(B, 6, out, generator=g, dtype=torch.float64)), DenseFactor(x.detach())
+            )
+        ]
+        for name, out in (("q", 32), ("k", 16), ("v", 16))
+    }
+    uses["embedding"] = [
+        OuterSum(OneHotFactor(torch.randint(0, 40, (B, 6), generator=g), 40), DenseFactor(x.detach()))
+    ]
+    assert all(norm_strategy(found) == "ghost" for found in uses.values())
+    expected = {name: squared_norm_of_sum(found) for name, found in uses.items()}
+    computed = []
+    monkeypatch.setattr(factors, "gram", lambda f, h: computed.append(f) or gram(f, h))
+    memo = GramMemo([u for found in uses.values() for u in found])
+    for name, found in uses.items():
+        torch.testing.assert_close(
+            squared_norm_of_sum(found, combined=True, grams=memo), expected[name], rtol=1e-12, atol=0
+        )
+    assert (
+        sum(isinstance(f, DenseFactor) and f.values.data_ptr() == x.data_ptr() for f in computed) == 1
+    )  # x's Gram matrix once, not 4 times
+    assert len(computed) == 1 + 3 + 1  # x once, each other factor (3 dense, 1 one-hot) once
+    assert not memo._kept and not memo._left  # nothing kept after the last use

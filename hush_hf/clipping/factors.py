@@ -164,6 +164,67 @@ def _inner_materialized_outer(m: Materialized, g: OuterSum) -> Tensor:
     return torch.gather(mc, 2, g.row.ids[:, :, None]).sum(dim=(1, 2))
 
 
+def _gram_dot(k_row: Tensor, k_col: Tensor) -> Tensor:
+    """``sum_{t,s} K_row[i, t, s] K_col[i, t, s]`` for every example: one batched dot (one kernel, no
+    (b, T, T') product tensor)."""
+    dtype = torch.promote_types(k_row.dtype, k_col.dtype)
+    b = k_row.shape[0]
+    flat_row = as_dtype(k_row, dtype).reshape(b, 1, -1)
+    return torch.bmm(flat_row, as_dtype(k_col, dtype).reshape(b, -1, 1)).flatten()
+
+
+def _factor_key(values: Tensor) -> tuple:
+    """Identifies a dense factor's values by memory, layout and version: two detached views of one
+    tensor (one input recorded by several layers) have the same key, and so the same values."""
+    return (
+        values.device,
+        values.data_ptr(),
+        tuple(values.shape),
+        values.stride(),
+        values.dtype,
+        values._version,
+    )
+
+
+class GramMemo:
+    """Per-example Gram matrices ``f f^T`` of the dense factors that several factored uses share (one
+    input read by several layers: Llama's q/k/v and gate/up projections), each computed once for the
+    norms of a step and dropped after its last use. ``uses``: every use whose squared norm will be
+    taken (each asks for its two factors' Gram matrices once). A cached entry holds its factor, so no
+    other tensor can take its memory (and key) while it lives."""
+
+    def __init__(self, uses: Sequence[PerExampleGrad]) -> None:
+        keys = [
+            _factor_key(f.values)
+            for g in uses
+            if isinstance(g, OuterSum)
+            for f in (g.row, g.col)
+            if isinstance(f, DenseFactor)
+        ]
+        counts: dict[tuple, int] = {}
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+        self._left = {key: n for key, n in counts.items() if n > 1}
+        self._kept: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def gram(self, f: Factor) -> Tensor:
+        """``gram(f, f)``, computed once per shared factor."""
+        if not isinstance(f, DenseFactor):
+            return gram(f, f)
+        key = _factor_key(f.values)
+        left = self._left.get(key)
+        if left is None:
+            return gram(f, f)
+        if key not in self._kept:
+            self._kept[key] = (gram(f, f), f.values)
+        found = self._kept[key][0]
+        if left == 1:
+            del self._left[key], self._kept[key]
+        else:
+            self._left[key] = left - 1
+        return found
+
+
 def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
     """Per-example Frobenius inner product ``<G_i, H_i>``, shape (b,)."""
     if isinstance(g, ExtensionGrad):
@@ -171,16 +232,7 @@ def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
     if isinstance(h, ExtensionGrad):
         return h.inner(g)
     if isinstance(g, OuterSum) and isinstance(h, OuterSum):
-        k_row = gram(g.row, h.row)
-        k_col = gram(g.col, h.col)
-        dtype = torch.promote_types(k_row.dtype, k_col.dtype)
-        b = k_row.shape[0]
-        # sum_{t,s} K_row K_col as one batched dot (one kernel, no (b, T, T') product tensor)
-        flat_row, flat_col = (
-            as_dtype(k_row, dtype).reshape(b, 1, -1),
-            as_dtype(k_col, dtype).reshape(b, -1, 1),
-        )
-        return torch.bmm(flat_row, flat_col).flatten()
+        return _gram_dot(gram(g.row, h.row), gram(g.col, h.col))
     if isinstance(g, Materialized) and isinstance(h, Materialized):
         dtype = compute_dtype(g.values, h.values)
         a, c = as_dtype(g.values, dtype).flatten(1), as_dtype(h.values, dtype).flatten(1)
@@ -399,6 +451,7 @@ def squared_norm_of_sum(
     *,
     clamp: bool = True,
     combined: bool = False,
+    grams: GramMemo | None = None,
 ) -> Tensor:
     """``||sum_u G_{u,i}||^2 = sum_u ||G_{u,i}||^2 + 2 sum_{u<v} <G_{u,i}, G_{v,i}>``, shape (b,).
 
@@ -408,7 +461,8 @@ def squared_norm_of_sum(
     cheaper way (``norm_strategy``): from the factors' Gram matrices, or by materialising the
     per-example gradient for that moment only (the factors stay what the clipped sum is built from).
     ``clamp=False`` leaves out the final ``clamp_min(0)`` (for a caller that clamps many at once);
-    ``combined=True``: the uses are ``combine_uses``'s result already (not decided again).
+    ``combined=True``: the uses are ``combine_uses``'s result already (not decided again); ``grams``:
+    where a factored use's own Gram matrices come from (shared with other parameters' uses).
     """
     if not uses:
         raise ValueError("squared_norm_of_sum needs at least one use")
@@ -421,7 +475,10 @@ def squared_norm_of_sum(
     total: Tensor | None = None
     for u, g in enumerate(uses):
         for v in range(u, len(uses)):
-            term = inner(g, uses[v])
+            if u == v and grams is not None and isinstance(g, OuterSum):
+                term = _gram_dot(grams.gram(g.row), grams.gram(g.col))
+            else:
+                term = inner(g, uses[v])
             term = term if u == v else 2.0 * term
             total = term if total is None else total + term
     # Exact value is >= 0; rounding can leave a tiny negative only when the norm itself is ~0. (With

@@ -51,6 +51,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hush_hf.clipping import clipped_sums
 from hush_hf.clipping.factors import (
+    GramMemo,
     PerExampleGrad,
     combine_uses,
     drop_zero_steps_all,
@@ -69,6 +70,7 @@ from hush_hf.clipping.layer_calls import (
     _Pass,
     _plan_layers,
     _trainable,
+    _trainable_ids,
     _type_name,
     _unfold,
     _vocabulary_size,
@@ -86,20 +88,6 @@ from hush_hf.clipping.rules_generic import (
 from hush_hf.clipping.self_check import SelfCheck
 
 logger = logging.getLogger(__name__)
-
-
-def _trainable_ids(modules: list[nn.Module]) -> list[int]:
-    """``[id(p) for _, p in _trainable(model)]`` from ``list(model.modules())``: each parameter once, in
-    ``named_parameters`` order (modules in order, then their own parameters), without building names."""
-    seen: set[int] = set()
-    ids = []
-    for module in modules:
-        for p in module._parameters.values():
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                if p.requires_grad:
-                    ids.append(id(p))
-    return ids
 
 
 # Models that currently carry a GhostClipper's hooks (a second one would double-record every call).
@@ -347,8 +335,10 @@ class GhostClipper(CallRecorder, SelfCheck):
         packed = pack_small(uses)  # biases and norm scales: one norm, one clipped-sum product for all
         if packed is not None:
             terms.append(packed.squared_norms())
+        grams = GramMemo([u for found in uses.values() for u in found])  # a shared input's Gram matrix once
         terms += [
-            squared_norm_of_sum(found, self._vocab, clamp=False, combined=True) for found in uses.values()
+            squared_norm_of_sum(u, self._vocab, clamp=False, combined=True, grams=grams)
+            for u in uses.values()
         ]
         if terms:
             # Each parameter's exact squared norm is >= 0: a tiny negative is rounding (clamped per term).
