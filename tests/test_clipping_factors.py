@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import Tensor
 
+from hush_hf.clipping.factor_memo import FactorMemo, gram_requests, sum_requests
 from hush_hf.clipping.factors import (
     PACK_BELOW,
     DenseFactor,
-    GramMemo,
     Materialized,
     OneHotFactor,
     OuterSum,
@@ -330,9 +330,9 @@ def test_the_bf16_clipped_sum_route_equals_the_float32_route(narrow: str, monkey
 
 def test_a_factor_shared_by_several_uses_gets_its_gram_matrix_once(monkeypatch) -> None:
     """Three projections of one input (detached views of one tensor, as the hooks record them) and a
-    one-hot use: norms with a ``GramMemo`` equal the norms without, the shared Gram matrix is computed
+    one-hot use: norms with a ``FactorMemo`` equal the norms without, the shared Gram matrix is computed
     once and dropped after its last use."""
-    import hush_hf.clipping.factors as factors
+    import hush_hf.clipping.factor_memo as factor_memo
 
     g = torch.Generator().manual_seed(21)
     x = torch.randn(B, 6, 32, generator=g, dtype=torch.float64)  # wide enough for the ghost norm
@@ -350,8 +350,8 @@ def test_a_factor_shared_by_several_uses_gets_its_gram_matrix_once(monkeypatch) 
     assert all(norm_strategy(found) == "ghost" for found in uses.values())
     expected = {name: squared_norm_of_sum(found) for name, found in uses.items()}
     computed = []
-    monkeypatch.setattr(factors, "gram", lambda f, h: computed.append(f) or gram(f, h))
-    memo = GramMemo([u for found in uses.values() for u in found])
+    monkeypatch.setattr(factor_memo, "gram", lambda f, h: computed.append(f) or gram(f, h))
+    memo = FactorMemo(gram_requests([u for found in uses.values() for u in found]))
     for name, found in uses.items():
         torch.testing.assert_close(
             squared_norm_of_sum(found, combined=True, grams=memo), expected[name], rtol=1e-12, atol=0
@@ -361,3 +361,28 @@ def test_a_factor_shared_by_several_uses_gets_its_gram_matrix_once(monkeypatch) 
     )  # x's Gram matrix once, not 4 times
     assert len(computed) == 1 + 3 + 1  # x once, each other factor (3 dense, 1 one-hot) once
     assert not memo._kept and not memo._left  # nothing kept after the last use
+
+
+@pytest.mark.parametrize("route", ["scaled", "pieces"])
+def test_clipped_sums_of_uses_sharing_a_factor_equal_the_sums_without_sharing(
+    route: str, monkeypatch
+) -> None:
+    """Gate and up projections read one input (the narrower factor): its clip-weighted form (CPU route)
+    or its three bf16 pieces (CUDA's route, run here through the widening fallback) is built once and
+    gives exactly the clipped sums built separately; nothing is kept after the last use."""
+    import hush_hf.clipping.factors as factors
+
+    if route == "pieces":
+        monkeypatch.setattr(factors, "bf16_products", lambda a, b: True)
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(B, 6, 8, generator=g).bfloat16()
+    uses = [
+        OuterSum(DenseFactor(torch.randn(B, 6, 32, generator=g).bfloat16()), DenseFactor(x.detach()))
+        for _ in "gu"
+    ]
+    weights = torch.rand(B, generator=g)
+    separate = [weighted_sum(u, weights) for u in uses]
+    memo = FactorMemo(sum_requests(uses))
+    for use, expected in zip(uses, separate, strict=True):
+        assert torch.equal(weighted_sum(use, weights, memo), expected)
+    assert not memo._kept and not memo._left

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -31,6 +32,9 @@ from hush_hf.clipping.float32_products import (
     bmm_float32,
     float32_output_supported,
 )
+
+if TYPE_CHECKING:
+    from hush_hf.clipping.factor_memo import FactorMemo
 
 
 @dataclass(frozen=True)
@@ -171,58 +175,6 @@ def _gram_dot(k_row: Tensor, k_col: Tensor) -> Tensor:
     b = k_row.shape[0]
     flat_row = as_dtype(k_row, dtype).reshape(b, 1, -1)
     return torch.bmm(flat_row, as_dtype(k_col, dtype).reshape(b, -1, 1)).flatten()
-
-
-def _factor_key(values: Tensor) -> tuple:
-    """Identifies a dense factor's values by memory, layout and version: two detached views of one
-    tensor (one input recorded by several layers) have the same key, and so the same values."""
-    return (
-        values.device,
-        values.data_ptr(),
-        tuple(values.shape),
-        values.stride(),
-        values.dtype,
-        values._version,
-    )
-
-
-class GramMemo:
-    """Per-example Gram matrices ``f f^T`` of the dense factors that several factored uses share (one
-    input read by several layers: Llama's q/k/v and gate/up projections), each computed once for the
-    norms of a step and dropped after its last use. ``uses``: every use whose squared norm will be
-    taken (each asks for its two factors' Gram matrices once). A cached entry holds its factor, so no
-    other tensor can take its memory (and key) while it lives."""
-
-    def __init__(self, uses: Sequence[PerExampleGrad]) -> None:
-        keys = [
-            _factor_key(f.values)
-            for g in uses
-            if isinstance(g, OuterSum)
-            for f in (g.row, g.col)
-            if isinstance(f, DenseFactor)
-        ]
-        counts: dict[tuple, int] = {}
-        for key in keys:
-            counts[key] = counts.get(key, 0) + 1
-        self._left = {key: n for key, n in counts.items() if n > 1}
-        self._kept: dict[tuple, tuple[Tensor, Tensor]] = {}
-
-    def gram(self, f: Factor) -> Tensor:
-        """``gram(f, f)``, computed once per shared factor."""
-        if not isinstance(f, DenseFactor):
-            return gram(f, f)
-        key = _factor_key(f.values)
-        left = self._left.get(key)
-        if left is None:
-            return gram(f, f)
-        if key not in self._kept:
-            self._kept[key] = (gram(f, f), f.values)
-        found = self._kept[key][0]
-        if left == 1:
-            del self._left[key], self._kept[key]
-        else:
-            self._left[key] = left - 1
-        return found
 
 
 def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
@@ -451,7 +403,7 @@ def squared_norm_of_sum(
     *,
     clamp: bool = True,
     combined: bool = False,
-    grams: GramMemo | None = None,
+    grams: FactorMemo | None = None,
 ) -> Tensor:
     """``||sum_u G_{u,i}||^2 = sum_u ||G_{u,i}||^2 + 2 sum_{u<v} <G_{u,i}, G_{v,i}>``, shape (b,).
 
@@ -496,13 +448,32 @@ def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     return values.reshape(-1, values.shape[-1])
 
 
-def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
+def _dense_pair_route(g: PerExampleGrad) -> tuple[str, Tensor, Tensor, torch.dtype] | None:
+    """For an ``OuterSum`` of two dense factors: (route, narrower, wider values, dtype) of its clipped
+    sum, route ``"pieces"`` (two bf16 factors on CUDA, ``_weighted_product_bf16``) or ``"scaled"`` (the
+    weights folded into the narrower factor, the other widened); else None."""
+    if not (isinstance(g, OuterSum) and isinstance(g.row, DenseFactor) and isinstance(g.col, DenseFactor)):
+        return None
+    row, col = g.row.values, g.col.values
+    dtype = compute_dtype(row, col)
+    narrow, wide = (row, col) if row.shape[-1] <= col.shape[-1] else (col, row)
+    route = "pieces" if dtype == torch.float32 and bf16_products(row, col) else "scaled"
+    return route, narrow, wide, dtype
+
+
+def _derived(memo: FactorMemo | None, kind: str, values: Tensor, compute: Callable[[], Tensor]) -> Tensor:
+    return compute() if memo is None else memo.get(kind, values, compute)
+
+
+def weighted_sum(g: PerExampleGrad, weights: Tensor, memo: FactorMemo | None = None) -> Tensor:
     """``sum_i w_i G_i``, one parameter-sized tensor in at least float32 (no per-example tensor).
 
     For an ``OuterSum`` this is ``sum_{i,t} w_i row_{i,t} col_{i,t}^T``: one (rows x b*T) @ (b*T x cols)
     product for dense factors, a scatter-add of rows for a one-hot factor (an embedding's rows).
     With ``w_i = c_i`` it is the clipped sum that ``GhostClipper.clipped_backward`` adds to ``p.grad``
-    (book-keeping: c_i folded into the factor, one matmul; no second backward pass).
+    (book-keeping: c_i folded into the factor, one matmul; no second backward pass). ``memo``: where a
+    factor's clip-weighted or widened form comes from when other uses share it (the same ``weights``
+    for all of them; ``factor_memo.sum_requests``).
     """
     if isinstance(g, ExtensionGrad):
         return g.weighted_sum(weights)
@@ -521,14 +492,16 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
     row, col = g.row, g.col
     dtype = compute_dtype(*(f.values for f in (row, col) if isinstance(f, DenseFactor)))
     device = weights.device
-    if isinstance(row, DenseFactor) and isinstance(col, DenseFactor):
-        if dtype == torch.float32 and bf16_products(row.values, col.values):
-            return _weighted_product_bf16(row.values, col.values, weights)
+    found = _dense_pair_route(g)
+    if found is not None:
+        route, narrow, wide, _ = found
+        if route == "pieces":
+            return _weighted_product_bf16(row.values, col.values, weights, memo)
         # Fold the weights into the narrower factor (for an output projection: the hidden states,
         # not the vocabulary-wide logits gradient): a smaller scaled copy, the same one matmul.
-        if row.size <= col.size:
-            return _weighted_rows(row, weights, dtype).T @ as_dtype(col.values, dtype).reshape(-1, col.size)
-        return as_dtype(row.values, dtype).reshape(-1, row.size).T @ _weighted_rows(col, weights, dtype)
+        scaled = _derived(memo, "scaled", narrow, lambda: _weighted_rows(DenseFactor(narrow), weights, dtype))
+        widened = _derived(memo, "widened", wide, lambda: as_dtype(wide, dtype)).reshape(-1, wide.shape[-1])
+        return scaled.T @ widened if narrow is row.values else widened.T @ scaled
     out = torch.zeros(row.size, col.size, dtype=dtype, device=device)
     if isinstance(row, OneHotFactor) and isinstance(col, DenseFactor):
         return out.index_add_(0, row.ids.reshape(-1), _weighted_rows(col, weights, dtype))

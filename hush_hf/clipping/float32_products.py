@@ -11,6 +11,8 @@ narrower factor and splits that exactly into three bf16 pieces (``_weighted_prod
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -76,7 +78,7 @@ def bf16_pieces_side_by_side(x: Tensor) -> Tensor:
     return out
 
 
-def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
+def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor, memo: Any = None) -> Tensor:
     """``sum_{i,t} w_i row_{i,t} col_{i,t}^T`` of two bf16 factors in float32 without a float32 copy of
     either: the weights are folded into the narrower factor in float32 (a transient scaled copy of it),
     that is split exactly into three bf16 pieces side by side (``bf16_pieces_side_by_side``), which
@@ -84,12 +86,17 @@ def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
     (``mm_float32``, a (3 n) x cols result), and the three (n x cols) blocks are summed. The same sum
     as the float32 route, up to float32 accumulation order; one bf16 GEMM with three times the rows
     instead of one float32 GEMM and a float32 copy of the wider factor (an output projection's logits
-    gradient)."""
+    gradient). ``memo`` (a ``factors.FactorMemo``): where the pieces come from when another use shares
+    the narrower factor (kind ``"pieces"``)."""
     transpose = row.shape[-1] > col.shape[-1]
     narrow, wide = (col, row) if transpose else (row, col)
     n = narrow.shape[-1]
-    scaled = narrow * weights.float()[:, None, None]  # bf16 x float32 -> float32: one kernel, no cast
-    pieces = bf16_pieces_side_by_side(scaled.reshape(-1, n))
+
+    def pieces_of_narrow() -> Tensor:
+        scaled = narrow * weights.float()[:, None, None]  # bf16 x float32 -> float32: one kernel, no cast
+        return bf16_pieces_side_by_side(scaled.reshape(-1, n))
+
+    pieces = memo.get("pieces", narrow, pieces_of_narrow) if memo is not None else pieces_of_narrow()
     blocks = mm_float32(pieces.T, wide.reshape(-1, wide.shape[-1]))  # (3 n, cols)
     total = blocks.view(3, n, -1).sum(dim=0)
     return total.T if transpose else total

@@ -50,8 +50,8 @@ from torch.distributed.tensor import DTensor, Partial
 from torch.utils.hooks import RemovableHandle
 
 from hush_hf.clipping import clipped_sums
+from hush_hf.clipping.factor_memo import FactorMemo, gram_requests, sum_requests
 from hush_hf.clipping.factors import (
-    GramMemo,
     PerExampleGrad,
     combine_uses,
     drop_zero_steps_all,
@@ -335,7 +335,7 @@ class GhostClipper(CallRecorder, SelfCheck):
         packed = pack_small(uses)  # biases and norm scales: one norm, one clipped-sum product for all
         if packed is not None:
             terms.append(packed.squared_norms())
-        grams = GramMemo([u for found in uses.values() for u in found])  # a shared input's Gram matrix once
+        grams = FactorMemo(gram_requests([u for found in uses.values() for u in found]))  # shared: once
         terms += [
             squared_norm_of_sum(u, self._vocab, clamp=False, combined=True, grams=grams)
             for u in uses.values()
@@ -458,9 +458,11 @@ class GhostClipper(CallRecorder, SelfCheck):
         coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
         if not check:
             packed = result.packed.weighted_sums(coef) if result.packed is not None else {}
+            memo = FactorMemo(sum_requests([u for found in result.uses.values() for u in found]))
             for name, p in self._params:
                 uses = result.uses.pop(name, [])
-                self._accumulate(p, self._clipped_sum(p, uses, coef) if uses else packed.pop(name, None))
+                clipped = self._clipped_sum(p, uses, coef, memo) if uses else packed.pop(name, None)
+                self._accumulate(p, clipped)
             return norms
         rebuilt = self._rebuild(result, coef)
         got = self._autograd_grads((loss * coef).sum(), result, check, retain_graph=False)
@@ -541,11 +543,13 @@ class GhostClipper(CallRecorder, SelfCheck):
             self._pass = None
 
     @staticmethod
-    def _clipped_sum(p: nn.Parameter, uses: list[PerExampleGrad], coef: Tensor) -> Tensor:
+    def _clipped_sum(
+        p: nn.Parameter, uses: list[PerExampleGrad], coef: Tensor, memo: FactorMemo | None = None
+    ) -> Tensor:
         """``sum_u sum_i coef_i G_{u,i}`` for one parameter, in at least float32, shaped like ``p``."""
         total: Tensor | None = None
         for use in uses:
-            part = weighted_sum(use, coef).reshape(p.shape)
+            part = weighted_sum(use, coef, memo).reshape(p.shape)
             total = part if total is None else total.add_(part.to(total.dtype))
         assert total is not None
         return total
