@@ -24,12 +24,25 @@ reads of its CPU step counters left out). Ratios
 are hush over plain. Models: 4-layer GPT-2 (tied, Conv1D) and Llama (untied, RMSNorm), built from
 configs with small widths, random init, random tokens; ``bfloat16`` casts the whole model
 (bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32).
-``--top N`` also prints the N most frequent operations of each step.
+``--top N`` also prints the N most frequent operations of each step. ``--breakdown N`` prints, for
+each step, the N Python call sites that dispatch the most kernels and the most casts: the innermost
+frame in ``hush_hf`` (else in this script, else the innermost frame outside torch), so a count can be
+traced to the line that causes it (slower: one stack walk per operation).
+
+``--cuda-routes`` also counts the hush step as CUDA runs it, on this machine: the engine's few
+CUDA-only routes (``hush_hf.clipping.float32_products``: bf16 x bf16 products with float32 output,
+``out_dtype``, which torch has for CUDA only; and the clipped sum of two bf16 factors built on it) are taken
+as on a GPU, each ``out_dtype`` product emulated by widening its two operands first. Those widenings
+are counted apart (``emulated``) and left out of the ``kernels (CUDA)`` and ``casts (CUDA)`` columns:
+what a GPU would dispatch for this step. The first table's counts stay the headline (what this
+machine dispatched); the CUDA columns are derived, and no GPU ran them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import warnings
 from collections import Counter
@@ -57,11 +70,78 @@ def optimizer_step(optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-class OpCensus(TorchDispatchMode):
-    """Counts every aten operation dispatched while active, with casts and float32 matrix products."""
+_EMULATING = [False]  # inside an emulated CUDA-only product: its operand widenings are counted apart
 
-    def __init__(self) -> None:
+
+@contextlib.contextmanager
+def cuda_routes():
+    """The engine takes its CUDA-only routes on this machine (see the module docstring): bf16/fp16
+    operand pairs count as ``out_dtype``-capable whatever their device, and each such product is
+    emulated by a widening of its operands (flagged) and a float32 product (one kernel, as on CUDA)."""
+    import hush_hf.clipping.factors as factors
+    import hush_hf.clipping.float32_products as products
+
+    def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+
+    def emulated(product):
+        def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            _EMULATING[0] = True
+            try:
+                a, b = a.float(), b.float()
+            finally:
+                _EMULATING[0] = False
+            return product(a, b)
+
+        return run
+
+    patches = [
+        (factors, "float32_output_supported", supported),
+        (products, "float32_output_supported", supported),
+        (products, "_mm_out_float32", emulated(torch.mm)),
+        (products, "_bmm_out_float32", emulated(torch.bmm)),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+_TORCH = os.path.dirname(torch.__file__)
+
+
+def call_site() -> str:
+    """The Python line an operation comes from: the innermost frame in ``hush_hf``, else in ``bench``,
+    else the innermost outside torch (a model's forward), as ``path:line (function)``."""
+    frame = sys._getframe(2)
+    fallback = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_ROOT):
+            rel = os.path.relpath(name, _ROOT)
+            if rel.startswith("hush_hf") or (rel.startswith("bench") and fallback is None):
+                return f"{rel}:{frame.f_lineno} ({frame.f_code.co_name})"
+        elif fallback is None and not name.startswith(_TORCH) and "<" not in name:
+            fallback = f"{name.rsplit('site-packages/', 1)[-1]}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return fallback or "torch (autograd engine, optimizer)"
+
+
+class OpCensus(TorchDispatchMode):
+    """Counts every aten operation dispatched while active, with casts and float32 matrix products;
+    with ``sites``, also the kernels and casts of each Python call site (``call_site``)."""
+
+    def __init__(self, sites: bool = False) -> None:
         super().__init__()
+        self.sites = sites
+        self.kernel_sites: Counter[str] = Counter()
+        self.cast_sites: Counter[str] = Counter()
+        self.emulated = 0  # operand widenings of emulated CUDA-only products (``cuda_routes``)
         self.ops: Counter[str] = Counter()
         self.views = 0
         self.casts: Counter[str] = Counter()
@@ -73,14 +153,23 @@ class OpCensus(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         self.ops[name] += 1
+        site = call_site() if self.sites else ""
         if func.is_view or name in NO_KERNEL:
             self.views += 1
+        elif self.sites:
+            self.kernel_sites[f"{site} {name}"] += 1
+        cast = None
         if name == "_to_copy" and isinstance(args[0], torch.Tensor):
             target = kwargs.get("dtype")
             if target is not None and target != args[0].dtype:
-                self.casts[f"{args[0].dtype}->{target}".replace("torch.", "")] += 1
+                cast = f"{args[0].dtype}->{target}".replace("torch.", "")
         elif name == "copy_" and isinstance(args[1], torch.Tensor) and args[0].dtype != args[1].dtype:
-            self.casts[f"{args[1].dtype}->{args[0].dtype}".replace("torch.", "")] += 1
+            cast = f"{args[1].dtype}->{args[0].dtype}".replace("torch.", "")
+        if cast is not None:
+            self.casts[cast] += 1
+            self.emulated += _EMULATING[0]
+            if self.sites:
+                self.cast_sites[f"{site} {cast}"] += 1
         elif name in MATMULS:
             self.matmuls += 1
             if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
@@ -98,6 +187,8 @@ class OpCensus(TorchDispatchMode):
             "f32 mm": self.f32_matmuls,
             "mm": self.matmuls,
             "syncs": self.syncs,
+            "kernels (CUDA)": total - self.views - self.emulated,
+            "casts (CUDA)": sum(self.casts.values()) - self.emulated,
         }
 
 
@@ -163,13 +254,24 @@ def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: 
     return dp_step
 
 
-def census(family: str, dtype: torch.dtype, contender: str, batch: int, seq: int, warmup: int) -> OpCensus:
-    step = make_step(family, dtype, contender, batch, seq)
-    for k in range(warmup):
-        step(k)
-    counter = OpCensus()
-    with counter:
-        step(warmup)
+def census(
+    family: str,
+    dtype: torch.dtype,
+    contender: str,
+    batch: int,
+    seq: int,
+    warmup: int,
+    sites: bool = False,
+    cuda: bool = False,
+) -> OpCensus:
+    """One step's census; ``cuda``: with the engine's CUDA routes (``cuda_routes``), warm-up included."""
+    with cuda_routes() if cuda else contextlib.nullcontext():
+        step = make_step(family, dtype, contender, batch, seq)
+        for k in range(warmup):
+            step(k)
+        counter = OpCensus(sites)
+        with counter:
+            step(warmup)
     return counter
 
 
@@ -182,6 +284,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
+    parser.add_argument(
+        "--breakdown", type=int, default=0, help="also list the N call sites with the most kernels and casts"
+    )
+    parser.add_argument(
+        "--cuda-routes",
+        action="store_true",
+        help="also count the hush step with the engine's CUDA-only routes (emulated widenings left out)",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -196,7 +306,8 @@ def main() -> None:
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
             found = {
-                c: census(family, dtype, c, args.batch, args.seq, args.warmup) for c in ("plain", "hush")
+                c: census(family, dtype, c, args.batch, args.seq, args.warmup, bool(args.breakdown))
+                for c in ("plain", "hush")
             }
             plain, hush = found["plain"].summary(), found["hush"].summary()
             cells = []
@@ -209,6 +320,27 @@ def main() -> None:
                     common = ", ".join(f"{n} {k}" for n, k in found[c].ops.most_common(args.top))
                     print(f"    {c} top ops: {common}")
                     print(f"    {c} casts: {dict(found[c].casts)}")
+            if args.cuda_routes:
+                cuda = census(
+                    family, dtype, "hush", args.batch, args.seq, args.warmup, bool(args.breakdown), cuda=True
+                )
+                routed = cuda.summary()
+                cells = [
+                    f"{plain[c.split()[0]]} / {routed[c]} ({routed[c] / plain[c.split()[0]]:.2f}x)"
+                    for c in ("kernels (CUDA)", "casts (CUDA)")
+                ]
+                print(
+                    f"    CUDA routes: kernels {cells[0]}, casts {cells[1]} "
+                    f"({cuda.emulated} emulation widenings left out; {routed['kernels']} kernels, "
+                    f"{routed['casts']} casts dispatched here)"
+                )
+                found["hush (CUDA routes)"] = cuda
+            if args.breakdown:
+                for c in found:
+                    for title, sites in (("kernels", found[c].kernel_sites), ("casts", found[c].cast_sites)):
+                        print(f"    {c} {title} by call site:")
+                        for site, k in sites.most_common(args.breakdown):
+                            print(f"      {k:5d}  {site}")
 
 
 if __name__ == "__main__":

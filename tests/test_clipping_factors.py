@@ -8,14 +8,13 @@ import pytest
 import torch
 from torch import Tensor
 
+from hush_hf.clipping.factor_memo import FactorMemo, gram_requests, sum_requests
 from hush_hf.clipping.factors import (
     PACK_BELOW,
     DenseFactor,
     Materialized,
     OneHotFactor,
     OuterSum,
-    bf16_pieces,
-    bmm_float32,
     combine_uses,
     drop_zero_steps,
     drop_zero_steps_all,
@@ -27,6 +26,7 @@ from hush_hf.clipping.factors import (
     weighted_sum,
 )
 from hush_hf.clipping.factors import materialize as materialize_use
+from hush_hf.clipping.float32_products import bf16_pieces, bf16_pieces_side_by_side, bmm_float32
 
 B, ROWS, COLS = 3, 7, 5
 
@@ -301,6 +301,9 @@ def test_bf16_pieces_sum_to_the_float32_value_exactly() -> None:
     assert hi.dtype == mid.dtype == lo.dtype == torch.bfloat16
     assert torch.equal(hi.double() + mid.double() + lo.double(), x.double())
     assert not torch.equal(hi.float(), x)  # the pieces are needed
+    side_by_side = bf16_pieces_side_by_side(x.reshape(64, 64))
+    assert side_by_side.dtype == torch.bfloat16 and side_by_side.shape == (64, 192)
+    assert torch.equal(side_by_side, torch.cat([p.reshape(64, 64) for p in (hi, mid, lo)], dim=1))
 
 
 @pytest.mark.parametrize("narrow", ["row", "col"])
@@ -345,3 +348,63 @@ def test_float32_norms_lose_less_than_the_clip_margin_however_many_terms() -> No
     packed = pack_small({"bias": [Materialized(torch.randn(2, 60_000, generator=g))]})
     exact = (packed.values.double() ** 2).sum(dim=1)
     assert ((packed.squared_norms() - exact).abs() / exact).max() < bound
+
+
+def test_a_factor_shared_by_several_uses_gets_its_gram_matrix_once(monkeypatch) -> None:
+    """Three projections of one input (detached views of one tensor, as the hooks record them) and a
+    one-hot use: norms with a ``FactorMemo`` equal the norms without, the shared Gram matrix is computed
+    once and dropped after its last use."""
+    import hush_hf.clipping.factor_memo as factor_memo
+
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(B, 6, 32, generator=g, dtype=torch.float64)  # wide enough for the ghost norm
+    uses = {
+        name: [
+            OuterSum(
+                DenseFactor(torch.randn(B, 6, out, generator=g, dtype=torch.float64)), DenseFactor(x.detach())
+            )
+        ]
+        for name, out in (("q", 32), ("k", 16), ("v", 16))
+    }
+    uses["embedding"] = [
+        OuterSum(OneHotFactor(torch.randint(0, 40, (B, 6), generator=g), 40), DenseFactor(x.detach()))
+    ]
+    assert all(norm_strategy(found) == "ghost" for found in uses.values())
+    expected = {name: squared_norm_of_sum(found) for name, found in uses.items()}
+    computed = []
+    monkeypatch.setattr(factor_memo, "gram", lambda f, h: computed.append(f) or gram(f, h))
+    memo = FactorMemo(gram_requests([u for found in uses.values() for u in found]))
+    for name, found in uses.items():
+        torch.testing.assert_close(
+            squared_norm_of_sum(found, combined=True, grams=memo), expected[name], rtol=1e-12, atol=0
+        )
+    assert (
+        sum(isinstance(f, DenseFactor) and f.values.data_ptr() == x.data_ptr() for f in computed) == 1
+    )  # x's Gram matrix once, not 4 times
+    assert len(computed) == 1 + 3 + 1  # x once, each other factor (3 dense, 1 one-hot) once
+    assert not memo._kept and not memo._left  # nothing kept after the last use
+
+
+@pytest.mark.parametrize("route", ["scaled", "pieces"])
+def test_clipped_sums_of_uses_sharing_a_factor_equal_the_sums_without_sharing(
+    route: str, monkeypatch
+) -> None:
+    """Gate and up projections read one input (the narrower factor): its clip-weighted form (CPU route)
+    or its three bf16 pieces (CUDA's route, run here through the widening fallback) is built once and
+    gives exactly the clipped sums built separately; nothing is kept after the last use."""
+    import hush_hf.clipping.factors as factors
+
+    if route == "pieces":
+        monkeypatch.setattr(factors, "bf16_products", lambda a, b: True)
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(B, 6, 8, generator=g).bfloat16()
+    uses = [
+        OuterSum(DenseFactor(torch.randn(B, 6, 32, generator=g).bfloat16()), DenseFactor(x.detach()))
+        for _ in "gu"
+    ]
+    weights = torch.rand(B, generator=g)
+    separate = [weighted_sum(u, weights) for u in uses]
+    memo = FactorMemo(sum_requests(uses))
+    for use, expected in zip(uses, separate, strict=True):
+        assert torch.equal(weighted_sum(use, weights, memo), expected)
+    assert not memo._kept and not memo._left

@@ -78,6 +78,22 @@ def test_noise_is_reproducible_from_seed_and_step_only():
     assert not torch.equal(draw(1, 4), draw(2, 4))
 
 
+def test_one_draw_per_device_and_dtype_split_in_parameter_order():
+    """All parameters of one device and dtype take consecutive draws of one ``randn`` (one kernel), in
+    the given order; another dtype on the same device continues that device's stream."""
+    params = zero_grad_params((500,), (7, 3)) + zero_grad_params((40,), dtype=torch.float64)
+    params += zero_grad_params((2, 5))
+    privatize_gradients_(
+        params, noise_multiplier=1.0, clip_norm=2.0, expected_batch_size=4.0, dp_seed=6, step=9
+    )
+    generator = noise_generator(6, 9, torch.device("cpu"), 0)
+    first = torch.randn(500 + 21 + 10, generator=generator) / 2.0
+    second = torch.randn(40, generator=generator, dtype=torch.float64) / 2.0
+    float32 = torch.cat([p.grad.flatten() for p in (params[0], params[1], params[3])])
+    assert torch.equal(float32, first)
+    assert torch.equal(params[2].grad.flatten(), second)
+
+
 def test_devices_get_distinct_streams():
     g0 = noise_generator(3, 0, torch.device("cpu"), 0)
     g1 = noise_generator(3, 0, torch.device("cpu"), 1)

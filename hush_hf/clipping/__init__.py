@@ -16,6 +16,7 @@ from hush_hf.clipping import (  # noqa: F401
     rules_moe_families,
     rules_peft,
     rules_positions,
+    rules_rms_norm,
     rules_ssm,
     rules_torch,
 )

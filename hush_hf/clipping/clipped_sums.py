@@ -35,12 +35,12 @@ def accumulate_(p: nn.Parameter, grad: Tensor, *, owned: bool = False) -> None:
             keep = owned and grad.dtype == torch.float32
             setattr(p, _ATTRIBUTE, grad if keep else grad.to(torch.float32, copy=True))
         else:
-            total.add_(grad.to(torch.float32))
+            total.add_(grad if grad.dtype == torch.float32 else grad.to(torch.float32))
         return
     if p.grad is None:
-        p.grad = grad.to(p.dtype)
+        p.grad = grad if grad.dtype == p.dtype else grad.to(p.dtype)
     else:
-        p.grad.add_(grad.to(p.grad.dtype))
+        p.grad.add_(grad if grad.dtype == p.grad.dtype else grad.to(p.grad.dtype))
 
 
 def clipped_sum(p: nn.Parameter) -> Tensor | None:

@@ -20,9 +20,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from hush_hf.clipping.float32_products import (
+    _weighted_product_bf16,
+    as_dtype,
+    bf16_products,
+    bmm_float32,
+    float32_output_supported,
+)
+
+if TYPE_CHECKING:
+    from hush_hf.clipping.factor_memo import FactorMemo
 
 
 @dataclass(frozen=True)
@@ -110,64 +122,6 @@ def compute_dtype(*tensors: Tensor) -> torch.dtype:
     return dtype
 
 
-def _float32_output_supported(a: Tensor, b: Tensor) -> bool:
-    """Whether ``torch.bmm``/``torch.mm`` can take these bf16/fp16 operands as they are and return float32
-    (``out_dtype``: cuBLAS accumulates in float32; CUDA only in torch 2.13)."""
-    return a.is_cuda and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
-
-
-def bf16_products(a: Tensor, b: Tensor) -> bool:
-    """Whether a weighted sum of these two factors takes the bf16 route (``_weighted_product_bf16``):
-    two bf16 factors on CUDA."""
-    return a.dtype == torch.bfloat16 and _float32_output_supported(a, b)
-
-
-def mm_float32(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` of two bf16 matrices with float32 accumulation and output: ``out_dtype`` on CUDA, float32
-    copies elsewhere (the same numbers: each product of two bf16 numbers is exact in float32)."""
-    if _float32_output_supported(a, b):
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return torch.mm(a.float(), b.float())
-
-
-def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Three bf16 tensors whose sum is the float32 ``x`` exactly: ``hi = bf16(x)``, ``mid = bf16(x - hi)``,
-    ``lo = bf16(x - hi - mid)``. Each difference is exact in float32 and the last one fits bf16's 8
-    significant bits (24 = 3 x 8, and bf16 has float32's exponent range); values below 2^-126 aside."""
-    hi = x.to(torch.bfloat16)
-    rest = x - hi
-    mid = rest.to(torch.bfloat16)
-    return hi, mid, (rest - mid).to(torch.bfloat16)
-
-
-def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
-    """``sum_{i,t} w_i row_{i,t} col_{i,t}^T`` of two bf16 factors in float32 without a float32 copy of
-    either: the weights are folded into the narrower factor in float32 (a transient scaled copy of it),
-    that is split exactly into three bf16 pieces (``bf16_pieces``) and each piece multiplies the other
-    factor as it is, bf16 operands with float32 accumulation and output (``mm_float32``). The same sum
-    as the float32 route, up to float32 accumulation order; three bf16 GEMMs instead of one float32
-    GEMM and a float32 copy of the wider factor (an output projection's logits gradient)."""
-    transpose = row.shape[-1] > col.shape[-1]
-    narrow, wide = (col, row) if transpose else (row, col)
-    scaled = narrow.float() * weights.float()[:, None, None]
-    pieces = bf16_pieces(scaled.reshape(-1, scaled.shape[-1]))
-    wide = wide.reshape(-1, wide.shape[-1])
-    total = mm_float32(pieces[0].T, wide)
-    for piece in pieces[1:]:
-        total += mm_float32(piece.T, wide)
-    return total.T if transpose else total
-
-
-def bmm_float32(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
-    """``a @ b`` batched, in ``dtype`` (at least float32). Exact in the sense of the float32 route:
-    the product of two bf16/fp16 numbers is exact in float32, so bf16 operands with float32
-    accumulation and output (CUDA, ``out_dtype``) give what float32 copies of them would, without
-    the copies; elsewhere the operands are widened first."""
-    if dtype == torch.float32 and _float32_output_supported(a, b):
-        return torch.bmm(a, b, out_dtype=torch.float32)
-    return torch.bmm(a.to(dtype), b.to(dtype))
-
-
 def _dense(f: Factor) -> Tensor | None:
     return f.values if isinstance(f, DenseFactor) else None
 
@@ -178,8 +132,8 @@ def gram(f: Factor, h: Factor) -> Tensor:
         raise ValueError(f"factor sizes differ: {f.size} vs {h.size}")
     if isinstance(f, DenseFactor) and isinstance(h, DenseFactor):
         dtype = compute_dtype(f.values, h.values)
-        if f.values is h.values and not _float32_output_supported(f.values, h.values):
-            values = f.values.to(dtype)  # one widened copy for both sides of a squared norm
+        if f.values is h.values and not float32_output_supported(f.values, h.values):
+            values = as_dtype(f.values, dtype)  # one widened copy for both sides of a squared norm
             return torch.bmm(values, values.transpose(1, 2))
         return bmm_float32(f.values, h.values.transpose(1, 2), dtype)
     if isinstance(f, OneHotFactor) and isinstance(h, OneHotFactor):
@@ -187,7 +141,7 @@ def gram(f: Factor, h: Factor) -> Tensor:
     if isinstance(f, OneHotFactor):
         return gram(h, f).transpose(1, 2)
     # f dense (b, T, n), h one-hot (b, S): <f_t, e_{x_s}> = f_t[x_s].
-    values = f.values.to(compute_dtype(f.values))
+    values = as_dtype(f.values, compute_dtype(f.values))
     b, t_len = values.shape[:2]
     index = h.ids[:, None, :].expand(b, t_len, h.ids.shape[1])
     return torch.gather(values, 2, index)
@@ -196,7 +150,7 @@ def gram(f: Factor, h: Factor) -> Tensor:
 def _contract_col(m: Tensor, col: Factor) -> Tensor:
     """``(M_i c_{i,t})`` for every t: shape (b, T, rows)."""
     if isinstance(col, DenseFactor):
-        return torch.einsum("brk,btk->btr", m, col.values.to(m.dtype))
+        return torch.einsum("brk,btk->btr", m, as_dtype(col.values, m.dtype))
     b, rows = m.shape[:2]
     index = col.ids[:, None, :].expand(b, rows, col.ids.shape[1])
     return torch.gather(m, 2, index).transpose(1, 2)
@@ -205,12 +159,12 @@ def _contract_col(m: Tensor, col: Factor) -> Tensor:
 def _inner_materialized_outer(m: Materialized, g: OuterSum) -> Tensor:
     """``<M_i, sum_t r_t c_t^T> = sum_t r_t^T M_i c_t`` without materialising G."""
     dtype = compute_dtype(m.values, *(f.values for f in (g.row, g.col) if isinstance(f, DenseFactor)))
-    values = m.values.to(dtype)
+    values = as_dtype(m.values, dtype)
     if values.dim() != 3:
         raise ValueError(f"a factored gradient needs a 2-D parameter, got shape {tuple(values.shape[1:])}")
     mc = _contract_col(values, g.col)  # (b, T, rows)
     if isinstance(g.row, DenseFactor):
-        return exact_sum(mc * g.row.values.to(dtype), dim=(1, 2))
+        return exact_sum(mc * as_dtype(g.row.values, dtype), dim=(1, 2))
     return exact_sum(torch.gather(mc, 2, g.row.ids[:, :, None]), dim=(1, 2))
 
 
@@ -225,6 +179,12 @@ def exact_sum(terms: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     return torch.sum(terms, dim=dim, dtype=torch.float64)
 
 
+def _gram_dot(k_row: Tensor, k_col: Tensor) -> Tensor:
+    """``sum_{t,s} K_row[i, t, s] K_col[i, t, s]`` for every example, summed in float64 (``exact_sum``)."""
+    dtype = torch.promote_types(k_row.dtype, k_col.dtype)
+    return exact_sum(as_dtype(k_row, dtype) * as_dtype(k_col, dtype), dim=(1, 2))
+
+
 def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
     """Per-example Frobenius inner product ``<G_i, H_i>``, shape (b,)."""
     if isinstance(g, ExtensionGrad):
@@ -232,13 +192,10 @@ def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
     if isinstance(h, ExtensionGrad):
         return h.inner(g)
     if isinstance(g, OuterSum) and isinstance(h, OuterSum):
-        k_row = gram(g.row, h.row)
-        k_col = gram(g.col, h.col)
-        dtype = torch.promote_types(k_row.dtype, k_col.dtype)
-        return exact_sum(k_row.to(dtype) * k_col.to(dtype), dim=(1, 2))  # sum_{t,s} K_row K_col
+        return _gram_dot(gram(g.row, h.row), gram(g.col, h.col))
     if isinstance(g, Materialized) and isinstance(h, Materialized):
         dtype = compute_dtype(g.values, h.values)
-        return exact_sum(g.values.to(dtype).flatten(1) * h.values.to(dtype).flatten(1), dim=1)
+        return exact_sum(as_dtype(g.values, dtype).flatten(1) * as_dtype(h.values, dtype).flatten(1), dim=1)
     if isinstance(g, Materialized):
         return _inner_materialized_outer(g, h)
     return _inner_materialized_outer(h, g)
@@ -448,7 +405,12 @@ class _Chunks:
 
 
 def squared_norm_of_sum(
-    uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None, *, clamp: bool = True
+    uses: Sequence[PerExampleGrad],
+    never_materialize_dim: int | None = None,
+    *,
+    clamp: bool = True,
+    combined: bool = False,
+    grams: FactorMemo | None = None,
 ) -> Tensor:
     """``||sum_u G_{u,i}||^2 = sum_u ||G_{u,i}||^2 + 2 sum_{u<v} <G_{u,i}, G_{v,i}>``, shape (b,).
 
@@ -457,7 +419,9 @@ def squared_norm_of_sum(
     leaving them out can under-estimate it, which would void the clipping bound. Computed the
     cheaper way (``norm_strategy``): from the factors' Gram matrices, or by materialising the
     per-example gradient for that moment only (the factors stay what the clipped sum is built from).
-    ``clamp=False`` leaves out the final ``clamp_min(0)`` (for a caller that clamps many at once).
+    ``clamp=False`` leaves out the final ``clamp_min(0)`` (for a caller that clamps many at once);
+    ``combined=True``: the uses are ``combine_uses``'s result already (not decided again); ``grams``:
+    where a factored use's own Gram matrices come from (shared with other parameters' uses).
     """
     if not uses:
         raise ValueError("squared_norm_of_sum needs at least one use")
@@ -465,11 +429,15 @@ def squared_norm_of_sum(
     if chunks is not None:
         parts = [squared_norm_of_sum(part, never_materialize_dim, clamp=clamp) for _, part in chunks]
         return torch.cat(parts)
-    uses = combine_uses(uses, never_materialize_dim)
+    if not combined:
+        uses = combine_uses(uses, never_materialize_dim)
     total: Tensor | None = None
     for u, g in enumerate(uses):
         for v in range(u, len(uses)):
-            term = inner(g, uses[v])
+            if u == v and grams is not None and isinstance(g, OuterSum):
+                term = _gram_dot(grams.gram(g.row), grams.gram(g.col))
+            else:
+                term = inner(g, uses[v])
             term = term if u == v else 2.0 * term
             total = term if total is None else total + term
     # Exact value is >= 0; rounding can leave a tiny negative only when the norm itself is ~0. (With
@@ -479,19 +447,40 @@ def squared_norm_of_sum(
 
 
 def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
-    """Dense factor vectors scaled by their example's weight, flattened to (b*T, n)."""
+    """Dense factor vectors scaled by their example's weight, flattened to (b*T, n), in ``dtype`` (at
+    least the factor's). The product widens the factor itself (the same numbers as widening it first:
+    a bf16 value is exact in float32), so no widened copy of the factor is dispatched."""
     assert isinstance(f, DenseFactor)
-    values = f.values.to(dtype) * weights.to(dtype)[:, None, None]
+    values = f.values * as_dtype(weights, dtype)[:, None, None]
     return values.reshape(-1, values.shape[-1])
 
 
-def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
+def _dense_pair_route(g: PerExampleGrad) -> tuple[str, Tensor, Tensor, torch.dtype] | None:
+    """For an ``OuterSum`` of two dense factors: (route, narrower, wider values, dtype) of its clipped
+    sum, route ``"pieces"`` (two bf16 factors on CUDA, ``_weighted_product_bf16``) or ``"scaled"`` (the
+    weights folded into the narrower factor, the other widened); else None."""
+    if not (isinstance(g, OuterSum) and isinstance(g.row, DenseFactor) and isinstance(g.col, DenseFactor)):
+        return None
+    row, col = g.row.values, g.col.values
+    dtype = compute_dtype(row, col)
+    narrow, wide = (row, col) if row.shape[-1] <= col.shape[-1] else (col, row)
+    route = "pieces" if dtype == torch.float32 and bf16_products(row, col) else "scaled"
+    return route, narrow, wide, dtype
+
+
+def _derived(memo: FactorMemo | None, kind: str, values: Tensor, compute: Callable[[], Tensor]) -> Tensor:
+    return compute() if memo is None else memo.get(kind, values, compute)
+
+
+def weighted_sum(g: PerExampleGrad, weights: Tensor, memo: FactorMemo | None = None) -> Tensor:
     """``sum_i w_i G_i``, one parameter-sized tensor in at least float32 (no per-example tensor).
 
     For an ``OuterSum`` this is ``sum_{i,t} w_i row_{i,t} col_{i,t}^T``: one (rows x b*T) @ (b*T x cols)
     product for dense factors, a scatter-add of rows for a one-hot factor (an embedding's rows).
     With ``w_i = c_i`` it is the clipped sum that ``GhostClipper.clipped_backward`` adds to ``p.grad``
-    (book-keeping: c_i folded into the factor, one matmul; no second backward pass).
+    (book-keeping: c_i folded into the factor, one matmul; no second backward pass). ``memo``: where a
+    factor's clip-weighted or widened form comes from when other uses share it (the same ``weights``
+    for all of them; ``factor_memo.sum_requests``).
     """
     if isinstance(g, ExtensionGrad):
         return g.weighted_sum(weights)
@@ -504,26 +493,29 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor) -> Tensor:
         return total
     if isinstance(g, Materialized):
         dtype = compute_dtype(g.values)
-        values = g.values.to(dtype)
-        return (weights.to(dtype)[None, :] @ values.reshape(values.shape[0], -1)).reshape(values.shape[1:])
+        values = as_dtype(g.values, dtype)
+        total = as_dtype(weights, dtype)[None, :] @ values.reshape(values.shape[0], -1)
+        return total.reshape(values.shape[1:])
     row, col = g.row, g.col
     dtype = compute_dtype(*(f.values for f in (row, col) if isinstance(f, DenseFactor)))
     device = weights.device
-    if isinstance(row, DenseFactor) and isinstance(col, DenseFactor):
-        if dtype == torch.float32 and bf16_products(row.values, col.values):
-            return _weighted_product_bf16(row.values, col.values, weights)
+    found = _dense_pair_route(g)
+    if found is not None:
+        route, narrow, wide, _ = found
+        if route == "pieces":
+            return _weighted_product_bf16(row.values, col.values, weights, memo)
         # Fold the weights into the narrower factor (for an output projection: the hidden states,
         # not the vocabulary-wide logits gradient): a smaller scaled copy, the same one matmul.
-        if row.size <= col.size:
-            return _weighted_rows(row, weights, dtype).T @ col.values.to(dtype).reshape(-1, col.size)
-        return row.values.to(dtype).reshape(-1, row.size).T @ _weighted_rows(col, weights, dtype)
+        scaled = _derived(memo, "scaled", narrow, lambda: _weighted_rows(DenseFactor(narrow), weights, dtype))
+        widened = _derived(memo, "widened", wide, lambda: as_dtype(wide, dtype)).reshape(-1, wide.shape[-1])
+        return scaled.T @ widened if narrow is row.values else widened.T @ scaled
     out = torch.zeros(row.size, col.size, dtype=dtype, device=device)
     if isinstance(row, OneHotFactor) and isinstance(col, DenseFactor):
         return out.index_add_(0, row.ids.reshape(-1), _weighted_rows(col, weights, dtype))
     if isinstance(row, DenseFactor) and isinstance(col, OneHotFactor):
         return out.index_add_(1, col.ids.reshape(-1), _weighted_rows(row, weights, dtype).T)
     assert isinstance(row, OneHotFactor) and isinstance(col, OneHotFactor)
-    w = weights.to(dtype)[:, None].expand(row.ids.shape).reshape(-1)
+    w = as_dtype(weights, dtype)[:, None].expand(row.ids.shape).reshape(-1)
     return out.index_put_((row.ids.reshape(-1), col.ids.reshape(-1)), w, accumulate=True)
 
 
@@ -552,7 +544,7 @@ class Packed:
         """``sum_i w_i G_{k,i}`` for every packed parameter k: one (1 x b) @ (b x N) product, in at
         least float32, split into views shaped like the parameters."""
         dtype = compute_dtype(self.values)
-        total = (weights.to(dtype)[None, :] @ self.values.to(dtype)).flatten()
+        total = (as_dtype(weights, dtype)[None, :] @ as_dtype(self.values, dtype)).flatten()
         sizes = [math.prod(shape) for shape in self.shapes]
         parts = torch.split(total, sizes)
         return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
@@ -576,4 +568,4 @@ def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
     shapes = tuple(part.values.shape[1:] for part in parts)  # type: ignore[union-attr]
     dtype = compute_dtype(*(part.values for part in parts))  # type: ignore[union-attr]
     values = torch.cat([part.values.reshape(part.values.shape[0], -1) for part in parts], dim=1)  # type: ignore[union-attr]
-    return Packed(values.to(dtype), tuple(names), shapes)
+    return Packed(as_dtype(values, dtype), tuple(names), shapes)

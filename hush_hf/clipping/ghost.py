@@ -45,10 +45,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Partial
 from torch.utils.hooks import RemovableHandle
 
 from hush_hf.clipping import clipped_sums
+from hush_hf.clipping.factor_memo import FactorMemo, gram_requests, sum_requests
 from hush_hf.clipping.factors import (
     PerExampleGrad,
     combine_uses,
@@ -68,6 +70,7 @@ from hush_hf.clipping.layer_calls import (
     _Pass,
     _plan_layers,
     _trainable,
+    _trainable_ids,
     _type_name,
     _unfold,
     _vocabulary_size,
@@ -85,6 +88,7 @@ from hush_hf.clipping.rules_generic import (
 from hush_hf.clipping.self_check import SelfCheck
 
 logger = logging.getLogger(__name__)
+
 
 # Models that currently carry a GhostClipper's hooks (a second one would double-record every call).
 _ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
@@ -207,13 +211,14 @@ class GhostClipper(CallRecorder, SelfCheck):
     def _check_usable(self) -> None:
         if self._removed:
             raise RuntimeError("this GhostClipper was removed; build a new one")
-        current = _trainable(self._model)
-        # FSDP2 swaps parameter objects (sharded / unsharded) by design: compare names there.
-        same = (
-            [n for n, _ in current] == [n for n, _ in self._params]
-            if _is_fsdp(self._model)
-            else [id(p) for _, p in current] == self._trainable_ids
-        )
+        # One walk of the modules per call (this runs for every micro-batch): the trainable parameters in
+        # ``named_parameters`` order, by identity. FSDP2 swaps parameter objects (sharded / unsharded) by
+        # design: compare names there.
+        modules = list(self._model.modules())
+        if any(isinstance(m, FSDPModule) for m in modules):
+            same = [n for n, _ in _trainable(self._model)] == [n for n, _ in self._params]
+        else:
+            same = _trainable_ids(modules) == self._trainable_ids
         if not same:
             raise RuntimeError(
                 "the trainable parameters of the model changed since the GhostClipper was built "
@@ -330,7 +335,11 @@ class GhostClipper(CallRecorder, SelfCheck):
         packed = pack_small(uses)  # biases and norm scales: one norm, one clipped-sum product for all
         if packed is not None:
             terms.append(packed.squared_norms())
-        terms += [squared_norm_of_sum(found, self._vocab, clamp=False) for found in uses.values()]
+        grams = FactorMemo(gram_requests([u for found in uses.values() for u in found]))  # shared: once
+        terms += [
+            squared_norm_of_sum(u, self._vocab, clamp=False, combined=True, grams=grams)
+            for u in uses.values()
+        ]
         if terms:
             # Each parameter's exact squared norm is >= 0: a tiny negative is rounding (clamped per term).
             # (stacked first, widened once: one cast, not one per parameter)
@@ -449,9 +458,11 @@ class GhostClipper(CallRecorder, SelfCheck):
         coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
         if not check:
             packed = result.packed.weighted_sums(coef) if result.packed is not None else {}
+            memo = FactorMemo(sum_requests([u for found in result.uses.values() for u in found]))
             for name, p in self._params:
                 uses = result.uses.pop(name, [])
-                self._accumulate(p, self._clipped_sum(p, uses, coef) if uses else packed.pop(name, None))
+                clipped = self._clipped_sum(p, uses, coef, memo) if uses else packed.pop(name, None)
+                self._accumulate(p, clipped)
             return norms
         rebuilt = self._rebuild(result, coef)
         got = self._autograd_grads((loss * coef).sum(), result, check, retain_graph=False)
@@ -532,11 +543,13 @@ class GhostClipper(CallRecorder, SelfCheck):
             self._pass = None
 
     @staticmethod
-    def _clipped_sum(p: nn.Parameter, uses: list[PerExampleGrad], coef: Tensor) -> Tensor:
+    def _clipped_sum(
+        p: nn.Parameter, uses: list[PerExampleGrad], coef: Tensor, memo: FactorMemo | None = None
+    ) -> Tensor:
         """``sum_u sum_i coef_i G_{u,i}`` for one parameter, in at least float32, shaped like ``p``."""
         total: Tensor | None = None
         for use in uses:
-            part = weighted_sum(use, coef).reshape(p.shape)
+            part = weighted_sum(use, coef, memo).reshape(p.shape)
             total = part if total is None else total.add_(part.to(total.dtype))
         assert total is not None
         return total

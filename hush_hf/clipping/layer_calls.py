@@ -303,6 +303,20 @@ def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
+def _trainable_ids(modules: list[nn.Module]) -> list[int]:
+    """``[id(p) for _, p in _trainable(model)]`` from ``list(model.modules())``: each parameter once, in
+    ``named_parameters`` order (modules in order, then their own parameters), without building names."""
+    seen: set[int] = set()
+    ids = []
+    for module in modules:
+        for p in module._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                if p.requires_grad:
+                    ids.append(id(p))
+    return ids
+
+
 _UNRECOGNISED_CHECKPOINT = (
     "a gradient checkpointing that hush_hf does not recognise re-runs layers in the backward pass; enable "
     "it with transformers' model.gradient_checkpointing_enable() (or TrainingArguments("

@@ -43,15 +43,26 @@ from torch import Tensor, nn
 
 from hush_hf.clipping.factors import PerExampleGrad, combine_uses, squared_norm_of_sum, weighted_sum
 
+_ABSENT = object()
+
+
+def _checkpointing_flag(module: nn.Module) -> bool:
+    """``module.gradient_checkpointing is True``, read from the instance, else its class: a flag is never a
+    parameter, buffer or submodule, so ``nn.Module.__getattr__`` (slow when the name is missing, as on
+    most modules) has nothing to add."""
+    value = module.__dict__.get("gradient_checkpointing", _ABSENT)
+    if value is _ABSENT:
+        value = getattr(type(module), "gradient_checkpointing", False)
+        if hasattr(value, "__get__"):  # a property or other descriptor: read it as an attribute
+            value = getattr(module, "gradient_checkpointing", False)
+    return value is True
+
 
 def recomputes(model: nn.Module) -> bool:
     """Whether some module of ``model`` may re-run its forward inside the backward pass: transformers'
     ``gradient_checkpointing`` flag (set on its layers by ``gradient_checkpointing_enable()``) or
-    torch's ``checkpoint_wrapper``."""
-    return any(
-        getattr(m, "gradient_checkpointing", False) is True or type(m).__name__ == "CheckpointWrapper"
-        for m in model.modules()
-    )
+    torch's ``checkpoint_wrapper``. Read at every forward, so one walk of the modules, kept cheap."""
+    return any(_checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper" for m in model.modules())
 
 
 class Tap(torch.autograd.Function):

@@ -56,6 +56,31 @@ def _answer_once(module: nn.Module, method: str, value: Tensor) -> None:
     handle = module.register_forward_hook(clear, always_call=True)
 
 
+def _parameters_of(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, ...]:
+    """``module.get_parameter(n)`` for each name, as the call used them (FSDP2 swaps parameter objects),
+    read straight from ``module._parameters`` for a direct name that no class attribute shadows (what
+    ``get_parameter`` returns then; it walks the path and checks the type, once per hooked call)."""
+    own = module._parameters
+    found = []
+    for n in names:
+        param = own.get(n)
+        if not isinstance(param, nn.Parameter) or _shadowed(type(module), n):
+            param = module.get_parameter(n)
+        found.append(param)
+    return tuple(found)
+
+
+_SHADOWED: dict[tuple[type, str], bool] = {}
+
+
+def _shadowed(kind: type, name: str) -> bool:
+    """Whether the class defines ``name`` itself (a property would win over ``_parameters``)."""
+    key = (kind, name)
+    if key not in _SHADOWED:
+        _SHADOWED[key] = "." in name or hasattr(kind, name)
+    return _SHADOWED[key]
+
+
 class CallRecorder:
     """Forward-hook side of :class:`~hush_hf.clipping.ghost.GhostClipper` (see the module docstring)."""
 
@@ -88,12 +113,15 @@ class CallRecorder:
         if not output.requires_grad:
             return None  # no gradient reaches this call's parameters
         source = inputs[0].detach()
-        x = source
+        x: Any = source
         cast = self._autocast_dtype(layer, source)
         if cast is not None:
             # The op multiplies the autocast-dtype copy; the weight gradient is built from it.
             x = x.to(cast)
-        params = tuple(module.get_parameter(n) for n in layer.param_names)
+        if layer.rule.saved_input is not None:  # a value the forward computed, in place of the input
+            saved = layer.rule.saved_input(module, source, output)
+            x = x if saved is None else saved
+        params = _parameters_of(module, layer.param_names)
         self._calls.append(_Call(layer, x, source, source._version, *_output_record(output), params))
         if layer.rule.protects_output:
             # The model modifies this output in place (Falcon: ``mlp_output += attention_output``); it
@@ -138,7 +166,7 @@ class CallRecorder:
             return None
         shared = self._shared_output(output, primary)
         output = shared if shared is not None else output
-        params = tuple(layer.module.get_parameter(n) for n in layer.param_names)
+        params = _parameters_of(layer.module, layer.param_names)
         self._calls.append(_Call(layer, call, primary, primary._version, *_output_record(output), params))
         return shared
 
@@ -158,7 +186,7 @@ class CallRecorder:
             value = tapped if tapped is not None else value
         elif value.requires_grad:
             x = injection.x.detach()
-            params = tuple(module.get_parameter(n) for n in layer.param_names)
+            params = _parameters_of(module, layer.param_names)
             self._calls.append(_Call(layer, x, x, x._version, *_output_record(value), params))
         if injection.method:
             _answer_once(module, injection.key, value)

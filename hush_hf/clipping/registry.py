@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -60,6 +61,10 @@ class LayerRule:
     ``injects``: the layer computes, from its own parameters, a tensor that the whole batch shares and
     that the model passes back in as a keyword argument (T5's relative position bias): see
     :class:`Injection`. The rule then gets the injection's ``x`` and the gradient of its batch-wide copy.
+    ``saved_input(module, x, output)``: called in the forward hook (not under gradient checkpointing);
+    what the rule gets instead of the input x, typically a value the forward computed and autograd
+    keeps anyway (so the rule need not compute it again), or None to give the rule x. The rule must
+    accept both.
     """
 
     grads: GradRule
@@ -70,6 +75,7 @@ class LayerRule:
     output_index: int | None = None
     owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None
     injects: Injector | None = None
+    saved_input: Callable[[nn.Module, Tensor, Tensor], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,7 @@ def register_norm_rule(
     output_index: int | None = None,
     owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None,
     injects: Injector | None = None,
+    saved_input: Callable[[nn.Module, Tensor, Tensor], Any] | None = None,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
 
@@ -171,6 +178,7 @@ def register_norm_rule(
             output_index=output_index,
             owns=owns,
             injects=injects,
+            saved_input=saved_input,
         )
         for key in keys:
             _RULES[key] = rule

@@ -29,18 +29,21 @@ def as_sequence(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], -1, t.shape[-1])
 
 
-def sum_all_but_batch_and_last(t: Tensor, n_dims: int) -> Tensor:
-    """Sum over every dimension except the batch (first) and the last ``n_dims`` (a parameter's shape).
+def sum_all_but_batch_and_last(t: Tensor, n_dims: int, dtype: torch.dtype | None = None) -> Tensor:
+    """Sum over every dimension except the batch (first) and the last ``n_dims`` (a parameter's shape),
+    accumulated and returned in ``dtype`` (default: t's); a bf16 ``t`` summed into float32 by the sum
+    itself, with no widened copy of it dispatched.
 
     (Opacus has the same helper; importing opacus costs ~3 s, so it is not worth one line.)
     """
     dims = tuple(range(1, t.dim() - n_dims))
-    return t.sum(dim=dims) if dims else t
+    return t.sum(dim=dims, dtype=dtype) if dims else t.to(dtype or t.dtype)
 
 
 def bias_grad(g: Tensor) -> Materialized:
-    """Bias added to every position: grad_i = sum_t g_{i,t}."""
-    return Materialized(as_sequence(g).sum(dim=1))
+    """Bias added to every position: grad_i = sum_t g_{i,t}, summed in at least float32 (a bf16 output
+    gradient's sum is not rounded back to bf16)."""
+    return Materialized(as_sequence(g).sum(dim=1, dtype=compute_dtype(g)))
 
 
 @register_norm_rule(nn.Linear, casts_input_under_autocast=True)
@@ -91,9 +94,10 @@ def layer_norm_grads(layer: nn.LayerNorm, x: Tensor, g: Tensor) -> dict[str, Per
     grads: dict[str, PerExampleGrad] = {}
     if layer.weight is not None:
         xhat = F.layer_norm(x.to(dtype), layer.normalized_shape, eps=layer.eps)
-        grads["weight"] = Materialized(sum_all_but_batch_and_last(xhat * g.to(dtype), n_dims))
+        # xhat (dtype) * g widens g inside the product: the same numbers as a widened copy of g
+        grads["weight"] = Materialized(sum_all_but_batch_and_last(xhat * g, n_dims, dtype))
     if layer.bias is not None:
-        grads["bias"] = Materialized(sum_all_but_batch_and_last(g.to(dtype), n_dims))
+        grads["bias"] = Materialized(sum_all_but_batch_and_last(g, n_dims, dtype))
     return grads
 
 
@@ -105,4 +109,4 @@ def rms_norm_grads(layer: nn.RMSNorm, x: Tensor, g: Tensor) -> dict[str, PerExam
     eps = layer.eps if layer.eps is not None else torch.finfo(x.dtype).eps
     xhat = F.rms_norm(x.to(dtype), layer.normalized_shape, eps=eps)
     n_dims = len(layer.normalized_shape)
-    return {"weight": Materialized(sum_all_but_batch_and_last(xhat * g.to(dtype), n_dims))}
+    return {"weight": Materialized(sum_all_but_batch_and_last(xhat * g, n_dims, dtype))}

@@ -62,6 +62,29 @@ def shard_rows(full: torch.Tensor, grad: DTensor) -> torch.Tensor:
     return local
 
 
+def draw_noise(grads: Sequence[torch.Tensor], dp_seed: int, step: int) -> list[torch.Tensor]:
+    """Standard normal noise shaped like each of ``grads`` (full-size for a sharded one), in its dtype.
+
+    One ``randn`` per device and dtype for all of that group's entries (one kernel launch instead of one
+    per parameter), split into views in parameter order: parameter p's noise is the next ``numel(p)``
+    draws of its device's stream, independent entries of N(0, 1) like separate draws. Devices get their
+    stream ordinal in order of first appearance, and a device's groups draw in order of first
+    appearance, so the noise depends on (dp_seed, step) and the parameter list only."""
+    generators: dict[torch.device, torch.Generator] = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for k, grad in enumerate(grads):
+        if grad.device not in generators:
+            generators[grad.device] = noise_generator(dp_seed, step, grad.device, len(generators))
+        groups.setdefault((grad.device, grad.dtype), []).append(k)
+    noises: dict[int, torch.Tensor] = {}
+    for (device, dtype), members in groups.items():
+        sizes = [grads[k].numel() for k in members]
+        flat = torch.randn(sum(sizes), generator=generators[device], device=device, dtype=dtype)
+        for k, part in zip(members, flat.split(sizes), strict=True):
+            noises[k] = part.view(grads[k].shape)
+    return [noises[k] for k in range(len(grads))]
+
+
 def privatize_gradients_(
     params: Sequence[nn.Parameter],
     *,
@@ -75,11 +98,11 @@ def privatize_gradients_(
     ``S_p`` the clipped sum (``clipped_sums.clipped_sums_for_noise``: ``p.grad``, or the float32 sum the
     engine keeps beside a bf16/fp16 parameter).
 
-    Parameters are visited in the given order and each device draws from its own stream, so the
-    same call gives the same noise on every rank. Low-precision parameters get the noise added in
-    float32 and are rounded once afterwards: rounding after the mechanism is post-processing, while
-    rounding the noise first would no longer be a Gaussian mechanism, and rounding the clipped sum
-    first would no longer bound its sensitivity by C.
+    Parameters are visited in the given order and each device draws from its own stream
+    (``draw_noise``), so the same call gives the same noise on every rank. Low-precision parameters
+    get the noise added in float32 and are rounded once afterwards: rounding after the mechanism is
+    post-processing, while rounding the noise first would no longer be a Gaussian mechanism, and
+    rounding the clipped sum first would no longer bound its sensitivity by C.
     """
     if not (np.isfinite(noise_multiplier) and noise_multiplier >= 0):
         raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
@@ -88,25 +111,18 @@ def privatize_gradients_(
     if not (np.isfinite(expected_batch_size) and expected_batch_size > 0):
         raise ValueError(f"expected_batch_size must be a positive finite number, got {expected_batch_size!r}")
     std = float(noise_multiplier) * float(clip_norm)
-    generators: dict[torch.device, torch.Generator] = {}
-    grads, noises = [], []
     with torch.no_grad():
-        for grad in clipped_sums_for_noise(params):
-            noise = None
-            if std > 0:
-                device = grad.device
-                if device not in generators:
-                    generators[device] = noise_generator(dp_seed, step, device, len(generators))
-                # float32 at least: a bf16/fp16 parameter's sum is float32 here (clipped_sums)
-                noise = torch.randn(grad.shape, generator=generators[device], device=device, dtype=grad.dtype)
-            if isinstance(grad, DTensor):
-                noise = None if noise is None else shard_rows(noise, grad)
-                grad = grad.to_local()
-            grads.append(grad)
-            noises.append(noise)
-        # Two foreach kernels per step instead of two per parameter (the draws above are unchanged).
-        if std > 0 and grads:
-            torch._foreach_add_(grads, noises, alpha=std)
-        if grads:
-            torch._foreach_div_(grads, float(expected_batch_size))
+        grads = clipped_sums_for_noise(params)
+        # float32 at least: a bf16/fp16 parameter's sum is float32 here (clipped_sums)
+        noises = draw_noise(grads, dp_seed, step) if std > 0 and grads else []
+        if noises:  # a sharded sum gets its rows of the full noise (``shard_rows``)
+            noises = [
+                shard_rows(z, g) if isinstance(g, DTensor) else z for g, z in zip(grads, noises, strict=True)
+            ]
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        # One draw per device and dtype, two foreach kernels: not three kernels per parameter.
+        if noises:
+            torch._foreach_add_(local, noises, alpha=std)
+        if local:
+            torch._foreach_div_(local, float(expected_batch_size))
     round_into_grads_(params)

@@ -1,0 +1,169 @@
+"""The trainer's per-step Python work: SecretProtectionTrainer against Trainer at the same B.
+
+    .venv/bin/python bench/step_python_work.py [--bf16] [--layers 12] [--steps 6]
+
+On a GPU a small DP step is bound by what the host does per step (Python calls, kernel launches), not
+by arithmetic; on a shared CPU its wall time is too noisy to compare small changes. This counts what
+is deterministic instead: the Python function calls (cProfile's count, builtins included) and the
+``Tensor.to`` calls of one optimizer step, after 2 warm-up steps, for a plain ``transformers.Trainer``
+(B = 64 by 8 accumulation steps of 8) and a ``SecretProtectionTrainer`` drawing B = 64 in expectation
+(Poisson sampling, micro-batches of 8; ghost clipping, noise), both training the same GPT-2 (hidden 64,
+``--layers`` layers, vocabulary 512, sequences of 32) for the same steps. Counted inside
+``Trainer.training_step`` for plain, ``DPStep.run`` and ``DPStep.privatize`` for hush_hf (the step's
+forward, backward, clipping and noise; the optimizer and data loading left out of both). Also printed:
+CPU seconds per step (median), for orientation only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+B, MICRO, SEQ, VOCAB, WARMUP = 64, 8, 32, 512, 2
+
+
+def profiled(owner: type, name: str, profile: cProfile.Profile, active: list[bool]) -> None:
+    """Wrap ``owner.name`` so that its calls (not nested ones twice) run under ``profile``."""
+    original = getattr(owner, name)
+
+    def wrapper(self, *args, **kwargs):
+        if active[0]:
+            return original(self, *args, **kwargs)
+        active[0] = True
+        profile.enable()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            profile.disable()
+            active[0] = False
+
+    setattr(owner, name, wrapper)
+
+
+def run(contender: str, bf16: bool, layers: int, steps: int) -> dict[str, float]:
+    import numpy as np
+    import scipy.sparse as sp
+    import step_overhead
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    from hush_hf.planning.plan import ProtectionPlan, SecretReport
+    from hush_hf.trainer import SecretProtectionConfig, SecretProtectionTrainer
+    from hush_hf.trainer.engine import DPStep
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=layers, n_head=2)
+    model = GPT2LMHeadModel(config)
+    total = WARMUP + steps
+    rows = B * total
+    dataset = step_overhead.random_batch(VOCAB, rows, SEQ, True)
+    profile, active, seconds = cProfile.Profile(), [False], []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.process_time()
+            if state.global_step == WARMUP:  # profile from here on
+                for owner, name in targets:
+                    profiled(owner, name, profile, active)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step > WARMUP:
+                seconds.append(time.process_time() - self.start)
+
+    common = dict(
+        output_dir=tempfile.mkdtemp(prefix="step_python_work_"),
+        max_steps=total,
+        per_device_train_batch_size=MICRO,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10**6,
+        disable_tqdm=True,
+        bf16=bf16,
+        use_cpu=True,
+        dataloader_pin_memory=False,
+        learning_rate=1e-4,
+    )
+    if contender == "plain":
+        targets = [(Trainer, "training_step")]
+        args = TrainingArguments(**common, gradient_accumulation_steps=B // MICRO)
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            data_collator=step_overhead.collate,
+            callbacks=[Clock()],
+        )
+    else:
+        targets = [(DPStep, "run"), (DPStep, "privatize")]
+        plan = ProtectionPlan(
+            weights=np.ones(rows),
+            sampling_probs=np.full(rows, B / rows),
+            noise_multiplier=1.0,
+            accountant="tight",
+            budget="tight",
+            lp_c=1.0,
+            expected_batch_size=float(B),
+            steps=total,
+            secrets=SecretReport(
+                num_examples=np.array([1]),
+                sum_rho=np.array([1.0]),
+                prior=np.array([1e-4]),
+                target=np.array([1e-2]),
+                bound=np.array([5e-3]),
+            ),
+            memberships=sp.csr_matrix(([1.0], [0], [0, 1]), shape=(1, rows)),
+        ).bound_to(dataset)
+        trainer = SecretProtectionTrainer(
+            model=model,
+            args=SecretProtectionConfig(**common, noise_multiplier=1.0),  # sigma set, not certified
+            train_dataset=plan.attach(dataset),
+            data_collator=step_overhead.collate,
+            plan=plan,
+            callbacks=[Clock()],
+        )
+    trainer.train()
+    stats = pstats.Stats(profile)
+    to_calls = sum(
+        entry[1]
+        for key, entry in stats.stats.items()
+        if key[2] == "<method 'to' of 'torch._C.TensorBase' objects>"
+    )
+    return {
+        "calls": stats.total_calls / steps,
+        "to": to_calls / steps,
+        "seconds": statistics.median(seconds),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 mixed precision (autocast) for both trainers"
+    )
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=6, help="counted steps (after 2 warm-up steps)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    found = {c: run(c, args.bf16, args.layers, args.steps) for c in ("plain", "hush")}
+    print(f"GPT-2 {args.layers} x 64, B = {B} (micro-batches of {MICRO}), {'bf16' if args.bf16 else 'fp32'}")
+    print("| per optimizer step | plain Trainer | SecretProtectionTrainer | ratio |")
+    print("|---|---|---|---|")
+    for key, label in (("calls", "Python function calls"), ("to", "Tensor.to calls"), ("seconds", "CPU s")):
+        plain, hush = found["plain"][key], found["hush"][key]
+        shown = (f"{plain:.3f}", f"{hush:.3f}") if key == "seconds" else (f"{plain:.0f}", f"{hush:.0f}")
+        print(f"| {label} | {shown[0]} | {shown[1]} | {hush / plain:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

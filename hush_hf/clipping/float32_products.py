@@ -1,0 +1,112 @@
+"""Float32 results from narrow (bf16/fp16) operands: the matrix products of the clipping engine.
+
+Every per-example norm and clipped sum is computed in at least float32 (``factors.compute_dtype``).
+A product of two bf16 (or fp16) numbers is exact in float32, so a bf16 GEMM with float32 accumulation
+and output gives what float32 copies of its operands would, without the copies: ``out_dtype``, which
+torch 2.13 has for CUDA only (``_mm_out_float32``, ``_bmm_out_float32``: the engine's only CUDA-only
+calls; ``bench/op_census.py --cuda-routes`` replaces them to count a GPU's step). Elsewhere the
+operands are widened first. A clipped sum of two bf16 factors folds its float32 weights into the
+narrower factor and splits that exactly into three bf16 pieces (``_weighted_product_bf16``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def as_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype)``, without the call when t has that dtype already (a no-op ``to`` still costs a
+    Python call and a dispatch; the engine made hundreds per micro-batch)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def float32_output_supported(a: Tensor, b: Tensor) -> bool:
+    """Whether ``torch.bmm``/``torch.mm`` can take these bf16/fp16 operands as they are and return float32
+    (``out_dtype``: cuBLAS accumulates in float32; CUDA only in torch 2.13)."""
+    return a.is_cuda and a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+
+
+def bf16_products(a: Tensor, b: Tensor) -> bool:
+    """Whether a weighted sum of these two factors takes the bf16 route (``_weighted_product_bf16``):
+    two bf16 factors on CUDA."""
+    return a.dtype == torch.bfloat16 and float32_output_supported(a, b)
+
+
+def mm_float32(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` of two bf16 matrices with float32 accumulation and output: ``out_dtype`` on CUDA, float32
+    copies elsewhere (the same numbers: each product of two bf16 numbers is exact in float32)."""
+    if float32_output_supported(a, b):
+        return _mm_out_float32(a, b)
+    return torch.mm(a.float(), b.float())
+
+
+def _mm_out_float32(a: Tensor, b: Tensor) -> Tensor:
+    """CUDA only: ``torch.mm`` of two bf16/fp16 matrices with float32 accumulation and output."""
+    return torch.mm(a, b, out_dtype=torch.float32)
+
+
+def _bmm_out_float32(a: Tensor, b: Tensor) -> Tensor:
+    """CUDA only: ``torch.bmm`` of two bf16/fp16 batches with float32 accumulation and output."""
+    return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Three bf16 tensors whose sum is the float32 ``x`` exactly: ``hi = bf16(x)``, ``mid = bf16(x - hi)``,
+    ``lo = bf16(x - hi - mid)``. Each difference is exact in float32 and the last one fits bf16's 8
+    significant bits (24 = 3 x 8, and bf16 has float32's exponent range); values below 2^-126 aside."""
+    hi = x.to(torch.bfloat16)
+    rest = x - hi
+    mid = rest.to(torch.bfloat16)
+    return hi, mid, (rest - mid).to(torch.bfloat16)
+
+
+def bf16_pieces_side_by_side(x: Tensor) -> Tensor:
+    """``bf16_pieces(x)`` of a (N, n) float32 ``x`` written side by side into one (N, 3 n) bf16 tensor
+    (hi, mid, lo of row k in columns 0:n, n:2n, 2n:3n): the same numbers (``copy_`` rounds to nearest as
+    ``Tensor.to`` does; the differences are exact), with no separate piece tensors."""
+    n = x.shape[-1]
+    out = torch.empty(x.shape[0], 3 * n, dtype=torch.bfloat16, device=x.device)
+    hi, mid, lo = out[:, :n], out[:, n : 2 * n], out[:, 2 * n :]
+    hi.copy_(x)
+    rest = x - hi  # float32 - bf16: exact, in float32
+    mid.copy_(rest)
+    rest -= mid
+    lo.copy_(rest)
+    return out
+
+
+def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor, memo: Any = None) -> Tensor:
+    """``sum_{i,t} w_i row_{i,t} col_{i,t}^T`` of two bf16 factors in float32 without a float32 copy of
+    either: the weights are folded into the narrower factor in float32 (a transient scaled copy of it),
+    that is split exactly into three bf16 pieces side by side (``bf16_pieces_side_by_side``), which
+    multiply the other factor as it is in one GEMM, bf16 operands with float32 accumulation and output
+    (``mm_float32``, a (3 n) x cols result), and the three (n x cols) blocks are summed. The same sum
+    as the float32 route, up to float32 accumulation order; one bf16 GEMM with three times the rows
+    instead of one float32 GEMM and a float32 copy of the wider factor (an output projection's logits
+    gradient). ``memo`` (a ``factors.FactorMemo``): where the pieces come from when another use shares
+    the narrower factor (kind ``"pieces"``)."""
+    transpose = row.shape[-1] > col.shape[-1]
+    narrow, wide = (col, row) if transpose else (row, col)
+    n = narrow.shape[-1]
+
+    def pieces_of_narrow() -> Tensor:
+        scaled = narrow * weights.float()[:, None, None]  # bf16 x float32 -> float32: one kernel, no cast
+        return bf16_pieces_side_by_side(scaled.reshape(-1, n))
+
+    pieces = memo.get("pieces", narrow, pieces_of_narrow) if memo is not None else pieces_of_narrow()
+    blocks = mm_float32(pieces.T, wide.reshape(-1, wide.shape[-1]))  # (3 n, cols)
+    total = blocks.view(3, n, -1).sum(dim=0)
+    return total.T if transpose else total
+
+
+def bmm_float32(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+    """``a @ b`` batched, in ``dtype`` (at least float32). Exact in the sense of the float32 route:
+    the product of two bf16/fp16 numbers is exact in float32, so bf16 operands with float32
+    accumulation and output (CUDA, ``out_dtype``) give what float32 copies of them would, without
+    the copies; elsewhere the operands are widened first."""
+    if dtype == torch.float32 and float32_output_supported(a, b):
+        return _bmm_out_float32(a, b)
+    return torch.bmm(as_dtype(a, dtype), as_dtype(b, dtype))
