@@ -61,6 +61,7 @@ def applied_norms(model, batch: int) -> list[float]:
     import torch.distributed as dist
 
     from hush_hf.clipping import GhostClipper, example_cross_entropy
+    from hush_hf.clipping.clipped_sums import clipped_sums_for_noise, discard_
 
     kwargs, labels = lm_batch(causal=True, batch=batch)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -75,9 +76,10 @@ def applied_norms(model, batch: int) -> list[float]:
             first = dist.get_rank() == 0
             norm = float(clipper.clipped_backward(loss if first else loss * 0.0)[0])
             assert norm > CLIP if first else norm == 0.0  # clipped on rank 0; 0 from the fillers
-            square = sum(float(p.grad.full_tensor().double().pow(2).sum()) for p in params)
+            # (the float32 sum beside a bf16 parameter, else p.grad: where the noise is added)
+            square = sum(float(s.full_tensor().double().pow(2).sum()) for s in clipped_sums_for_noise(params))
             ratios.append(math.sqrt(square) / CLIP)
-            model.zero_grad(set_to_none=True)
+            discard_(params)
     return ratios
 
 
