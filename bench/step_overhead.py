@@ -169,17 +169,42 @@ class PeakRss:
         self._thread.join()
 
 
+def uniform_plan(dataset, rows: int, expected_batch: float, steps: int):
+    """A plan bound to ``dataset``: every row weight 1, drawn with probability B / rows, sigma 1 (set, not
+    certified: a step's cost does not depend on the guarantee), one stand-in secret held by row 0."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from hush_hf.planning.plan import ProtectionPlan, SecretReport
+
+    return ProtectionPlan(
+        weights=np.ones(rows),
+        sampling_probs=np.full(rows, expected_batch / rows),
+        noise_multiplier=1.0,
+        accountant="tight",
+        budget="tight",
+        lp_c=1.0,
+        expected_batch_size=expected_batch,
+        steps=steps,
+        secrets=SecretReport(
+            num_examples=np.array([1]),
+            sum_rho=np.array([1.0]),
+            prior=np.array([1e-4]),
+            target=np.array([1e-2]),
+            bound=np.array([5e-3]),
+        ),
+        memberships=sp.csr_matrix(([1.0], [0], [0, 1]), shape=(1, rows)),
+    ).bound_to(dataset)
+
+
 def measure(
     model_name: str, seq: int, batch: int, steps: int, warmup: int, mode: str, bf16: bool, checkpointing: bool
 ) -> dict:
     """Seconds per step (wall and process CPU time) and peak memory of ``mode`` ('plain', 'dp' or
     'dp-checkpointing'; ``checkpointing``: gradient checkpointing in either mode), in this (fresh) process."""
-    import numpy as np
-    import scipy.sparse as sp
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from hush_hf.planning.plan import ProtectionPlan, SecretReport
     from hush_hf.trainer import SecretProtectionTrainer
 
     torch.manual_seed(0)
@@ -234,24 +259,7 @@ def measure(
     else:
         from hush_hf.trainer import SecretProtectionConfig
 
-        plan = ProtectionPlan(
-            weights=np.ones(batch),
-            sampling_probs=np.ones(batch),
-            noise_multiplier=1.0,
-            accountant="tight",
-            budget="tight",
-            lp_c=1.0,
-            expected_batch_size=float(batch),
-            steps=total,
-            secrets=SecretReport(
-                num_examples=np.array([1]),
-                sum_rho=np.array([1.0]),
-                prior=np.array([1e-4]),
-                target=np.array([1e-2]),
-                bound=np.array([5e-3]),
-            ),
-            memberships=sp.csr_matrix(([1.0], [0], [0, 1]), shape=(1, batch)),
-        ).bound_to(dataset)
+        plan = uniform_plan(dataset, batch, float(batch), total)
         trainer = SecretProtectionTrainer(
             model=model,
             # The step's cost does not depend on the guarantee: sigma is set, not certified.

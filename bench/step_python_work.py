@@ -51,13 +51,10 @@ def profiled(owner: type, name: str, profile: cProfile.Profile, active: list[boo
 
 
 def run(contender: str, bf16: bool, layers: int, steps: int) -> dict[str, float]:
-    import numpy as np
-    import scipy.sparse as sp
     import step_overhead
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-    from hush_hf.planning.plan import ProtectionPlan, SecretReport
     from hush_hf.trainer import SecretProtectionConfig, SecretProtectionTrainer
     from hush_hf.trainer.engine import DPStep
 
@@ -106,24 +103,7 @@ def run(contender: str, bf16: bool, layers: int, steps: int) -> dict[str, float]
         )
     else:
         targets = [(DPStep, "run"), (DPStep, "privatize")]
-        plan = ProtectionPlan(
-            weights=np.ones(rows),
-            sampling_probs=np.full(rows, B / rows),
-            noise_multiplier=1.0,
-            accountant="tight",
-            budget="tight",
-            lp_c=1.0,
-            expected_batch_size=float(B),
-            steps=total,
-            secrets=SecretReport(
-                num_examples=np.array([1]),
-                sum_rho=np.array([1.0]),
-                prior=np.array([1e-4]),
-                target=np.array([1e-2]),
-                bound=np.array([5e-3]),
-            ),
-            memberships=sp.csr_matrix(([1.0], [0], [0, 1]), shape=(1, rows)),
-        ).bound_to(dataset)
+        plan = step_overhead.uniform_plan(dataset, rows, float(B), total)
         trainer = SecretProtectionTrainer(
             model=model,
             args=SecretProtectionConfig(**common, noise_multiplier=1.0),  # sigma set, not certified
