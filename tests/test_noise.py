@@ -169,3 +169,18 @@ def test_noise_only_steps_in_training_have_std_sigma_c_over_b(tmp_path):
     assert_std(delta, sigma * clip / batch)
     for name, grad in seen.items():
         torch.testing.assert_close(grad, before[name] - after[name], rtol=1e-5, atol=1e-7)
+
+
+def test_draws_are_cut_into_runs_of_whole_parameters_at_most_the_cap(monkeypatch):
+    """Consecutive parameters share one draw up to ``NOISE_DRAW_MAX`` entries; a parameter larger than the
+    cap is drawn alone: the next run continues the same stream."""
+    import hush_hf.trainer.noise as noise
+
+    monkeypatch.setattr(noise, "NOISE_DRAW_MAX", 30)
+    params = zero_grad_params((10,), (4, 5), (40,), (3,), (25,))  # runs: [10, 20], [40], [3, 25]
+    privatize_gradients_(
+        params, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=1.0, dp_seed=6, step=9
+    )
+    generator = noise_generator(6, 9, torch.device("cpu"), 0)
+    expected = torch.cat([torch.randn(n, generator=generator) for n in (30, 40, 28)])
+    assert torch.equal(torch.cat([p.grad.flatten() for p in params]), expected)

@@ -62,14 +62,22 @@ def shard_rows(full: torch.Tensor, grad: DTensor) -> torch.Tensor:
     return local
 
 
-def draw_noise(grads: Sequence[torch.Tensor], dp_seed: int, step: int) -> list[torch.Tensor]:
-    """Standard normal noise shaped like each of ``grads`` (full-size for a sharded one), in its dtype.
+NOISE_DRAW_MAX = 2**26
+"""Most entries one ``randn`` draws (256 MiB in float32), unless one parameter alone has more: bounds the
+noise held at once under FSDP, where each rank draws every parameter's full noise and keeps its rows."""
 
-    One ``randn`` per device and dtype for all of that group's entries (one kernel launch instead of one
-    per parameter), split into views in parameter order: parameter p's noise is the next ``numel(p)``
-    draws of its device's stream, independent entries of N(0, 1) like separate draws. Devices get their
-    stream ordinal in order of first appearance, and a device's groups draw in order of first
-    appearance, so the noise depends on (dp_seed, step) and the parameter list only."""
+
+def draw_noise(grads: Sequence[torch.Tensor], dp_seed: int, step: int) -> list[torch.Tensor]:
+    """Standard normal noise shaped like each of ``grads``, in its dtype; for a sharded one (a DTensor)
+    this rank's rows of the full-size noise (``shard_rows``).
+
+    One ``randn`` per device and dtype for a run of consecutive parameters of at most ``NOISE_DRAW_MAX``
+    entries together (one kernel launch for all of a small model's parameters instead of one each),
+    split in parameter order: parameter p's noise is the next ``numel(p)`` draws of its device's stream,
+    independent entries of N(0, 1) like separate draws. Devices get their stream ordinal in order of
+    first appearance, and a device's groups draw in order of first appearance, so the noise depends on
+    (dp_seed, step) and the parameter list only: a sharded and an unsharded run add the same noise. A
+    sharded parameter keeps a copy of its rows, so a run's full draw is freed before the next."""
     generators: dict[torch.device, torch.Generator] = {}
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for k, grad in enumerate(grads):
@@ -78,11 +86,26 @@ def draw_noise(grads: Sequence[torch.Tensor], dp_seed: int, step: int) -> list[t
         groups.setdefault((grad.device, grad.dtype), []).append(k)
     noises: dict[int, torch.Tensor] = {}
     for (device, dtype), members in groups.items():
-        sizes = [grads[k].numel() for k in members]
-        flat = torch.randn(sum(sizes), generator=generators[device], device=device, dtype=dtype)
-        for k, part in zip(members, flat.split(sizes), strict=True):
-            noises[k] = part.view(grads[k].shape)
+        for run in _runs(members, [grads[k].numel() for k in members]):
+            sizes = [grads[k].numel() for k in run]
+            flat = torch.randn(sum(sizes), generator=generators[device], device=device, dtype=dtype)
+            for k, part in zip(run, flat.split(sizes), strict=True):
+                full = part.view(grads[k].shape)
+                noises[k] = shard_rows(full, grads[k]).clone() if isinstance(grads[k], DTensor) else full
     return [noises[k] for k in range(len(grads))]
+
+
+def _runs(members: list[int], sizes: list[int]) -> list[list[int]]:
+    """``members`` cut, in order, into runs of at most ``NOISE_DRAW_MAX`` entries (a larger one alone)."""
+    runs: list[list[int]] = []
+    total = NOISE_DRAW_MAX + 1
+    for k, size in zip(members, sizes, strict=True):
+        if total + size > NOISE_DRAW_MAX:
+            runs.append([])
+            total = 0
+        runs[-1].append(k)
+        total += size
+    return runs
 
 
 def privatize_gradients_(
@@ -114,13 +137,10 @@ def privatize_gradients_(
     with torch.no_grad():
         grads = clipped_sums_for_noise(params)
         # float32 at least: a bf16/fp16 parameter's sum is float32 here (clipped_sums)
+        # (a sharded sum gets its rows of the full noise, ``shard_rows``)
         noises = draw_noise(grads, dp_seed, step) if std > 0 and grads else []
-        if noises:  # a sharded sum gets its rows of the full noise (``shard_rows``)
-            noises = [
-                shard_rows(z, g) if isinstance(g, DTensor) else z for g, z in zip(grads, noises, strict=True)
-            ]
         local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-        # One draw per device and dtype, two foreach kernels: not three kernels per parameter.
+        # One draw per device, dtype and run, two foreach kernels: not three kernels per parameter.
         if noises:
             torch._foreach_add_(local, noises, alpha=std)
         if local:
