@@ -114,10 +114,10 @@ class GhostClipper(CallRecorder, SelfCheck):
     loss_i must depend on example i only (true of transformers' LMs); modules that couple the
     examples of a batch or store batch statistics (BatchNorm, SyncBatchNorm, InstanceNorm with
     running stats) are refused at construction, with or without trainable parameters.
-    Norms are exact up to floating-point rounding (computed in at least float32, summed over
-    parameters in float64); examples are clipped to C * (1 - margin), with a rounding margin
-    (``CLIP_MARGINS``: 2^-20 in float32, 2^-6 under bf16/fp16) so the gradient actually applied stays
-    within C.
+    Norms are exact up to floating-point rounding (products in at least float32, every sum of them
+    accumulated in float64: ``factors.exact_sum``); examples are clipped to C * (1 - margin), with a
+    rounding margin (``CLIP_MARGINS``: 2^-20 in float32, 2^-6 under bf16/fp16) so the gradient actually
+    applied stays within C.
 
     Gradient checkpointing (transformers' flag on the model's layers, reentrant or not, or torch's
     ``checkpoint_wrapper``): decided at each forward; the calls are then tapped and the step takes two
