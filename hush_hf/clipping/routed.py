@@ -71,6 +71,11 @@ def _padded_width(n: int) -> int:
     return power * 3 // 4 if power >= 4 and n <= power * 3 // 4 else power
 
 
+PER_GROUP_DEVICES = frozenset({"cpu"})
+"""Devices where ``RoutedOuterSum``'s norm takes the (example, expert) groups one by one (no padding, no
+gathered copy), not in size classes (one product per class: fewer kernel launches, for GPUs)."""
+
+
 @dataclass(frozen=True)
 class _Expert:
     """One expert's pairs, example by example: ``row``/``col`` of shape (b, T, n), T the most pairs any
@@ -192,6 +197,8 @@ class RoutedOuterSum(ExtensionGrad):
         _, rows, cols = self.shape
         pair_bytes = rows * self.row.element_size() + cols * self.col.element_size()
         starts = list(itertools.accumulate(groups.sizes, initial=0))
+        if device.type in PER_GROUP_DEVICES:
+            return self._squared_norms_group_by_group(starts, row, col, dtype, total)
         by_width: dict[int, list[int]] = {}
         for g, n in enumerate(groups.sizes):
             if not n:
@@ -215,6 +222,29 @@ class RoutedOuterSum(ExtensionGrad):
             owner = torch.tensor([g % self.batch for g in members], device=device)
             total.index_add_(0, owner, exact_sum(gram, dim=(1, 2)))
         return total
+
+    def _squared_norms_group_by_group(
+        self, starts: list[int], row: Tensor, col: Tensor, dtype: torch.dtype, total: Tensor
+    ) -> Tensor:
+        """``_squared_norms`` on CPU: each group's own Gram matrices (or block), no padding and no gathered
+        copy (a kernel launch per group costs nothing there; measured on the Mixtral bench's experts,
+        one thread: 0.145 s against 0.23 s a step for the padded size classes)."""
+        _, rows, cols = self.shape
+        pair_bytes = rows * self.row.element_size() + cols * self.col.element_size()
+        owners, sums = [], []
+        for g, n in enumerate(self._grouped[0].sizes):
+            if not n:
+                continue
+            r, c = row[starts[g] : starts[g] + n].to(dtype), col[starts[g] : starts[g] + n].to(dtype)
+            if rows * cols * dtype.itemsize <= n * pair_bytes:  # the block, no larger than its factors
+                terms = (r.T @ c).pow(2)
+            else:
+                terms = (r @ r.T).mul_(c @ c.T)
+            sums.append(exact_sum(terms, dim=(0, 1)))
+            owners.append(g % self.batch)
+        if not sums:
+            return total
+        return total.index_add_(0, torch.tensor(owners, device=total.device), torch.stack(sums))
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         """``sum_i w_i G_i``, shape (E, rows, cols), one product per hit expert with w folded into the
