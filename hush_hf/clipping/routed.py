@@ -8,18 +8,19 @@ gradient and the input of that expert's product; see ``rules_moe``). Example i's
     G_i[e] = sum_{p in P(i, e)} row_p col_p^T,      P(i, e): the pairs of example i's tokens routed to e,
 
 so ``||G_i||^2 = sum_e ||G_i[e]||^2`` and, for two uses of W, ``<G_i, H_i> = sum_e <G_i[e], H_i[e]>``.
-Each (example, expert) block is taken like one weight of ``factors`` (mixed ghost clipping, Bu et al.
-2023): from the Gram matrices of its pairs, ``sum_{p, q} <row_p, row_q><col_p, col_q>``, or from the
-block G_i[e] formed, whichever ``factors.norm_strategy``'s rule picks for that (example, expert) group
-(formed only when the (rows x cols) block is no larger than the group's factors it stands for). Blocks
-are formed one at a time: never a per-example copy, (b, rows, cols), let alone one of all experts, (b, E,
-rows, cols). The Gram matrices are batched by size: each group padded to its size class (a power of two
-or 3/4 of one) and each class taken in one product, so the work is at most 2.25x the groups' own whatever
-the routing (padding every example to the busiest example of an expert cost up to b x that busiest
-group's, e.g. a randomly initialised Mixtral sending 127 of an example's 128 tokens to one expert). The
-pairs are kept in (expert, example) order (``pair_groups``: the rules build them so; others are sorted
-once), every group a contiguous run. The clipped sum ``sum_i c_i G_i`` is, per expert, one (rows x |P_e|)
-@ (|P_e| x cols) product with c_i folded into the pairs (book-keeping, Bu et al. 2023): the work of that
+Each (example, expert) block is taken like one weight of ``factors`` (mixed ghost clipping, Bu et al. 2023):
+from the Gram matrices of its pairs, ``sum_{p, q} <row_p, row_q><col_p, col_q>``, or from the block G_i[e]
+formed, whichever ``factors.norm_strategy``'s rule picks for that (example, expert) group (formed only when
+the (rows x cols) block is no larger than the group's factors it stands for). Blocks are formed one at a
+time: never a per-example copy, (b, rows, cols), let alone one of all experts, (b, E, rows, cols). On CPU
+each group's Gram matrices are taken on their own (``PER_GROUP_DEVICES``); elsewhere (a kernel launch per
+group would cost more than the products) they are batched by size: each group padded to its size class (a
+power of two or 3/4 of one) and each class taken in one product, so the work is at most 2.25x the groups'
+own whatever the routing (padding every example to the busiest example of an expert cost up to b x that
+busiest group's, e.g. a randomly initialised Mixtral sending 127 of an example's 128 tokens to one expert).
+The pairs are kept in (expert, example) order (``pair_groups``: the rules build them so; others are sorted
+once), every group a contiguous run. The clipped sum ``sum_i c_i G_i`` is, per expert, one (rows x |P_e|) @
+(|P_e| x cols) product with c_i folded into the pairs (book-keeping, Bu et al. 2023): the work of that
 expert's ordinary weight gradient.
 
 Measured (tests/test_clipping_moe.py, a dispatch mode recording every tensor of a clipped backward): a
