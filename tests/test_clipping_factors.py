@@ -253,12 +253,17 @@ def test_dropping_zero_steps_of_many_uses_at_once_is_each_ones_drop() -> None:
 
 
 def test_packed_small_gradients_give_the_same_norms_and_clipped_sums() -> None:
-    """Biases and norm scales (bf16 and float32 mixed) packed into one tensor: the same squared norms
-    and clipped sums as parameter by parameter; a large or multi-use parameter is not packed."""
+    """Biases and norm scales (bf16 and float32 mixed) joined into one block, medium parameters (float32
+    and bf16, wider than one CPU norm chunk) kept as blocks of their own, not copied: the same squared
+    norms (float32 squares summed in float64: within 2^-24 relative, never more) and clipped sums as
+    parameter by parameter; a large or multi-use parameter is not packed."""
     g = torch.Generator().manual_seed(12)
+    medium = Materialized(torch.randn(B, 120, 500, generator=g))  # 60,000 values: crosses a norm chunk
     uses = {
         "bias": [Materialized(torch.randn(B, 6, generator=g).bfloat16())],
+        "medium": [medium],
         "scale": [Materialized(torch.randn(B, 4, generator=g))],
+        "medium_bf16": [Materialized(torch.randn(B, 5000, generator=g).bfloat16())],
         "table": [Materialized(torch.randn(B, 2, 3, generator=g))],
         "big": [Materialized(torch.zeros(B, PACK_BELOW + 1))],
         "tied": [Materialized(torch.randn(B, 3, generator=g)), Materialized(torch.randn(B, 3, generator=g))],
@@ -266,10 +271,14 @@ def test_packed_small_gradients_give_the_same_norms_and_clipped_sums() -> None:
     }
     before = {name: list(found) for name, found in uses.items()}
     packed = pack_small(uses)
-    assert packed is not None and packed.names == ("bias", "scale", "table")
-    assert set(uses) == {"big", "tied", "weight"} and packed.values.dtype == torch.float32
+    assert packed is not None and packed.names == ("bias", "scale", "table", "medium", "medium_bf16")
+    assert set(uses) == {"big", "tied", "weight"} and packed.blocks[0].dtype == torch.float32
+    assert [b.shape[1] for b in packed.blocks] == [6 + 4 + 6, 60_000, 5000]
+    assert packed.blocks[1].data_ptr() == medium.values.data_ptr()  # kept as stored: no copy
     expected = sum(materialize(before[n][0]).pow(2).flatten(1).sum(1) for n in packed.names)
-    torch.testing.assert_close(packed.squared_norms(), expected, rtol=1e-15, atol=0)
+    got = packed.squared_norms()
+    assert got.dtype == torch.float64
+    assert ((got - expected).abs() / expected).max() <= 2.0**-24
     weights = torch.rand(B, generator=g)
     sums = packed.weighted_sums(weights)
     for name in packed.names:
@@ -346,7 +355,7 @@ def test_float32_norms_lose_less_than_the_clip_margin_however_many_terms() -> No
     exact = (torch.einsum("bti,btj->bij", x.double(), y.double()) ** 2).sum(dim=(1, 2))
     assert ((inner(ghost, ghost) - exact).abs() / exact).max() < bound
     packed = pack_small({"bias": [Materialized(torch.randn(2, 60_000, generator=g))]})
-    exact = (packed.values.double() ** 2).sum(dim=1)
+    exact = (packed.blocks[0].double() ** 2).sum(dim=1)
     assert ((packed.squared_norms() - exact).abs() / exact).max() < bound
 
 

@@ -66,13 +66,19 @@ def test_routed_norms_inner_products_and_weighted_sums_equal_the_dense_per_examp
     torch.testing.assert_close(weighted_sum(g, weights), torch.einsum("b,berc->erc", weights, dg))
 
 
-def test_routed_norms_of_groups_of_every_size_equal_the_dense_reference_in_either_pair_order():
+@pytest.mark.parametrize("route", ["size-classes", "group-by-group"])
+def test_routed_norms_of_groups_of_every_size_equal_the_dense_reference_in_either_pair_order(
+    route, monkeypatch
+):
     """(40 x 30) experts, a block pays from 17.1 pairs: (example, expert) groups of 1 to 40 pairs, so
-    Gram matrices in size classes 1, 2, 3, 6, 12, 24 (5 pairs padded to 6, 9 to 12, 17 to 24) and blocks
-    formed (18, 40 pairs). The norms equal the dense reference with the pairs shuffled and with them
-    already grouped by (expert, example) (no reordering then); a non-finite pair leaves the other
-    examples' norms exact."""
+    Gram matrices (in size classes 1, 2, 3, 6, 12, 24: 5 pairs padded to 6, 9 to 12, 17 to 24; or one
+    group at a time, the CPU route) and blocks formed (18, 40 pairs). The norms equal the dense reference
+    with the pairs shuffled and with them already grouped by (expert, example) (no reordering then); a
+    non-finite pair leaves the other examples' norms exact."""
+    import hush_hf.clipping.routed as routed
     from hush_hf.clipping.routed import pair_groups
+
+    monkeypatch.setattr(routed, "PER_GROUP_DEVICES", frozenset({"cpu"} if route == "group-by-group" else ()))
 
     batch, experts, rows, cols = 3, 4, 40, 30
     sizes = {(0, 0): 1, (0, 1): 2, (0, 3): 40, (1, 0): 3, (1, 1): 5, (1, 2): 9, (2, 2): 17, (2, 3): 18}
