@@ -287,6 +287,29 @@ def test_packed_small_gradients_give_the_same_norms_and_clipped_sums() -> None:
     assert pack_small({"weight": [random_grad("densexdense", g, 5)]}) is None
 
 
+def test_off_cpu_every_packed_gradient_is_joined_into_one_block(monkeypatch) -> None:
+    """A GPU pays a launch or two per block (LoRA's adapters are hundreds of them): off CPU every packed
+    parameter, medium ones included, is joined into one block, with the same norms and clipped sums."""
+    import hush_hf.clipping.factors as factors
+
+    g = torch.Generator().manual_seed(14)
+    uses = {
+        "lora_A": [Materialized(torch.randn(B, 16, 300, generator=g))],
+        "bias": [Materialized(torch.randn(B, 6, generator=g))],
+        "lora_B": [Materialized(torch.randn(B, 300, 16, generator=g))],
+    }
+    before = {name: found[0] for name, found in uses.items()}
+    monkeypatch.setattr(factors, "JOIN_BELOW", {})  # what a CUDA device gets
+    packed = pack_small(dict(uses))
+    assert packed is not None and len(packed.blocks) == 1 and packed.blocks[0].shape == (B, 4800 + 6 + 4800)
+    expected = sum(before[n].values.double().pow(2).flatten(1).sum(1) for n in before)
+    assert ((packed.squared_norms() - expected).abs() / expected).max() <= 2.0**-24
+    weights = torch.rand(B, generator=g)
+    sums = packed.weighted_sums(weights)
+    for name, use in before.items():
+        torch.testing.assert_close(sums[name], weighted_sum(use, weights))
+
+
 def test_bf16_products_are_the_widened_products() -> None:
     """bf16 operands, float32 output: what float32 copies of the operands give (a bf16 x bf16 product is
     exact in float32). On CUDA ``out_dtype`` does it without the copies (its call checked on the meta

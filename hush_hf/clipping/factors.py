@@ -523,10 +523,12 @@ PACK_BELOW = 2**16
 """``pack_small`` packs a parameter whose per-example gradient is stored whole with at most this many
 values per example (biases, norm scales, small attention and router weights)."""
 
-JOIN_BELOW = 2**12
-"""Packed parameters with at most this many values per example are copied side by side into one block
-(one norm and one product for all biases and norm scales); larger ones stay blocks of their own, as
-stored (a copy of them would cost as much as their norm)."""
+JOIN_BELOW = {"cpu": 2**12}
+"""By device type: packed parameters with at most this many values per example are copied side by side
+into one block (one norm and one product for all biases and norm scales); larger ones stay blocks of
+their own, as stored (on CPU a copy of them costs as much as their norm). Other devices join every
+packed parameter (``PACK_BELOW``): there each block is a kernel launch or two, and LoRA's adapters
+(r x d, e.g. 16 x 2048) are hundreds of small blocks."""
 
 _NORM_CHUNK_BYTES = 2**19
 """``Packed.squared_norms`` on CPU squares this many bytes at a time, in cache (16 x 796,928 values, one
@@ -575,8 +577,9 @@ class Packed:
 def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
     """Moves every parameter whose uses are one ``Materialized`` gradient of at most ``PACK_BELOW``
     values per example out of ``uses`` into one ``Packed`` (None when there is none): those of at most
-    ``JOIN_BELOW`` values joined into one block (in at least float32), each larger one a block of its own
-    (not copied). Exact: the packed columns are the same numbers; the norms of the rest are unchanged."""
+    ``JOIN_BELOW`` values (for their device) joined into one block (in at least float32), each larger one
+    a block of its own (not copied). Exact: the packed columns are the same numbers; the norms of the
+    rest are unchanged."""
     names = [
         name
         for name, found in uses.items()
@@ -588,7 +591,8 @@ def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
     if not names:
         return None
     parts = {name: uses.pop(name)[0].values for name in names}  # type: ignore[union-attr]
-    small = [n for n in names if math.prod(parts[n].shape[1:]) <= JOIN_BELOW]
+    join_below = JOIN_BELOW.get(parts[names[0]].device.type, PACK_BELOW)
+    small = [n for n in names if math.prod(parts[n].shape[1:]) <= join_below]
     large = [n for n in names if n not in small]
     blocks: list[Tensor] = []
     if small:
