@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import json
 
-import datasets
 import pytest
 
 from hush_hf.audit import run as audit_run
-from hush_hf.audit.card import write_protection_artifacts
 from hush_hf.audit.reconstruction import SecretProbe, fit_probe
 from hush_hf.cli import main
-from hush_hf.planning.plan import plan_protection
-from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+from hush_hf.secrets import SecretSet
 from tests.test_audit_toys import (
     char_tokenizer,
     one_torch_thread,  # noqa: F401 (autouse fixture)
-    save_tiny_causal_lm,
     tiny_gpt2,
 )
+from tests.test_cli_audit import saved_audit_inputs
 
 SECRET = "quasarmoth"
 POSITIONS = 128
@@ -51,36 +48,8 @@ def long_audit_inputs(tmp_path):
     secrets = SecretSet.from_records([{"id": w, "prior": 1e-6, "target": 1e-3} for w in words])
     filler = "the ledger row lists nothing of note. " * 6  # 228 characters: past the 128 positions
     texts = [f"entry {i}: {filler}the {words[i % 3]} ledger. {filler}" for i in range(9)]
-    data, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
-    data.write_text("\n".join(json.dumps({"text": t}) for t in texts))
-    heldout.write_text("\n".join(json.dumps({"text": f"other {i}: {filler}"}) for i in range(8)))
-    secrets_file = tmp_path / "secrets.json"
-    secrets.to_json(secrets_file)
-    model_dir = tmp_path / "model"
-    save_tiny_causal_lm(model_dir)
-    tagged = tag_dataset(datasets.Dataset.from_dict({"text": texts}), tagger_for(secrets), num_secrets=3)
-    plan = plan_protection(
-        tagged["secret_ids"], secrets.priors, secrets.targets, expected_batch_size=2, steps=20
-    )
-    write_protection_artifacts(model_dir, plan, clip_norm=1.0, dp_steps=plan.steps)
-    args = [
-        "audit",
-        "--model-dir",
-        str(model_dir),
-        "--dataset",
-        str(data),
-        "--heldout",
-        str(heldout),
-        "--secrets",
-        str(secrets_file),
-        "--prefix-length",
-        "3",
-        "--suffix-length",
-        "3",
-        "--max-examples",
-        "8",
-    ]
-    return args, model_dir
+    heldout = [f"other {i}: {filler}" for i in range(8)]
+    return saved_audit_inputs(tmp_path, secrets, texts, heldout)
 
 
 def test_texts_longer_than_the_positions_are_cut_not_an_index_error(long_audit_inputs, tmp_path):

@@ -16,47 +16,35 @@ from tests.test_audit_toys import (
 SECRET = "quasarmoth"
 
 
+def saved_audit_inputs(tmp_path, secrets: SecretSet, texts: list[str], heldout_texts: list[str]):
+    """A tiny saved causal LM with its protection plan over ``texts``, the data, held-out and secrets
+    files beside it: the ``hush audit`` arguments for them (without ``--output-dir``) and the model dir."""
+    data, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
+    data.write_text("\n".join(json.dumps({"text": t}) for t in texts))
+    heldout.write_text("\n".join(json.dumps({"text": t}) for t in heldout_texts))
+    secrets_file = tmp_path / "secrets.json"
+    secrets.to_json(secrets_file)
+    model_dir = tmp_path / "model"
+    save_tiny_causal_lm(model_dir)
+    tagger = tagger_for(secrets)
+    tagged = tag_dataset(datasets.Dataset.from_dict({"text": texts}), tagger, num_secrets=len(secrets.priors))
+    plan = plan_protection(
+        tagged["secret_ids"], secrets.priors, secrets.targets, expected_batch_size=2, steps=20
+    )
+    write_protection_artifacts(model_dir, plan, clip_norm=1.0, dp_steps=plan.steps)
+    args = ["audit", "--model-dir", str(model_dir), "--dataset", str(data), "--heldout", str(heldout)]
+    args += ["--secrets", str(secrets_file), "--prefix-length", "3", "--suffix-length", "3"]
+    return [*args, "--max-examples", "8"], model_dir
+
+
 def test_hush_audit_then_hush_report(tmp_path, capsys):
     secrets = SecretSet.from_records([{"id": SECRET, "prior": 1e-6, "target": 1e-3}])
     texts = [
         f"entry {i}: the {SECRET} ledger is closed." if i % 2 else f"entry {i}: all quiet." for i in range(8)
     ]
-    data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps({"text": t}) for t in texts))
-    heldout = tmp_path / "heldout.jsonl"
-    heldout.write_text("\n".join(json.dumps({"text": f"other entry {i}."}) for i in range(8)))
-    secrets_file = tmp_path / "secrets.json"
-    secrets.to_json(secrets_file)
-    model_dir = tmp_path / "model"
-    save_tiny_causal_lm(model_dir)
-    tagged = tag_dataset(datasets.Dataset.from_dict({"text": texts}), tagger_for(secrets), num_secrets=1)
-    plan = plan_protection(
-        tagged["secret_ids"], secrets.priors, secrets.targets, expected_batch_size=2, steps=20
-    )
-    write_protection_artifacts(model_dir, plan, clip_norm=1.0, dp_steps=plan.steps)
-
+    args, model_dir = saved_audit_inputs(tmp_path, secrets, texts, [f"other entry {i}." for i in range(8)])
     audit_dir = tmp_path / "audit"
-    code = main(
-        [
-            "audit",
-            "--model-dir",
-            str(model_dir),
-            "--dataset",
-            str(data),
-            "--heldout",
-            str(heldout),
-            "--secrets",
-            str(secrets_file),
-            "--output-dir",
-            str(audit_dir),
-            "--prefix-length",
-            "3",
-            "--suffix-length",
-            "3",
-            "--max-examples",
-            "8",
-        ]
-    )
+    code = main([*args, "--output-dir", str(audit_dir)])
     assert code == 0
     audit = json.loads((audit_dir / "audit.json").read_text())
     assert "membership" in json.dumps(audit["attacks"])
