@@ -45,12 +45,20 @@ import time
 import warnings
 from pathlib import Path
 
-MODELS = ("bert-tiny", "gpt2", "gemma2-small", "llama-small", "llama-small-lora", "mixtral-small")
+MODELS = (
+    "bert-tiny",
+    "gpt2",
+    "gemma2-small",
+    "llama-small",
+    "llama-small-lora",
+    "mixtral-small",
+    "deberta-v3-small",
+)
 
 
 def build_model(name: str, seq: int):
     """BERT-Tiny (L=2, H=128) MLM, GPT-2 small (124M), a small Gemma-2 (eager attention), small Llama and
-    Mixtral (eager attention); random init."""
+    Mixtral (eager attention), a small DeBERTa-v3 MLM; random init."""
     from transformers import (
         BertConfig,
         BertForMaskedLM,
@@ -121,6 +129,30 @@ def build_model(name: str, seq: int):
             attn_implementation="eager",
         )
         return MixtralForCausalLM(config), True
+    if name == "deberta-v3-small":
+        # DeBERTa-v3's layout, 4 layers x 256: relative attention through the content projections
+        # (share_att_key), its table trained (the encoder replayed per example); dropouts 0, which the
+        # per-example replays need.
+        from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+
+        config = DebertaV2Config(
+            vocab_size=32000,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            max_position_embeddings=max(512, seq),
+            relative_attention=True,
+            position_buckets=256,
+            max_relative_positions=-1,
+            pos_att_type=["p2c", "c2p"],
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            position_biased_input=False,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+        return DebertaV2ForMaskedLM(config), False
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
 
 

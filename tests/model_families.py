@@ -148,8 +148,7 @@ _SINK_PADDING = (
 )
 
 
-_DEBERTA_TABLE = ("rel_embeddings", "encoder.LayerNorm")
-_DEBERTA_NOTE = "the shared relative-position table frozen (refused otherwise)"
+_DEBERTA_NOTE = "the shared relative-position table trained (the encoder replayed per example)"
 _READS_PADDING = "unpadded rows only: a padded row is refused (the layer reads padded positions)"
 
 FAMILIES: list[Family] = [
@@ -213,18 +212,18 @@ FAMILIES: list[Family] = [
     Family("DeBERTa-v2 (MLM)", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked", _hf(
         "DebertaV2Config", "DebertaV2ForMaskedLM", **_BERT_LIKE), notes="absolute positions"),
     Family("DeBERTa-v2 (MLM), relative attention", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked",
-        _frozen(_hf("DebertaV2Config", "DebertaV2ForMaskedLM", relative_attention=True, position_buckets=8,
+        _hf("DebertaV2Config", "DebertaV2ForMaskedLM", relative_attention=True, position_buckets=8,
         max_relative_positions=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", **_BERT_LIKE),
-        _DEBERTA_TABLE), notes="disentangled attention: pos_key_proj and pos_query_proj trained (each "
+        notes="disentangled attention: pos_key_proj and pos_query_proj trained (each "
         "attention replayed per example); " + _DEBERTA_NOTE),
     Family("DeBERTa-v3 (MLM), share_att_key", "DebertaV2Config", "DebertaV2ForMaskedLM", "masked",
-        _frozen(_hf("DebertaV2Config", "DebertaV2ForMaskedLM", relative_attention=True, position_buckets=8,
+        _hf("DebertaV2Config", "DebertaV2ForMaskedLM", relative_attention=True, position_buckets=8,
         max_relative_positions=16, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True,
-        **_BERT_LIKE), _DEBERTA_TABLE), notes="DeBERTa-v3's layout: the table through query_proj and "
+        **_BERT_LIKE), notes="DeBERTa-v3's layout: the table through query_proj and "
         "key_proj (trained, each attention replayed per example); " + _DEBERTA_NOTE),
     Family("DeBERTa (MLM), relative attention", "DebertaConfig", "DebertaForMaskedLM", "masked",
-        _frozen(_hf("DebertaConfig", "DebertaForMaskedLM", relative_attention=True, max_relative_positions=16,
-        pos_att_type=["p2c", "c2p"], **_BERT_LIKE), _DEBERTA_TABLE), notes="v1: pos_proj, pos_q_proj, q_bias "
+        _hf("DebertaConfig", "DebertaForMaskedLM", relative_attention=True, max_relative_positions=16,
+        pos_att_type=["p2c", "c2p"], **_BERT_LIKE), notes="v1: pos_proj, pos_q_proj, q_bias "
         "and v_bias trained (each attention replayed per example); " + _DEBERTA_NOTE),
     Family("MPNet (MLM)", "MPNetConfig", "MPNetForMaskedLM", "masked", _hf(
         "MPNetConfig", "MPNetForMaskedLM", **dict(_BERT_LIKE, pad_token_id=1)),

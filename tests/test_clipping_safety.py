@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import hush_hf.clipping.ghost as ghost
-from hush_hf.clipping import GhostClipper, UnsupportedLayerError, example_cross_entropy, precision
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError, example_cross_entropy, precision, registry
 from tests.test_clipping_engine import Zoo, zoo_batch, zoo_loss
 from tests.test_clipping_reference import lm_batch, tiny_gpt2
 
@@ -36,7 +36,7 @@ class FunctionalTie(nn.Module):
 
 class FunctionalLinear(nn.Module):
     """``proj`` is called once as a module and its weight is used again by ``F.linear``; ``head``
-    is never called (its weight is only read), like DeBERTa's ``rel_embeddings.weight``."""
+    is never called (its weight is only read)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -205,8 +205,10 @@ def test_the_check_runs_once_then_each_step_is_one_backward_pass(monkeypatch) ->
             torch.testing.assert_close(p.grad, 2 * first_grads[n], rtol=1e-5, atol=1e-8)
 
 
-def test_deberta_relative_position_table_is_refused() -> None:
-    """DeBERTa-v2 reads ``rel_embeddings.weight`` directly (the review's reproduction)."""
+def test_deberta_relative_position_table_is_counted_by_its_encoder_rule(monkeypatch) -> None:
+    """DeBERTa-v2 reads ``rel_embeddings.weight`` directly (the review's reproduction): the encoder's rule
+    counts it (``rules_deberta``) and the step passes the self-check; without that rule the embedding is
+    never called, its gradient reaches no norm, and the self-check refuses the step, naming it."""
     from transformers import DebertaV2Config, DebertaV2ForMaskedLM
 
     torch.manual_seed(0)
@@ -218,14 +220,21 @@ def test_deberta_relative_position_table_is_refused() -> None:
     )  # fmt: skip
     model = DebertaV2ForMaskedLM(cfg).train()
     model.cls.predictions.bias.requires_grad_(False)
-    # Refused when the clipper is built, naming the layer and what to freeze (rules_deberta); the
-    # self-check caught it at the first backward before.
-    with pytest.raises(UnsupportedLayerError, match=r"'deberta\.encoder' \(DebertaV2Encoder\).*rel_emb"):
-        GhostClipper(model, 1.0)
-    # Frozen, the projections that read it (share_att_key: the content ones) train with their attention's
-    # per-example replay (exact: tests/model_families.py, the DeBERTa rows).
-    model.deberta.encoder.rel_embeddings.requires_grad_(False)
-    GhostClipper(model, 1.0).remove()
+    ids = torch.randint(3, 50, (3, 6), generator=torch.Generator().manual_seed(0))
+
+    def losses():
+        return example_cross_entropy(model(input_ids=ids).logits, ids, causal=False)
+
+    with GhostClipper(model, 1.0) as clipper:
+        clipper.clipped_backward(losses())
+        assert clipper.verified
+    assert model.deberta.encoder.rel_embeddings.weight.grad.abs().max() > 0
+    encoder = "transformers.models.deberta_v2.modeling_deberta_v2.DebertaV2Encoder"
+    monkeypatch.delitem(registry._RULES, encoder)
+    model.zero_grad()
+    uncounted = r"'deberta\.encoder\.rel_embeddings\.weight'"
+    with GhostClipper(model, 1.0) as clipper, pytest.raises(UnsupportedLayerError, match=uncounted):
+        clipper.clipped_backward(losses())
 
 
 # ----------------------------------------------------------------------------- rounding margin

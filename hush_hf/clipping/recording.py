@@ -7,6 +7,7 @@ A mixin of :class:`hush_hf.clipping.ghost.GhostClipper`, which owns the state th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -81,6 +82,12 @@ def _shadowed(kind: type, name: str) -> bool:
     return _SHADOWED[key]
 
 
+def _is_model_output(output: Any) -> bool:
+    """Whether ``output`` is a transformers ``ModelOutput`` (a mapping of its set fields that also
+    indexes like the tuple of them), told apart without importing transformers."""
+    return isinstance(output, Mapping) and callable(getattr(output, "to_tuple", None))
+
+
 class CallRecorder:
     """Forward-hook side of :class:`~hush_hf.clipping.ghost.GhostClipper` (see the module docstring)."""
 
@@ -101,6 +108,11 @@ class CallRecorder:
         if index is not None and isinstance(output, tuple):
             # The element the parameters act through (a router's logits) is the layer's output.
             return self._record_element(layer, module, args, kwargs, output, index)
+        if index is not None and _is_model_output(output):
+            # transformers' ``ModelOutput`` (an encoder's): element ``index`` of its tuple view.
+            fields = list(output.keys())  # the fields that are set, in the order ``to_tuple`` gives them
+            recorded = self._record_element(layer, module, args, kwargs, output.to_tuple(), index)
+            return None if recorded is None else type(output)(**{**output, fields[index]: recorded[index]})
         if self._tapping:
             return self._tap(layer, args, kwargs, output)
         if not torch.is_grad_enabled():

@@ -14,22 +14,27 @@ length equals the batch size), differentiated w.r.t. those projections (under ``
 w.r.t. their use on the content, which happens in the same call) and the attention's own parameters (v1:
 ``q_bias``, ``v_bias``). A dropout with p > 0 inside the attention is refused (a replay draws other masks).
 
-The table itself (``rel_embeddings`` and its ``LayerNorm``) stays refused while trainable: its gradient
-reaches it through every layer's call from a tensor the batch shares, summed over the examples before any
-call could record one example's part, and a per-example copy cannot be handed in (the attention slices the
-table as a 2-D tensor and repeats its projection by ``batch * heads // heads``, so a batch-first table
-would be repeated once more per example).
+The table itself (``rel_embeddings`` and its ``LayerNorm``) reaches the loss through every layer's call from
+one tensor the batch shares, so no single call can record one example's part, and a per-example copy
+cannot be handed in (the attention slices the table as a 2-D tensor and repeats its projection by
+``batch * heads // heads``). Its rule is the encoder's: example i's gradient of the table's parameters is
+d/dtheta <encoder(x_i; theta)[0], g_i>, with g_i example i's gradient of the last hidden state, the generic
+replay of the whole encoder (``rules_generic.generic_grads``), differentiated w.r.t. the table alone. The sum
+over the layers, cross terms included, is then exact by construction. It costs about one more forward and
+backward of the encoder per step (no weight gradient), and needs every dropout in the encoder at 0.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from torch import Tensor, nn
 from torch.func import functional_call
 
 from hush_hf.clipping.factors import PerExampleGrad
-from hush_hf.clipping.registry import RecordedCall, register_norm_rule, register_refusal
+from hush_hf.clipping.registry import RecordedCall, register_norm_rule
 from hush_hf.clipping.rules_generic import generic_grads, own_trainable, random_submodule
 
 _MODELS = "transformers.models"
@@ -45,20 +50,75 @@ def _trainable(module: nn.Module, names: tuple[str, ...]) -> list[str]:
     return found
 
 
-def deberta_table_problem(encoder: nn.Module) -> str | None:
-    """The encoder's relative-position table (and its LayerNorm) is read whole, shared by the batch."""
+def deberta_table_params(encoder: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The encoder's trainable table parameters (dotted): ``rel_embeddings.weight``, and its
+    ``LayerNorm`` when ``norm_rel_ebd`` asks for it."""
     if not getattr(encoder, "relative_attention", False):
+        return []
+    names = ["rel_embeddings.weight"]
+    if "layer_norm" in getattr(encoder, "norm_rel_ebd", ()):
+        names += [f"LayerNorm.{n}" for n, _ in encoder.LayerNorm.named_parameters()]
+    return [(n, encoder.get_parameter(n)) for n in names if encoder.get_parameter(n).requires_grad]
+
+
+def deberta_table_problem(encoder: nn.Module) -> str | None:
+    """A dropout anywhere in the encoder, which the encoder's replay could not reproduce."""
+    random = random_submodule(encoder)
+    if random is None or not deberta_table_params(encoder):
         return None
-    normed = "layer_norm" in getattr(encoder, "norm_rel_ebd", ())
-    names = _trainable(encoder, ("rel_embeddings", "LayerNorm") if normed else ("rel_embeddings",))
-    if not names:
-        return None
+    names = dict.fromkeys(n.split(".")[0] for n, _ in deberta_table_params(encoder))
     return (
-        f"its relative-position table ({', '.join(names)}) is read as one tensor that the whole batch "
-        "shares, so its gradient is summed over the examples before any layer sees one; freeze "
+        f"its relative-position table ({', '.join(names)}) is differentiated by replaying the encoder one "
+        f"example at a time, which cannot reproduce its dropout ('{random}', p > 0); set "
+        "hidden_dropout_prob and attention_probs_dropout_prob to 0, or freeze "
         + " and ".join(f"encoder.{n}" for n in names)
         + " (the table then stays as pretrained)"
     )
+
+
+class _LastHidden(nn.Module):
+    """``encoder(...)[0]`` (the last hidden state), owning the table's parameters under flat names (the
+    same Parameter objects; the encoder is held outside the module tree)."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "encoder", encoder)
+        self.dotted: dict[str, str] = {}
+        for name, p in deberta_table_params(encoder):
+            flat = name.replace(".", "__")
+            self.register_parameter(flat, p)
+            self.dotted[flat] = name
+
+    def forward(self, *args: object, **kwargs: object) -> Tensor:
+        theta = {dotted: getattr(self, flat) for flat, dotted in self.dotted.items()}
+        return functional_call(self.encoder, theta, args, kwargs)[0]
+
+
+@contextmanager
+def _without_checkpointing(encoder: nn.Module) -> Iterator[None]:
+    """The replay runs the layers plainly: it is one differentiable function under torch.func, and
+    gradient checkpointing (a memory trade of the model's own backward) has nothing to save there."""
+    layers = [m for m in encoder.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    for m in layers:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.gradient_checkpointing = True
+
+
+def deberta_table_grads(encoder: nn.Module, call: RecordedCall, g: Tensor) -> dict[str, PerExampleGrad]:
+    """Example i's gradient of the table: d/dtheta <encoder(x_i; theta)[0], g_i>, the generic replay of
+    the whole encoder differentiated w.r.t. the table's parameters only.
+
+    Every layer reads the table, so its gradient is the sum of their contributions, with their cross
+    terms: replaying the encoder (not each attention) gives that sum exactly. It costs about one more
+    forward and backward of the encoder (without any weight's gradient) per step."""
+    held = _LastHidden(encoder)
+    with _without_checkpointing(encoder):
+        grads = generic_grads(held, call, g)
+    return {held.dotted[flat]: grad for flat, grad in grads.items()}
 
 
 def _table_projections(attention: nn.Module) -> tuple[str, ...]:
@@ -123,8 +183,14 @@ def deberta_attention_grads(attention: nn.Module, call: RecordedCall, g: Tensor)
     return {held.dotted[flat]: grad for flat, grad in grads.items()}
 
 
-for _module, _encoder in (("deberta_v2", "DebertaV2Encoder"), ("deberta", "DebertaEncoder")):
-    register_refusal(f"{_MODELS}.{_module}.modeling_{_module}.{_encoder}", deberta_table_problem)
+register_norm_rule(
+    f"{_MODELS}.deberta_v2.modeling_deberta_v2.DebertaV2Encoder",
+    f"{_MODELS}.deberta.modeling_deberta.DebertaEncoder",
+    check=deberta_table_problem,
+    records_call=True,
+    output_index=0,
+    owns=deberta_table_params,
+)(deberta_table_grads)
 register_norm_rule(
     f"{_MODELS}.deberta_v2.modeling_deberta_v2.DisentangledSelfAttention",
     f"{_MODELS}.deberta.modeling_deberta.DisentangledSelfAttention",

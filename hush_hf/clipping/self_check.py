@@ -74,7 +74,7 @@ class SelfCheck:
         agree (to rounding) exactly when every use of every trainable parameter went through a hooked
         call whose rule is right.
         A parameter read directly -- ``h @ self.wte.weight.T``, ``F.linear(x, mod.weight)``,
-        DeBERTa's ``rel_embeddings.weight`` -- gets gradient that no norm counted, so its example
+        an embedding's ``weight`` read as a whole table -- gets gradient that no norm counted, so its example
         would be under-clipped: that is refused, naming the parameter. The tolerance is relative to
         ``sum_i ||c_i g_i||`` (the scale of the whole clipped gradient, so that parameters whose
         gradient is zero in exact arithmetic, e.g. attention key biases, do not trip it on rounding
