@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hush_hf.clipping import GhostClipper, UnsupportedLayerError, example_cross_entropy
+from hush_hf.clipping import GhostClipper, UnsupportedLayerError, example_cross_entropy, rules_deberta
 from tests.model_families import _BERT_LIKE, _hf
 
 _REL = dict(
@@ -42,10 +42,13 @@ def _only_the_table(model) -> dict[str, torch.nn.Parameter]:
     return table
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+@pytest.mark.parametrize("variant", ["plain", "checkpointing", "one-example-replays"])
 @pytest.mark.parametrize("layout", list(TABLES))
-def test_deberta_relative_table_norms_and_clipped_sum_match_a_per_example_loop(layout, checkpointing):
+def test_deberta_relative_table_norms_and_clipped_sum_match_a_per_example_loop(monkeypatch, layout, variant):
     build, config = TABLES[layout]
+    checkpointing = variant == "checkpointing"
+    if variant == "one-example-replays":  # the encoder replayed one example at a time
+        monkeypatch.setattr(rules_deberta, "ENCODER_REPLAY_VALUES", 1)
     torch.manual_seed(0)
     model = build(**config).double().train()
     table = _only_the_table(model)

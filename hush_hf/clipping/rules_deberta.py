@@ -108,16 +108,24 @@ def _without_checkpointing(encoder: nn.Module) -> Iterator[None]:
             m.gradient_checkpointing = True
 
 
+ENCODER_REPLAY_VALUES = 2**24
+"""Most hidden-state values (examples x positions x width x layers) one replay of the encoder covers: its
+forward keeps a few dozen tensors of that size for the backward, so a chunk holds a bounded share of what
+the model's own forward holds (DeBERTa-v3-base at 512 positions: 3 examples at a time)."""
+
+
 def deberta_table_grads(encoder: nn.Module, call: RecordedCall, g: Tensor) -> dict[str, PerExampleGrad]:
     """Example i's gradient of the table: d/dtheta <encoder(x_i; theta)[0], g_i>, the generic replay of
-    the whole encoder differentiated w.r.t. the table's parameters only.
+    the whole encoder differentiated w.r.t. the table's parameters only, ``ENCODER_REPLAY_VALUES`` at a
+    time.
 
     Every layer reads the table, so its gradient is the sum of their contributions, with their cross
     terms: replaying the encoder (not each attention) gives that sum exactly. It costs about one more
     forward and backward of the encoder (without any weight's gradient) per step."""
     held = _LastHidden(encoder)
+    per_example = g[0].numel() * max(1, len(getattr(encoder, "layer", ())))
     with _without_checkpointing(encoder):
-        grads = generic_grads(held, call, g)
+        grads = generic_grads(held, call, g, rows_at_once=max(1, ENCODER_REPLAY_VALUES // per_example))
     return {held.dotted[flat]: grad for flat, grad in grads.items()}
 
 

@@ -150,10 +150,13 @@ def generic_grads(
     g: Tensor,
     *,
     owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] = own_trainable,
+    rows_at_once: int | None = None,
 ) -> dict[str, PerExampleGrad]:
     """``{name: G}`` with G[i] = d/dtheta <module(theta, inputs_i), g_i> (see module docstring), for the
     parameters ``owns`` selects: the module's own trainable ones, or with ``container_trainable`` those
-    of its ``ParameterDict`` children too (dotted names).
+    of its ``ParameterDict`` children too (dotted names). ``rows_at_once``: replay at most that many
+    examples at a time (a module whose forward holds much more than its parameters' gradients, a whole
+    encoder), materialising the same result.
 
     Every tensor argument of 2+ dimensions whose first dimension is the batch size is split per
     example (as a batch of one); other arguments are passed unchanged. An output shared by the batch,
@@ -197,8 +200,11 @@ def generic_grads(
             raise _failure(module, err) from err
 
     if b * sum(p.numel() for p in params.values()) <= GENERIC_CHUNK_VALUES:
-        grads = run(list(params), slice(0, b))
-        return {n: Materialized(grads[n]) for n in own}
+        step = max(1, rows_at_once or b)
+        parts = [run(list(params), slice(start, start + step)) for start in range(0, b, step)]
+        if len(parts) == 1:
+            return {n: Materialized(parts[0][n]) for n in own}
+        return {n: Materialized(torch.cat([part[n] for part in parts])) for n in own}
     replayed: dict[str, PerExampleGrad] = {}
     for n, p in params.items():
         compute: Callable[[slice], Tensor] = partial(_single, run, n)
