@@ -83,16 +83,17 @@ def applied_norms(model, batch: int) -> list[float]:
     return ratios
 
 
-def sharded_experts_refusal() -> str:
-    """The error a GhostClipper gets on a Mixtral whose layers FSDP2 shards (its expert weights are replayed
-    after the backward, when they are resharded): refused at construction."""
+def sharded_refusal(family: str, layers: str) -> str:
+    """The error a GhostClipper gets on a model whose layers FSDP2 shards, where a rule replays weights
+    after the backward, when they are resharded (Mixtral's experts, DeBERTa's encoder for its table):
+    refused at construction."""
     from torch.distributed.fsdp import fully_shard
 
     from hush_hf.clipping import GhostClipper, UnsupportedLayerError
     from tests.model_families import FAMILIES
 
-    model = next(f for f in FAMILIES if f.name == "Mixtral").build(False)
-    for layer in model.model.layers:
+    model = next(f for f in FAMILIES if f.name == family).build(False)
+    for layer in model.get_submodule(layers):
         fully_shard(layer)
     fully_shard(model)
     try:
@@ -125,9 +126,12 @@ def worker(rank: int, world: int, port: int, out: str, precision: str = "float32
         train(model, slice(per_rank * rank, per_rank * (rank + 1)), batch=4)
         named = model.named_parameters()
         full = {n: p.full_tensor() if isinstance(p, DTensor) else p.detach() for n, p in named}
-        refusal = sharded_experts_refusal() if precision == "float32" else ""
+        refusals = {}
+        if precision == "float32":
+            refusals["moe"] = sharded_refusal("Mixtral", "model.layers")
+            refusals["deberta"] = sharded_refusal("DeBERTa-v3 (MLM), share_att_key", "deberta.encoder.layer")
         if rank == 0:
-            torch.save({"params": full, "ratios": ratios, "moe_refusal": refusal}, out)
+            torch.save({"params": full, "ratios": ratios, "refusals": refusals}, out)
     finally:
         dist.destroy_process_group()
 
@@ -143,8 +147,11 @@ def run(tmp_path, world: int, precision: str) -> dict:
 def test_fsdp2_on_two_processes_trains_the_unsharded_model(tmp_path) -> None:
     result = run(tmp_path, 2, "float32")
     sharded = result["params"]
-    refusal = result["moe_refusal"]
-    assert "mlp.experts' (MixtralExperts) is not supported: expert weights sharded by FSDP2" in refusal
+    refusals = result["refusals"]
+    moe = "mlp.experts' (MixtralExperts) is not supported: expert weights sharded by FSDP2"
+    assert moe in refusals["moe"]
+    assert "'deberta.encoder' (DebertaV2Encoder) is not supported" in refusals["deberta"]
+    assert "after the backward, when FSDP2 (fully_shard) has resharded its weights" in refusals["deberta"]
     model = tiny_gpt2(seed=0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train(model, slice(0, 4), batch=4)  # one process, the same 2 + 2 micro-batches

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from torch.func import functional_call
 
 from hush_hf.clipping.factors import PerExampleGrad
@@ -62,17 +63,26 @@ def deberta_table_params(encoder: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def deberta_table_problem(encoder: nn.Module) -> str | None:
-    """A dropout anywhere in the encoder, which the encoder's replay could not reproduce."""
-    random = random_submodule(encoder)
-    if random is None or not deberta_table_params(encoder):
+    """A dropout anywhere in the encoder, which the encoder's replay could not reproduce; weights sharded
+    by FSDP2, which the replay would read after the backward has resharded them."""
+    if not deberta_table_params(encoder):
         return None
     names = dict.fromkeys(n.split(".")[0] for n, _ in deberta_table_params(encoder))
+    freeze = " and ".join(f"encoder.{n}" for n in names)
+    if any(isinstance(p, DTensor) for p in encoder.parameters()):
+        return (
+            f"its relative-position table ({', '.join(names)}) is differentiated by replaying the encoder "
+            "after the backward, when FSDP2 (fully_shard) has resharded its weights; use DDP, or freeze "
+            + freeze
+        )
+    random = random_submodule(encoder)
+    if random is None:
+        return None
     return (
         f"its relative-position table ({', '.join(names)}) is differentiated by replaying the encoder one "
         f"example at a time, which cannot reproduce its dropout ('{random}', p > 0); set "
-        "hidden_dropout_prob and attention_probs_dropout_prob to 0, or freeze "
-        + " and ".join(f"encoder.{n}" for n in names)
-        + " (the table then stays as pretrained)"
+        f"hidden_dropout_prob and attention_probs_dropout_prob to 0, or freeze {freeze} (the table then "
+        "stays as pretrained)"
     )
 
 
