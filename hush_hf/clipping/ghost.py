@@ -49,7 +49,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Partial
 from torch.utils.hooks import RemovableHandle
 
-from hush_hf.clipping import clipped_sums, gram_batches
+from hush_hf.clipping import clipped_sums, gram_batches, sum_batches
 from hush_hf.clipping.factor_memo import FactorMemo, sum_requests
 from hush_hf.clipping.factors import (
     PerExampleGrad,
@@ -454,10 +454,13 @@ class GhostClipper(CallRecorder, SelfCheck):
         coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
         if not check:
             packed = result.packed.weighted_sums(coef) if result.packed is not None else {}
+            packed.update(sum_batches.weighted_sums(result.uses, coef))  # weights of one shape at once
             memo = FactorMemo(sum_requests([u for found in result.uses.values() for u in found]))
             for name, p in self._params:
                 uses = result.uses.pop(name, [])
                 clipped = self._clipped_sum(p, uses, coef, memo) if uses else packed.pop(name, None)
+                if clipped is not None and not uses:
+                    clipped = clipped.view(p.shape)
                 self._accumulate(p, clipped)
             return norms
         rebuilt = self._rebuild(result, coef)
