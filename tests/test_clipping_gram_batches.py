@@ -125,3 +125,11 @@ def test_batched_float32_norms_lose_less_than_the_clip_margin_at_long_sequences(
         x, y = found[0].row.values.double(), found[0].col.values.double()
         exact = (torch.einsum("bti,btj->bij", x, y) ** 2).sum(dim=(1, 2))
         assert ((norm - exact).abs() / exact).max() < CLIP_MARGINS[torch.float32] / 16
+
+
+def test_factors_that_require_grad_are_batched_without_a_graph() -> None:
+    uses = _model_like_uses(torch.float32)
+    uses[3] = [OuterSum(DenseFactor(uses[3][0].row.values.requires_grad_()), uses[3][0].col)]
+    got = squared_norms(uses)
+    assert not got[3].requires_grad
+    torch.testing.assert_close(got[3], _float64_norm(uses[3]), rtol=1e-6, atol=0)

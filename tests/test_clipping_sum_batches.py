@@ -84,3 +84,15 @@ def test_batches_respect_the_budget_and_a_lone_weight_is_left_alone() -> None:
     assert "up.2" in remaining and "down.2" in remaining
     remaining = dict(uses)
     assert weighted_sums(remaining, weights, budget=size - 1) == {} and remaining == uses
+
+
+def test_factors_that_require_grad_are_summed_without_a_graph() -> None:
+    """A factor derived under grad mode (requires grad) is stacked all the same; no graph is built."""
+    uses = _layers(torch.float32)
+    for name in ("up.0", "up.1"):
+        g = uses[name][0]
+        uses[name] = [OuterSum(DenseFactor(g.row.values.requires_grad_()), g.col)]
+    weights = torch.rand(B, generator=torch.Generator().manual_seed(5))
+    sums = weighted_sums(dict(uses), weights)
+    assert not sums["up.0"].requires_grad
+    torch.testing.assert_close(sums["up.0"], weighted_sum(uses["up.0"][0], weights).detach())

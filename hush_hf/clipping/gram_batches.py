@@ -119,6 +119,7 @@ def _batch_norms(batch: list[tuple[int, OuterSum]], out: list[Tensor | None]) ->
             out[k] = sums[j]
 
 
+@torch.no_grad()  # no graph is needed; and a stack with out= refuses an input that requires grad
 def squared_norms(
     all_uses: Sequence[Sequence[PerExampleGrad]],
     never_materialize_dim: int | None = None,

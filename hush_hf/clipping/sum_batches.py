@@ -83,6 +83,7 @@ def _group_sum(group: list[OuterSum], weights: Tensor) -> Tensor:
     return total.view(u, m, 3, n).sum(dim=2) if route == "pieces" else total
 
 
+@torch.no_grad()  # no graph is needed; and a stack with out= refuses an input that requires grad
 def weighted_sums(
     uses: dict[str, list[PerExampleGrad]], weights: Tensor, budget: int = BATCH_BYTES
 ) -> dict[str, Tensor]:
@@ -102,13 +103,13 @@ def weighted_sums(
         row, col = g.row.values, g.col.values  # type: ignore[union-attr]
         key = (route, tuple(row.shape), tuple(col.shape), row.dtype, col.dtype, row.device)
         groups.setdefault(key, []).append((name, g, size))
+    chunks = [chunk for members in groups.values() for chunk in _chunks(members, budget) if len(chunk) > 1]
+    del groups
     sums: dict[str, Tensor] = {}
-    for members in groups.values():
-        for chunk in _chunks(members, budget):
-            if len(chunk) < 2:
-                continue
-            for name, _ in chunk:
-                del uses[name]
-            total = _group_sum([g for _, g in chunk], weights)
-            sums.update(zip((name for name, _ in chunk), total.unbind(0), strict=True))
+    while chunks:
+        chunk = chunks.pop()  # its factors are freed once its sums are taken
+        for name, _ in chunk:
+            del uses[name]
+        total = _group_sum([g for _, g in chunk], weights)
+        sums.update(zip((name for name, _ in chunk), total.unbind(0), strict=True))
     return sums
