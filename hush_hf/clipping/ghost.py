@@ -453,12 +453,13 @@ class GhostClipper(CallRecorder, SelfCheck):
         norms = result.norms
         coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
         if not check:
-            packed = result.packed.weighted_sums(coef) if result.packed is not None else {}
-            packed.update(sum_batches.weighted_sums(result.uses, coef))  # weights of one shape at once
+            # Summed already: the packed biases and norm scales, and weights of one shape (groupwise).
+            ready = result.packed.weighted_sums(coef) if result.packed is not None else {}
+            ready.update(sum_batches.weighted_sums(result.uses, coef))  # their uses leave result.uses
             memo = FactorMemo(sum_requests([u for found in result.uses.values() for u in found]))
             for name, p in self._params:
                 uses = result.uses.pop(name, [])
-                clipped = self._clipped_sum(p, uses, coef, memo) if uses else packed.pop(name, None)
+                clipped = self._clipped_sum(p, uses, coef, memo) if uses else ready.pop(name, None)
                 if clipped is not None and not uses:
                     clipped = clipped.view(p.shape)
                 self._accumulate(p, clipped)
