@@ -84,6 +84,7 @@ def _stacked_grams(values: list[Tensor]) -> Tensor:
     return bmm_float32(flat, flat.transpose(1, 2), dtype).view(u, b, t_len, t_len)
 
 
+@torch.no_grad()  # no graph is needed; and a stack with out= refuses an input that requires grad
 def _batch_norms(batch: list[tuple[int, OuterSum]], out: list[Tensor | None]) -> None:
     """Writes ``out[k]`` (shape (b,), float64) for every (k, use) of ``batch``: see the module docstring."""
     factors: dict[tuple, Tensor] = {}
@@ -119,7 +120,6 @@ def _batch_norms(batch: list[tuple[int, OuterSum]], out: list[Tensor | None]) ->
             out[k] = sums[j]
 
 
-@torch.no_grad()  # no graph is needed; and a stack with out= refuses an input that requires grad
 def squared_norms(
     all_uses: Sequence[Sequence[PerExampleGrad]],
     never_materialize_dim: int | None = None,
