@@ -16,7 +16,8 @@ after ``--warmup`` steps (hush_hf's one-time self-check runs in the warm-up):
 
 Columns: ``ops`` every dispatched aten operation; ``kernels`` those that are not views (``view``,
 ``t``, ``expand``, ``detach``, ... and ``promote_types``: no kernel on a GPU); ``casts``
-``_to_copy``/``copy_`` that change the dtype;
+``_to_copy``/``copy_`` that change the dtype, and ``cat``/``stack`` into an output of another dtype (a
+widening copy of several tensors: one cast kernel);
 ``f32 mm`` matrix products (mm, bmm, addmm, baddbmm, ...) with a float32 operand, in a bf16 model
 the products that do not run as bf16 GEMMs; ``mm`` all matrix products; ``syncs`` device-to-host
 reads (``_local_scalar_dense``: ``.item()``, ``int(t)``, ``bool(t)``), a stall each on a GPU (AdamW's
@@ -80,6 +81,7 @@ def cuda_routes():
     emulated by a widening of its operands (flagged) and a float32 product (one kernel, as on CUDA)."""
     import hush_hf.clipping.factors as factors
     import hush_hf.clipping.float32_products as products
+    import hush_hf.clipping.gram_batches as gram_batches
 
     def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
         return a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
@@ -97,6 +99,7 @@ def cuda_routes():
 
     patches = [
         (factors, "float32_output_supported", supported),
+        (gram_batches, "float32_output_supported", supported),
         (products, "float32_output_supported", supported),
         (products, "_mm_out_float32", emulated(torch.mm)),
         (products, "_bmm_out_float32", emulated(torch.bmm)),
@@ -165,6 +168,11 @@ class OpCensus(TorchDispatchMode):
                 cast = f"{args[0].dtype}->{target}".replace("torch.", "")
         elif name == "copy_" and isinstance(args[1], torch.Tensor) and args[0].dtype != args[1].dtype:
             cast = f"{args[1].dtype}->{args[0].dtype}".replace("torch.", "")
+        elif name in ("cat", "stack") and isinstance(kwargs.get("out"), torch.Tensor):
+            # a stack or cat into an output of another dtype converts as it copies: one cast kernel
+            wider = {t.dtype for t in args[0] if isinstance(t, torch.Tensor)} - {kwargs["out"].dtype}
+            if wider:
+                cast = f"{min(map(str, wider))}->{kwargs['out'].dtype}".replace("torch.", "")
         if cast is not None:
             self.casts[cast] += 1
             self.emulated += _EMULATING[0]

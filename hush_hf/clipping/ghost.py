@@ -49,14 +49,13 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Partial
 from torch.utils.hooks import RemovableHandle
 
-from hush_hf.clipping import clipped_sums
-from hush_hf.clipping.factor_memo import FactorMemo, gram_requests, sum_requests
+from hush_hf.clipping import clipped_sums, gram_batches, sum_batches
+from hush_hf.clipping.factor_memo import FactorMemo, sum_requests
 from hush_hf.clipping.factors import (
     PerExampleGrad,
     combine_uses,
     drop_zero_steps_all,
     pack_small,
-    squared_norm_of_sum,
     weighted_sum,
 )
 from hush_hf.clipping.graph_dtypes import graph_dtypes
@@ -335,11 +334,8 @@ class GhostClipper(CallRecorder, SelfCheck):
         packed = pack_small(uses)  # biases and norm scales: one norm, one clipped-sum product for all
         if packed is not None:
             terms.append(packed.squared_norms())
-        grams = FactorMemo(gram_requests([u for found in uses.values() for u in found]))  # shared: once
-        terms += [
-            squared_norm_of_sum(u, self._vocab, clamp=False, combined=True, grams=grams)
-            for u in uses.values()
-        ]
+        # Small Gram matrices in batches (a few launches for all), shared factors' Gram matrices once.
+        terms += gram_batches.squared_norms(list(uses.values()), self._vocab)
         if terms:
             # Each parameter's exact squared norm is >= 0: a tiny negative is rounding (clamped per term).
             # (stacked first, widened once: one cast, not one per parameter)
@@ -457,11 +453,15 @@ class GhostClipper(CallRecorder, SelfCheck):
         norms = result.norms
         coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
         if not check:
-            packed = result.packed.weighted_sums(coef) if result.packed is not None else {}
+            # Summed already: the packed biases and norm scales, and weights of one shape (groupwise).
+            ready = result.packed.weighted_sums(coef) if result.packed is not None else {}
+            ready.update(sum_batches.weighted_sums(result.uses, coef))  # their uses leave result.uses
             memo = FactorMemo(sum_requests([u for found in result.uses.values() for u in found]))
             for name, p in self._params:
                 uses = result.uses.pop(name, [])
-                clipped = self._clipped_sum(p, uses, coef, memo) if uses else packed.pop(name, None)
+                clipped = self._clipped_sum(p, uses, coef, memo) if uses else ready.pop(name, None)
+                if clipped is not None and not uses:
+                    clipped = clipped.view(p.shape)
                 self._accumulate(p, clipped)
             return norms
         rebuilt = self._rebuild(result, coef)
