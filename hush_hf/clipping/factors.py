@@ -32,6 +32,7 @@ from hush_hf.clipping.float32_products import (
     bmm_float32,
     float32_output_supported,
 )
+from hush_hf.clipping.tensor_views import as_rows, as_shape
 
 if TYPE_CHECKING:
     from hush_hf.clipping.factor_memo import FactorMemo
@@ -451,7 +452,7 @@ def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     least the factor's). The product widens the factor itself (the same numbers as widening it first:
     a bf16 value is exact in float32), so no widened copy of the factor is dispatched."""
     assert isinstance(f, DenseFactor)
-    values = f.values * as_dtype(weights, dtype)[:, None, None]
+    values = f.values * as_dtype(weights, dtype).view(-1, 1, 1)  # one view, not two unsqueezes
     return values.reshape(-1, values.shape[-1])
 
 
@@ -571,7 +572,8 @@ class Packed:
         total = torch.cat([(as_dtype(weights, b.dtype)[None, :] @ b).flatten() for b in wide])
         sizes = [math.prod(shape) for shape in self.shapes]
         parts = torch.split(total, sizes)
-        return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+        shaped = zip(self.names, parts, self.shapes, strict=True)
+        return {n: as_shape(part, shape) for n, part, shape in shaped}  # a bias's part as it is
 
 
 def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
@@ -597,8 +599,8 @@ def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
     blocks: list[Tensor] = []
     if small:
         dtype = compute_dtype(*(parts[n] for n in small))
-        joined = [parts[n].reshape(parts[n].shape[0], -1) for n in small]
+        joined = [as_rows(parts[n]) for n in small]
         blocks.append(as_dtype(joined[0] if len(joined) == 1 else torch.cat(joined, dim=1), dtype))
-    blocks += [parts[n].reshape(parts[n].shape[0], -1) for n in large]
+    blocks += [as_rows(parts[n]) for n in large]
     order = tuple(small + large)
     return Packed(tuple(blocks), order, tuple(parts[n].shape[1:] for n in order))

@@ -85,6 +85,7 @@ from hush_hf.clipping.rules_generic import (
     replay,
 )
 from hush_hf.clipping.self_check import SelfCheck
+from hush_hf.clipping.tensor_views import as_shape
 
 logger = logging.getLogger(__name__)
 
@@ -461,7 +462,7 @@ class GhostClipper(CallRecorder, SelfCheck):
                 uses = result.uses.pop(name, [])
                 clipped = self._clipped_sum(p, uses, coef, memo) if uses else ready.pop(name, None)
                 if clipped is not None and not uses:
-                    clipped = clipped.view(p.shape)
+                    clipped = as_shape(clipped, p.shape)
                 self._accumulate(p, clipped)
             return norms
         rebuilt = self._rebuild(result, coef)

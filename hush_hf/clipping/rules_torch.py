@@ -26,7 +26,7 @@ def as_sequence(t: Tensor) -> Tensor:
     """(b, ..., n) -> (b, T, n) with T the product of the middle dimensions (1 if none)."""
     if t.dim() < 2:
         raise ValueError(f"expected a batch-first tensor of 2+ dimensions, got shape {tuple(t.shape)}")
-    return t.reshape(t.shape[0], -1, t.shape[-1])
+    return t if t.dim() == 3 else t.reshape(t.shape[0], -1, t.shape[-1])  # no view dispatched for (b, T, n)
 
 
 def sum_all_but_batch_and_last(t: Tensor, n_dims: int, dtype: torch.dtype | None = None) -> Tensor:
