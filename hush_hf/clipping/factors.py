@@ -182,7 +182,7 @@ def exact_sum(terms: Tensor, dim: int | tuple[int, ...]) -> Tensor:
 
 def _gram_dot(k_row: Tensor, k_col: Tensor) -> Tensor:
     """``sum_{t,s} K_row[i, t, s] K_col[i, t, s]`` for every example, summed in float64 (``exact_sum``)."""
-    dtype = torch.promote_types(k_row.dtype, k_col.dtype)
+    dtype = compute_dtype(k_row, k_col)  # a dict lookup, not a dispatched promote_types
     return exact_sum(as_dtype(k_row, dtype) * as_dtype(k_col, dtype), dim=(1, 2))
 
 
