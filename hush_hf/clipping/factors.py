@@ -567,13 +567,11 @@ class Packed:
 
     def weighted_sums(self, weights: Tensor) -> dict[str, Tensor]:
         """``sum_i w_i G_{k,i}`` for every packed parameter k: one (1 x b) @ (b x N_j) product per block, in
-        at least float32, split into views shaped like the parameters."""
+        at least float32, split into views shaped like the parameters (a bias's part is one as it is)."""
         wide = [as_dtype(block, compute_dtype(block)) for block in self.blocks]
         total = torch.cat([(as_dtype(weights, b.dtype)[None, :] @ b).flatten() for b in wide])
-        sizes = [math.prod(shape) for shape in self.shapes]
-        parts = torch.split(total, sizes)
-        shaped = zip(self.names, parts, self.shapes, strict=True)
-        return {n: as_shape(part, shape) for n, part, shape in shaped}  # a bias's part as it is
+        parts = torch.split(total, [math.prod(shape) for shape in self.shapes])
+        return {n: as_shape(p, s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)}
 
 
 def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
