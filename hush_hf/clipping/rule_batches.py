@@ -2,7 +2,8 @@
 
 A LayerNorm's per-example gradients (``rules_torch.layer_norm_grads``: the input normalised again, its
 product with the output gradient summed over the steps, the bias a sum) are four or five small operations
-per layer, each a kernel launch on a GPU with little work behind it; GPT-2 has 2L + 1 such layers. A rule
+per layer, each a kernel launch on a GPU with little work behind it; GPT-2 has 2L + 1 such layers, Llama
+2L + 1 RMSNorms (``rules_rms_norm``: a widening, a product and a sum each). A rule
 with a batched form (``LayerRule.batched``) has its calls held (``HeldCalls``) until ``BATCH_BYTES`` of
 them are held or the last call is seen, then evaluated at once: the batched form stacks the calls of one
 shape, dtype and configuration and takes each operation once for all of them. The same numbers as one
@@ -41,15 +42,16 @@ class HeldCalls:
 
     def __init__(self, budget: int = BATCH_BYTES) -> None:
         self.budget = budget
-        self._held: list[tuple[Any, Tensor, Tensor]] = []
+        self._held: list[tuple[Any, Any, Tensor]] = []
         self._bytes = 0
 
     def run(self, layer: Any, x: Any, g: Tensor) -> Done:
-        """This call's gradients now (no batched form, an input that is not one tensor, or a call over the
-        budget), else none yet: the call is held, and the held ones are evaluated first if it would not
-        fit with them."""
-        batched = layer.rule.batched is not None and isinstance(x, Tensor)
-        size = footprint(x, g) if batched else 0
+        """This call's gradients now (no batched form, an input that neither is nor holds (``values``) one
+        tensor, or a call over the budget), else none yet: the call is held, and the held ones are
+        evaluated first if it would not fit with them."""
+        values = x if isinstance(x, Tensor) else getattr(x, "values", None)  # a saved normalised input's
+        batched = layer.rule.batched is not None and isinstance(values, Tensor)
+        size = footprint(values, g) if batched else 0  # type: ignore[arg-type]
         if not batched or size > self.budget:
             with replay():
                 return [(layer, layer.rule.grads(layer.module, x, g))]
@@ -61,7 +63,7 @@ class HeldCalls:
     def flush(self) -> Done:
         """The gradients of every held call (none held: nothing), the calls of one rule in one batch."""
         held, self._held, self._bytes = self._held, [], 0
-        by_rule: dict[int, list[tuple[Any, Tensor, Tensor]]] = {}
+        by_rule: dict[int, list[tuple[Any, Any, Tensor]]] = {}
         for call in held:
             by_rule.setdefault(id(call[0].rule.batched), []).append(call)
         done: Done = []
