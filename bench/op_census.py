@@ -297,7 +297,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
     parser.add_argument(
-        "--breakdown", type=int, default=0, help="also list the N call sites with the most kernels and casts"
+        "--breakdown", type=int, default=0, help="also list the N top call sites by kernels, casts, views"
     )
     parser.add_argument(
         "--cuda-routes",
