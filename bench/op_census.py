@@ -26,7 +26,8 @@ are hush over plain. Models: 4-layer GPT-2 (tied, Conv1D) and Llama (untied, RMS
 configs with small widths, random init, random tokens; ``bfloat16`` casts the whole model
 (bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32).
 ``--top N`` also prints the N most frequent operations of each step. ``--breakdown N`` prints, for
-each step, the N Python call sites that dispatch the most kernels and the most casts: the innermost
+each step, the N Python call sites that dispatch the most kernels, the most casts and the most views
+(no kernel, but a dispatch and a tensor's metadata each): the innermost
 frame in ``hush_hf`` (else in this script, else the innermost frame outside torch), so a count can be
 traced to the line that causes it (slower: one stack walk per operation).
 
@@ -144,6 +145,7 @@ class OpCensus(TorchDispatchMode):
         self.sites = sites
         self.kernel_sites: Counter[str] = Counter()
         self.cast_sites: Counter[str] = Counter()
+        self.view_sites: Counter[str] = Counter()
         self.emulated = 0  # operand widenings of emulated CUDA-only products (``cuda_routes``)
         self.ops: Counter[str] = Counter()
         self.views = 0
@@ -159,6 +161,8 @@ class OpCensus(TorchDispatchMode):
         site = call_site() if self.sites else ""
         if func.is_view or name in NO_KERNEL:
             self.views += 1
+            if self.sites:
+                self.view_sites[f"{site} {name}"] += 1
         elif self.sites:
             self.kernel_sites[f"{site} {name}"] += 1
         cast = None
@@ -293,7 +297,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
     parser.add_argument(
-        "--breakdown", type=int, default=0, help="also list the N call sites with the most kernels and casts"
+        "--breakdown", type=int, default=0, help="also list the N top call sites by kernels, casts, views"
     )
     parser.add_argument(
         "--cuda-routes",
@@ -345,7 +349,11 @@ def main() -> None:
                 found["hush (CUDA routes)"] = cuda
             if args.breakdown:
                 for c in found:
-                    for title, sites in (("kernels", found[c].kernel_sites), ("casts", found[c].cast_sites)):
+                    for title, sites in (
+                        ("kernels", found[c].kernel_sites),
+                        ("casts", found[c].cast_sites),
+                        ("views", found[c].view_sites),
+                    ):
                         print(f"    {c} {title} by call site:")
                         for site, k in sites.most_common(args.breakdown):
                             print(f"      {k:5d}  {site}")

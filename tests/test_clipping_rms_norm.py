@@ -82,3 +82,29 @@ def test_an_output_made_otherwise_gives_the_rule_the_input():
     assert saved_normalised(layer, x.detach(), layer(x) + 0.0) is None  # not the multiplication itself
     layer.weight.requires_grad_(False)
     assert saved_normalised(layer, x.detach(), layer(x)) is None  # nothing saved for the weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_calls_equal_one_call_at_a_time_and_the_forwards_values(dtype: torch.dtype):
+    """``llama_rms_norm_batched``: calls with the forward's saved ``xhat`` of one shape stacked, the others
+    (no saved value, another length) one at a time; every call's gradient as one call at a time gives it,
+    and sum_t xhat_t * g_t of the forward's own values in float64."""
+    from hush_hf.clipping.rules_rms_norm import llama_rms_norm_batched
+
+    assert rule_for(modeling_llama.LlamaRMSNorm).batched is llama_rms_norm_batched
+    calls, expected = [], []
+    for k, steps in enumerate([7, 7, 5, 7, 7]):
+        layer = norm_layer(dtype)
+        x = (3.0 * torch.randn(4, steps, 24)).to(dtype).requires_grad_()
+        out = layer(x)
+        saved = saved_normalised(layer, x.detach(), out)
+        assert saved is not None
+        g = torch.randn(4, steps, 24).to(dtype)
+        expected.append((saved.values.double() * g.double()).sum(dim=1))
+        calls.append((layer, x.detach() if k == 3 else saved, g))  # call 3: recomputes xhat
+    got = llama_rms_norm_batched(calls)
+    for call, grads, reference in zip(calls, got, expected, strict=True):
+        one = llama_rms_norm_grads(*call)["weight"].values
+        assert grads["weight"].values.dtype == torch.float32
+        assert torch.equal(grads["weight"].values, one)
+        torch.testing.assert_close(grads["weight"].values.double(), reference, rtol=1e-6, atol=1e-6)

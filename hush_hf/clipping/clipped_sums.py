@@ -21,6 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from hush_hf.clipping.tensor_views import as_shape
+
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 _ATTRIBUTE = "hush_clipped_sum"
 
@@ -98,7 +100,7 @@ def round_into_grads_(params: Sequence[nn.Parameter]) -> None:
     for (device, dtype), members in groups.items():
         flat = torch.empty(sum(t.numel() for _, t in members), dtype=dtype, device=device)
         parts = flat.split([t.numel() for _, t in members])
-        views = [part.view(t.shape) for part, (_, t) in zip(parts, members, strict=True)]
+        views = [as_shape(part, t.shape) for part, (_, t) in zip(parts, members, strict=True)]
         torch._foreach_copy_(views, [t for _, t in members])
         for (p, _), view in zip(members, views, strict=True):
             p.grad = view

@@ -32,6 +32,7 @@ from hush_hf.clipping.float32_products import (
     bmm_float32,
     float32_output_supported,
 )
+from hush_hf.clipping.tensor_views import as_rows, as_shape
 
 if TYPE_CHECKING:
     from hush_hf.clipping.factor_memo import FactorMemo
@@ -181,7 +182,7 @@ def exact_sum(terms: Tensor, dim: int | tuple[int, ...]) -> Tensor:
 
 def _gram_dot(k_row: Tensor, k_col: Tensor) -> Tensor:
     """``sum_{t,s} K_row[i, t, s] K_col[i, t, s]`` for every example, summed in float64 (``exact_sum``)."""
-    dtype = torch.promote_types(k_row.dtype, k_col.dtype)
+    dtype = compute_dtype(k_row, k_col)  # a dict lookup, not a dispatched promote_types
     return exact_sum(as_dtype(k_row, dtype) * as_dtype(k_col, dtype), dim=(1, 2))
 
 
@@ -451,7 +452,7 @@ def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
     least the factor's). The product widens the factor itself (the same numbers as widening it first:
     a bf16 value is exact in float32), so no widened copy of the factor is dispatched."""
     assert isinstance(f, DenseFactor)
-    values = f.values * as_dtype(weights, dtype)[:, None, None]
+    values = f.values * as_dtype(weights, dtype).view(-1, 1, 1)  # one view, not two unsqueezes
     return values.reshape(-1, values.shape[-1])
 
 
@@ -566,12 +567,11 @@ class Packed:
 
     def weighted_sums(self, weights: Tensor) -> dict[str, Tensor]:
         """``sum_i w_i G_{k,i}`` for every packed parameter k: one (1 x b) @ (b x N_j) product per block, in
-        at least float32, split into views shaped like the parameters."""
+        at least float32, split into views shaped like the parameters (a bias's part is one as it is)."""
         wide = [as_dtype(block, compute_dtype(block)) for block in self.blocks]
         total = torch.cat([(as_dtype(weights, b.dtype)[None, :] @ b).flatten() for b in wide])
-        sizes = [math.prod(shape) for shape in self.shapes]
-        parts = torch.split(total, sizes)
-        return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+        parts = torch.split(total, [math.prod(shape) for shape in self.shapes])
+        return {n: as_shape(p, s) for n, p, s in zip(self.names, parts, self.shapes, strict=True)}
 
 
 def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
@@ -597,8 +597,8 @@ def pack_small(uses: dict[str, list[PerExampleGrad]]) -> Packed | None:
     blocks: list[Tensor] = []
     if small:
         dtype = compute_dtype(*(parts[n] for n in small))
-        joined = [parts[n].reshape(parts[n].shape[0], -1) for n in small]
+        joined = [as_rows(parts[n]) for n in small]
         blocks.append(as_dtype(joined[0] if len(joined) == 1 else torch.cat(joined, dim=1), dtype))
-    blocks += [parts[n].reshape(parts[n].shape[0], -1) for n in large]
+    blocks += [as_rows(parts[n]) for n in large]
     order = tuple(small + large)
     return Packed(tuple(blocks), order, tuple(parts[n].shape[1:] for n in order))

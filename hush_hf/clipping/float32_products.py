@@ -93,7 +93,7 @@ def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor, memo: Any 
     n = narrow.shape[-1]
 
     def pieces_of_narrow() -> Tensor:
-        scaled = narrow * weights.float()[:, None, None]  # bf16 x float32 -> float32: one kernel, no cast
+        scaled = narrow * weights.float().view(-1, 1, 1)  # bf16 x float32 -> float32: one kernel, no cast
         return bf16_pieces_side_by_side(scaled.reshape(-1, n))
 
     pieces = memo.get("pieces", narrow, pieces_of_narrow) if memo is not None else pieces_of_narrow()

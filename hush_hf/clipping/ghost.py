@@ -81,10 +81,9 @@ from hush_hf.clipping.registry import (
     RecordedCall,
     UnsupportedLayerError,
 )
-from hush_hf.clipping.rules_generic import (
-    replay,
-)
+from hush_hf.clipping.rule_batches import HeldCalls
 from hush_hf.clipping.self_check import SelfCheck
+from hush_hf.clipping.tensor_views import as_shape
 
 logger = logging.getLogger(__name__)
 
@@ -301,6 +300,7 @@ class GhostClipper(CallRecorder, SelfCheck):
             self.reset()
             raise RuntimeError(_UNRECOGNISED_CHECKPOINT)
         uses: dict[str, list[PerExampleGrad]] = {}
+        held = HeldCalls()
         used: dict[str, list[Tensor]] = {}
         for k in range(len(recorded)):
             layer, x, source, params = recorded[k]  # type: ignore[misc]
@@ -314,11 +314,13 @@ class GhostClipper(CallRecorder, SelfCheck):
             if g is None:
                 continue  # output not used by the loss: zero gradient (its batch does not matter)
             x, g = _unfold(layer, x, source, g, b)
-            with replay():
-                grads = layer.rule.grads(module, x, g)
-            for name in layer.param_names:
-                uses.setdefault(self._names[(id(module), name)], []).append(grads[name])
-        x = g = grads = source = None  # type: ignore[assignment]  # the last call's tensors live on in the factors
+            for done, grads in held.run(layer, x, g):  # this call's, or held norm layers' (rule_batches)
+                for name in done.param_names:
+                    uses.setdefault(self._names[(id(done.module), name)], []).append(grads[name])
+        for done, grads in held.flush():
+            for name in done.param_names:
+                uses.setdefault(self._names[(id(done.module), name)], []).append(grads[name])
+        x = g = grads = source = held = None  # type: ignore[assignment]  # the last call's tensors live on in the factors
         # Zero steps dropped (exact; a masked-LM head keeps ~15% of its logits gradient), all uses at once:
         # one device-to-host read for the whole step, not one per use.
         names = [name for name, found in uses.items() for _ in found]
@@ -461,7 +463,7 @@ class GhostClipper(CallRecorder, SelfCheck):
                 uses = result.uses.pop(name, [])
                 clipped = self._clipped_sum(p, uses, coef, memo) if uses else ready.pop(name, None)
                 if clipped is not None and not uses:
-                    clipped = clipped.view(p.shape)
+                    clipped = as_shape(clipped, p.shape)
                 self._accumulate(p, clipped)
             return norms
         rebuilt = self._rebuild(result, coef)

@@ -103,7 +103,7 @@ def _batch_norms(batch: list[tuple[int, OuterSum]], out: list[Tensor | None]) ->
     for k, g in batch:
         k_row = grams[_factor_key(g.row.values)]  # type: ignore[union-attr]
         k_col = grams[_factor_key(g.col.values)]  # type: ignore[union-attr]
-        dtype = torch.promote_types(k_row.dtype, k_col.dtype)
+        dtype = compute_dtype(k_row, k_col)  # float32 or wider Gram matrices: no dispatched promote_types
         pairs.setdefault((tuple(k_row.shape), dtype, k_row.device), []).append((k, k_row, k_col))
     del grams
     for (_, dtype, _), members in pairs.items():
@@ -116,8 +116,8 @@ def _batch_norms(batch: list[tuple[int, OuterSum]], out: list[Tensor | None]) ->
         rows.mul_(cols)
         del cols
         sums = exact_sum(rows, dim=(2, 3))  # (U, b), float64
-        for j, (k, _, _) in enumerate(members):
-            out[k] = sums[j]
+        for (k, _, _), norm in zip(members, sums.unbind(0), strict=True):  # one unbind, not U selects
+            out[k] = norm
 
 
 def squared_norms(

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from hush_hf.clipping.factors import PerExampleGrad
 
 GradRule = Callable[[nn.Module, Tensor, Tensor], Mapping[str, PerExampleGrad]]
+BatchedGradRule = Callable[[list[tuple[nn.Module, Tensor, Tensor]]], list[Mapping[str, PerExampleGrad]]]
 ConfigCheck = Callable[[nn.Module], "str | None"]
 
 
@@ -65,6 +66,8 @@ class LayerRule:
     what the rule gets instead of the input x, typically a value the forward computed and autograd
     keeps anyway (so the rule need not compute it again), or None to give the rule x. The rule must
     accept both.
+    ``batched(calls)``: ``grads`` of several (module, x, g) calls at once, in order (``rule_batches``:
+    the engine holds a few calls of such layers and evaluates them together, fewer and larger operations).
     """
 
     grads: GradRule
@@ -76,6 +79,7 @@ class LayerRule:
     owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None
     injects: Injector | None = None
     saved_input: Callable[[nn.Module, Tensor, Tensor], Any] | None = None
+    batched: BatchedGradRule | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,7 @@ def register_norm_rule(
     owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None,
     injects: Injector | None = None,
     saved_input: Callable[[nn.Module, Tensor, Tensor], Any] | None = None,
+    batched: BatchedGradRule | None = None,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
 
@@ -179,6 +184,7 @@ def register_norm_rule(
             owns=owns,
             injects=injects,
             saved_input=saved_input,
+            batched=batched,
         )
         for key in keys:
             _RULES[key] = rule

@@ -4,7 +4,8 @@
 The forward is ``y = w * xhat`` with ``xhat = x / sqrt(mean(x^2) + eps)`` computed in float32 and rounded
 back to x's dtype, so grad w_i = sum_t xhat_{i,t} * g_{i,t}. ``xhat`` is what autograd keeps for the
 weight's gradient (the saved ``other`` of the final multiplication): the forward hook takes that very
-tensor (``saved_normalised``), so the rule is one product and one sum per layer. Where it is not
+tensor (``saved_normalised``), so the rule is one product and one sum per layer, or for several layers
+of one shape at once (``llama_rms_norm_batched``, ``rule_batches``). Where it is not
 available (gradient checkpointing, where the rule runs on the recomputed input; a forward that was
 replaced), the rule recomputes ``xhat`` with the forward's own operations. Without a rule the norm took
 the generic path (a ``torch.func`` replay per example, about 14 operations per layer).
@@ -57,7 +58,38 @@ def saved_normalised(layer: nn.Module, x: Tensor, output: Tensor) -> SavedNormal
     return SavedNormalised(xhat.detach())
 
 
-@register_norm_rule("transformers.models.llama.modeling_llama.LlamaRMSNorm", saved_input=saved_normalised)
+@torch.no_grad()  # no graph is needed; and a stack with out= refuses an input that requires grad
+def llama_rms_norm_batched(calls: list[tuple[nn.Module, Tensor, Tensor]]) -> list[dict[str, PerExampleGrad]]:
+    """``llama_rms_norm_grads`` of several (layer, x, g) calls, in order (``rule_batches``): those with the
+    forward's own ``xhat`` of one (b, T, d) shape and dtype stacked (widened as it copies), one product
+    and one sum for all of them, the same numbers; the rest one at a time."""
+    out: list[dict[str, PerExampleGrad]] = [{} for _ in calls]
+    groups: dict[tuple, list[int]] = {}
+    for k, (layer, x, g) in enumerate(calls):
+        if isinstance(x, SavedNormalised) and x.values.dim() == 3 and x.values.shape == g.shape:
+            groups.setdefault((g.shape, x.values.dtype, g.dtype, g.device), []).append(k)
+        else:
+            out[k] = llama_rms_norm_grads(layer, x, g)
+    for members in groups.values():
+        if len(members) == 1:
+            out[members[0]] = llama_rms_norm_grads(*calls[members[0]])
+            continue
+        _, saved, g = calls[members[0]]
+        dtype = compute_dtype(saved.values, g)  # type: ignore[union-attr]
+        stacked = torch.empty((len(members), *g.shape), dtype=dtype, device=g.device)
+        torch.stack([calls[k][1].values for k in members], out=stacked)  # type: ignore[union-attr]
+        # xhat (dtype) * g widens g inside the product, as one call at a time does
+        sums = stacked.mul_(torch.stack([calls[k][2] for k in members])).sum(dim=2)
+        for k, values in zip(members, sums.unbind(0), strict=True):
+            out[k] = {"weight": Materialized(values)}
+    return out
+
+
+@register_norm_rule(
+    "transformers.models.llama.modeling_llama.LlamaRMSNorm",
+    saved_input=saved_normalised,
+    batched=llama_rms_norm_batched,
+)
 def llama_rms_norm_grads(
     layer: nn.Module, x: Tensor | SavedNormalised, g: Tensor
 ) -> dict[str, PerExampleGrad]:

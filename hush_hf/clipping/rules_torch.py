@@ -26,7 +26,7 @@ def as_sequence(t: Tensor) -> Tensor:
     """(b, ..., n) -> (b, T, n) with T the product of the middle dimensions (1 if none)."""
     if t.dim() < 2:
         raise ValueError(f"expected a batch-first tensor of 2+ dimensions, got shape {tuple(t.shape)}")
-    return t.reshape(t.shape[0], -1, t.shape[-1])
+    return t if t.dim() == 3 else t.reshape(t.shape[0], -1, t.shape[-1])  # no view dispatched for (b, T, n)
 
 
 def sum_all_but_batch_and_last(t: Tensor, n_dims: int, dtype: torch.dtype | None = None) -> Tensor:
@@ -86,7 +86,45 @@ def embedding_grads(layer: nn.Embedding, ids: Tensor, g: Tensor) -> dict[str, Pe
     return {"weight": embedding_outer_sum(layer, ids, g)}
 
 
-@register_norm_rule(nn.LayerNorm)
+def _sum_steps(t: Tensor, n_dims: int, dtype: torch.dtype) -> Tensor:
+    """A stack (L, b, ..., *shape) summed over its steps (every dimension but the first two and the last
+    ``n_dims``) in ``dtype``: ``sum_all_but_batch_and_last`` of each of the L calls."""
+    dims = tuple(range(2, t.dim() - n_dims))
+    return t.sum(dim=dims, dtype=dtype) if dims else t.to(dtype)
+
+
+@torch.no_grad()  # no graph is needed; and a stack with out= refuses an input that requires grad
+def layer_norm_batched(calls: list[tuple[nn.Module, Tensor, Tensor]]) -> list[dict[str, PerExampleGrad]]:
+    """``layer_norm_grads`` of several (layer, x, g) calls, in order: the calls of one shape, dtype and
+    configuration stacked, each operation taken once for all of them (``rule_batches``)."""
+    out: list[dict[str, PerExampleGrad]] = [{} for _ in calls]
+    groups: dict[tuple, list[int]] = {}
+    for k, (layer, x, g) in enumerate(calls):
+        config = (tuple(layer.normalized_shape), layer.eps, layer.weight is None, layer.bias is None)
+        groups.setdefault((*config, x.shape, x.dtype, g.shape, g.dtype, x.device), []).append(k)
+    for members in groups.values():
+        layer, x, g = calls[members[0]]
+        if len(members) == 1:
+            out[members[0]] = layer_norm_grads(layer, x, g)
+            continue
+        dtype, n_dims = compute_dtype(x, g), len(layer.normalized_shape)
+        found: dict[str, tuple[Tensor, ...]] = {}
+        gs = torch.stack([calls[k][2] for k in members])
+        if layer.weight is not None:
+            xs = torch.empty((len(members), *x.shape), dtype=dtype, device=x.device)
+            torch.stack([calls[k][1] for k in members], out=xs)  # widened as it copies
+            xhat = F.layer_norm(xs, layer.normalized_shape, eps=layer.eps)
+            # xhat (dtype) * g widens g inside the product, as one call at a time does
+            found["weight"] = _sum_steps(xhat.mul_(gs), n_dims, dtype).unbind(0)
+            del xs, xhat
+        if layer.bias is not None:
+            found["bias"] = _sum_steps(gs, n_dims, dtype).unbind(0)
+        for j, k in enumerate(members):
+            out[k] = {name: Materialized(values[j]) for name, values in found.items()}
+    return out
+
+
+@register_norm_rule(nn.LayerNorm, batched=layer_norm_batched)
 def layer_norm_grads(layer: nn.LayerNorm, x: Tensor, g: Tensor) -> dict[str, PerExampleGrad]:
     """y = xhat * w + b with xhat the normalised input: grad w_i = sum_t xhat_{i,t} * g_{i,t}."""
     dtype = compute_dtype(x, g)

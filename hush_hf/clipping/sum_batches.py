@@ -66,7 +66,7 @@ def _group_sum(group: list[OuterSum], weights: Tensor) -> Tensor:
     u, (b, t_len, n), m = len(group), narrow.shape, wide.shape[-1]
     scaled = torch.empty((u, b, t_len, n), dtype=dtype, device=narrow.device)
     torch.stack([p[0] for p in pairs], out=scaled)  # widened as it copies
-    scaled.mul_(as_dtype(weights, dtype)[None, :, None, None])
+    scaled.mul_(as_dtype(weights, dtype).view(1, -1, 1, 1))  # one view, not three unsqueezes
     if route == "pieces":  # bf16 x bf16 products with float32 output: exact pieces, the wide side as it is
         left = bf16_pieces_side_by_side(scaled.view(u * b * t_len, n)).view(u, b * t_len, 3 * n)
         right = torch.stack([p[1] for p in pairs]).view(u, b * t_len, m)

@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from hush_hf.clipping.clipped_sums import clipped_sums_for_noise, round_into_grads_
+from hush_hf.clipping.tensor_views import as_shape
 from hush_hf.sampling.seeds import NOISE_STREAM, step_seed_sequence
 
 
@@ -90,7 +91,7 @@ def draw_noise(grads: Sequence[torch.Tensor], dp_seed: int, step: int) -> list[t
             sizes = [grads[k].numel() for k in run]
             flat = torch.randn(sum(sizes), generator=generators[device], device=device, dtype=dtype)
             for k, part in zip(run, flat.split(sizes), strict=True):
-                full = part.view(grads[k].shape)
+                full = as_shape(part, grads[k].shape)  # a bias's part is 1-D already
                 noises[k] = shard_rows(full, grads[k]).clone() if isinstance(grads[k], DTensor) else full
     return [noises[k] for k in range(len(grads))]
 
