@@ -66,7 +66,9 @@ from hush_hf.clipping.layer_calls import (
     _Call,
     _canonical_names,
     _HookedLayer,
+    _inner_captures,
     _is_fsdp,
+    _own_forwards,
     _Pass,
     _plan_layers,
     _trainable,
@@ -180,6 +182,8 @@ class GhostClipper(CallRecorder, SelfCheck):
             model.register_forward_pre_hook(self._on_forward),
             model.register_forward_hook(self._after_forward, always_call=True),
         ]
+        self._own_forwards = _own_forwards(self._layers, self)  # layers the engine runs itself, by id
+        self._handles.extend(self._own_forwards.values())
         for layer in self._layers:
             if layer.rule.injects is not None:
                 hook = partial(self._inject, layer)
@@ -290,11 +294,13 @@ class GhostClipper(CallRecorder, SelfCheck):
         # are freed as in plain training. Memory: every hooked layer's output gradient stays alive
         # (as a factor) until the clipped sum is built, the logits' gradient included (for a masked
         # LM only its nonzero steps, see ``drop_zero_steps``).
-        out_grads = list(
-            torch.autograd.grad(
-                loss.sum(), [c.edge for c in calls], retain_graph=retain_graph, allow_unused=True
-            )
-        )
+        # (and at the edges inside the calls the engine ran itself: ``_inner_captures``)
+        captures = _inner_captures(calls)
+        edges = [c.edge for c in calls] + [capture.edge for capture in captures]
+        out_grads = list(torch.autograd.grad(loss.sum(), edges, retain_graph=retain_graph, allow_unused=True))
+        for capture, inner in zip(captures, out_grads[len(calls) :], strict=True):
+            capture.dh = inner
+        del out_grads[len(calls) :], captures
         recorded: list[tuple[_HookedLayer, Tensor | RecordedCall, Tensor, tuple[Tensor, ...]] | None]
         recorded = [(c.layer, c.x, c.x_source, c.params) for c in calls]
         del calls

@@ -65,6 +65,9 @@ class LayerRule:
     what the rule gets instead of the input x, typically a value the forward computed and autograd
     keeps anyway (so the rule need not compute it again), or None to give the rule x. The rule must
     accept both.
+    ``own_forward(module, clipper, layer)``: installs the engine's own forward of the layer while the
+    clipper is attached (an object with ``take()``, what the last call left for the rule: the
+    ``RecordedCall``'s ``capture``, and ``remove()``); see :mod:`hush_hf.clipping.experts_capture`.
     """
 
     grads: GradRule
@@ -76,6 +79,7 @@ class LayerRule:
     owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None
     injects: Injector | None = None
     saved_input: Callable[[nn.Module, Tensor, Tensor], Any] | None = None
+    own_forward: Callable[[nn.Module, Any, Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class RecordedCall:
     args: tuple
     kwargs: Mapping[str, object]
     autocast: tuple[str, object] | None  # (device_type, dtype) when autocast was on
+    capture: Any = None  # what the layer's ``own_forward`` kept of this call, if it ran it
 
     @property
     def primary(self) -> Tensor | None:
@@ -163,6 +168,7 @@ def register_norm_rule(
     owns: Callable[[nn.Module], list[tuple[str, nn.Parameter]]] | None = None,
     injects: Injector | None = None,
     saved_input: Callable[[nn.Module, Tensor, Tensor], Any] | None = None,
+    own_forward: Callable[[nn.Module, Any, Any], Any] | None = None,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
 
@@ -179,6 +185,7 @@ def register_norm_rule(
             owns=owns,
             injects=injects,
             saved_input=saved_input,
+            own_forward=own_forward,
         )
         for key in keys:
             _RULES[key] = rule
