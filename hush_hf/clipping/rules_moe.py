@@ -317,19 +317,15 @@ def captured_grads(
     experts: nn.Module, capture: ExpertsCapture, dy: Tensor, batch: int, tokens: int
 ) -> dict[str, RoutedOuterSum]:
     """The rule from what the engine's own run of the call kept (``experts_capture``): rows already
-    grouped by expert and, within one, by example; the rows whose gradients are both zero (a zero routing
-    weight or output gradient) add exactly 0 and are left out."""
+    grouped by expert and, within one, by example. Rows whose gradients are zero (a zero routing weight,
+    a token without a target) are kept: they add exactly 0, and gathering the others would copy every
+    row's x, a, dh and dy."""
     if batch == 0 or tokens % batch:
         name = type(experts).__name__
         raise ValueError(f"{name} ran on {tokens} tokens, not a multiple of {batch} examples")
-    pair, expert, x, a, dh = capture.pair, capture.expert, capture.x, capture.a, capture.dh
-    assert dh is not None
-    live = _nonzero(dy) | _nonzero(dh)
-    if not bool(live.all()):
-        keep = torch.nonzero(live).flatten()
-        pair, expert, x, a, dh, dy = (t[keep] for t in (pair, expert, x, a, dh, dy))
-    example = pair // (capture.top_k * (tokens // batch))
-    return _pair_grads(experts, example, expert, x, a, dh, dy, batch, None)
+    assert capture.dh is not None
+    example = capture.pair // (capture.top_k * (tokens // batch))
+    return _pair_grads(experts, example, capture.expert, capture.x, capture.a, capture.dh, dy, batch, None)
 
 
 @register_norm_rule(
