@@ -22,7 +22,10 @@ batch-major (``register_batch_fold``), and calls
   ``dh x^T`` to W_up[e] (transposed layouts: the transposes): ``routed.RoutedOuterSum``, whose norm
   never forms a per-example copy of all experts. The replay costs one pass over the experts'
   up-projections and gates and one product with the down projections, about a third of the layer's
-  forward and backward work.
+  forward and backward work. For transformers' default ``grouped_mm`` experts the engine runs the call
+  itself while it records (``experts_capture``: the same products, the pairs in a known order) and the
+  rule reads x, a and dh from that forward and the engine's backward pass instead (``captured_grads``);
+  other implementations (the eager loop, ``batched_mm``, kernels) are replayed.
 - shared experts (Qwen2-MoE, DeepSeek-V3, Llama-4, Qwen3-Next) are ordinary Linear layers, folded.
 
 GPT-OSS's attention also owns ``sinks`` (one extra softmax logit per head) and returns a tuple: its first
