@@ -139,3 +139,26 @@ def test_other_expert_implementations_run_the_class_forward_and_are_replayed(mon
         got = clipper.clipped_backward(example_cross_entropy(model(input_ids=ids).logits, ids, causal=True))
     assert_matches(model, got, norms, expected)
     assert replays
+
+
+def test_a_models_copy_of_llamas_rms_norm_takes_its_rule_without_llama_imported():
+    """In a fresh process that imports only Mixtral's module (as a Mixtral training run does), Mixtral's
+    RMSNorm (Llama's forward, copied) gets Llama's rule, not the generic torch.func path: the registry
+    imports the module of the class that only the model prefix tells apart, then matches by code. A class
+    with another forward stays without a rule."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from transformers.models.mixtral import modeling_mixtral as m\n"
+        "from hush_hf.clipping.registry import rule_for\n"
+        "from hush_hf.clipping.rules_rms_norm import llama_rms_norm_grads\n"
+        "llama = 'transformers.models.llama.modeling_llama'\n"
+        "assert llama not in sys.modules\n"
+        "assert rule_for(m.MixtralRMSNorm).grads is llama_rms_norm_grads\n"
+        "assert llama in sys.modules\n"
+        "assert rule_for(m.MixtralRotaryEmbedding) is None\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
