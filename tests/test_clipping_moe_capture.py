@@ -126,6 +126,20 @@ def test_the_engines_run_of_the_experts_returns_what_transformers_returns():
     assert all("forward" not in m.__dict__ for m in experts_of(model))  # removed with the clipper
 
 
+def test_a_deep_copy_of_an_attached_model_runs_transformers_forward():
+    """A reference model copied from an attached one (``copy.deepcopy``) is not attached: its experts run
+    their class's forward and the copy computes what the original computes."""
+    import copy
+
+    model = build("Mixtral").float()
+    ids = batch_of()
+    with GhostClipper(model, 1.0):
+        twin = copy.deepcopy(model)
+        assert all(not isinstance(m.__dict__.get("forward"), OwnForward) for m in experts_of(twin))
+        with torch.no_grad():
+            torch.testing.assert_close(twin(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
 def test_other_expert_implementations_run_the_class_forward_and_are_replayed(monkeypatch):
     """The eager loop (and any implementation but transformers' grouped_mm) is not taken over: the rule
     replays the call, as before."""

@@ -239,3 +239,11 @@ class OwnForward:
     def remove(self) -> None:
         if self.module.__dict__.get("forward") is self:
             del self.module.__dict__["forward"]
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        """A copy of the model (a reference model made with ``copy.deepcopy``) is not attached: its experts
+        run their class's forward (this clipper's records are not the copy's)."""
+        copied = memo.get(id(self.module))
+        if copied is None:
+            raise TypeError("the engine's experts forward is copied only with its module")
+        return type(copied).forward.__get__(copied)
