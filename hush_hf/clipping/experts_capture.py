@@ -66,6 +66,7 @@ class ExpertsCapture:
     a: Tensor
     edge: GradientEdge | None
     dh: Tensor | None = None
+    tapped: bool = False  # tapped: the call's nodes report its per-example gradients in each pass
 
 
 TAPPED = object()  # what a tapped call leaves for the engine's hook: its per-example gradients are reported
@@ -169,7 +170,10 @@ def experts_forward(
     h = _products(rows, up, offsets, up_bias, transposed)
     capture = ExpertsCapture(order, expert, top_k, empty, empty, None)
     held: dict[str, Tensor] = {}
-    if tapped and h.requires_grad:
+    # Tapped, the call reports only when a gradient reaches its up projection (then one reaches the down
+    # projection's output too); else the engine taps it as any call and the rule replays it.
+    reports = tapped and h.requires_grad
+    if reports:
 
         def receive_dh(dh: Tensor, saved: tuple[Tensor, ...]) -> None:
             if "dy" in held:
@@ -183,12 +187,13 @@ def experts_forward(
     a = experts._apply_gate(h) if experts.has_gate else experts.act_fn(h)
     used = a.to(down.dtype)
     y = _products(used, down, offsets, down_bias, transposed)
-    if tapped and y.requires_grad:
+    if reports:
 
         def receive_dy(dy: Tensor, saved: tuple[Tensor, ...]) -> None:
             held["dy"], held["a"] = dy, saved[0]
 
         y = _Report.apply(y, anchor, receive_dy, used.detach())
+        capture.tapped = True
     elif not tapped:
         capture.a = used.detach()
     weighted = y * weights.reshape(-1)[order].unsqueeze(-1)
@@ -228,8 +233,9 @@ class OwnForward:
         def report(capture: ExpertsCapture, dy: Tensor) -> None:
             recorder._report_captured(layer, capture, dy, dtype)
 
-        out, _ = experts_forward(module, hidden, index, weights, report, anchor)
-        self.left = TAPPED
+        out, capture = experts_forward(module, hidden, index, weights, report, anchor)
+        # (no gradient reaches the up projection: the engine taps the call and the rule replays it)
+        self.left = TAPPED if capture.tapped else None
         return out
 
     def take(self) -> ExpertsCapture | object | None:
