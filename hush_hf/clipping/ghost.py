@@ -65,7 +65,9 @@ from hush_hf.clipping.layer_calls import (
     _Call,
     _canonical_names,
     _HookedLayer,
+    _inner_captures,
     _is_fsdp,
+    _own_forwards,
     _Pass,
     _plan_layers,
     _trainable,
@@ -77,10 +79,7 @@ from hush_hf.clipping.layer_calls import (
 )
 from hush_hf.clipping.recompute import NormPass, SumPass, run_pass
 from hush_hf.clipping.recording import CallRecorder
-from hush_hf.clipping.registry import (
-    RecordedCall,
-    UnsupportedLayerError,
-)
+from hush_hf.clipping.registry import RecordedCall, UnsupportedLayerError
 from hush_hf.clipping.rule_batches import HeldCalls
 from hush_hf.clipping.self_check import SelfCheck
 from hush_hf.clipping.tensor_views import as_shape
@@ -178,6 +177,8 @@ class GhostClipper(CallRecorder, SelfCheck):
             model.register_forward_pre_hook(self._on_forward),
             model.register_forward_hook(self._after_forward, always_call=True),
         ]
+        self._own_forwards = _own_forwards(self._layers, self)  # layers the engine runs itself, by id
+        self._handles.extend(self._own_forwards.values())
         for layer in self._layers:
             if layer.rule.injects is not None:
                 hook = partial(self._inject, layer)
@@ -288,11 +289,13 @@ class GhostClipper(CallRecorder, SelfCheck):
         # are freed as in plain training. Memory: every hooked layer's output gradient stays alive
         # (as a factor) until the clipped sum is built, the logits' gradient included (for a masked
         # LM only its nonzero steps, see ``drop_zero_steps``).
-        out_grads = list(
-            torch.autograd.grad(
-                loss.sum(), [c.edge for c in calls], retain_graph=retain_graph, allow_unused=True
-            )
-        )
+        # (and at the edges inside the calls the engine ran itself: ``_inner_captures``)
+        captures = _inner_captures(calls)
+        edges = [c.edge for c in calls] + [capture.edge for capture in captures]
+        out_grads = list(torch.autograd.grad(loss.sum(), edges, retain_graph=retain_graph, allow_unused=True))
+        for capture, inner in zip(captures, out_grads[len(calls) :], strict=True):
+            capture.dh = inner
+        del out_grads[len(calls) :], captures
         recorded: list[tuple[_HookedLayer, Tensor | RecordedCall, Tensor, tuple[Tensor, ...]] | None]
         recorded = [(c.layer, c.x, c.x_source, c.params) for c in calls]
         del calls
@@ -302,6 +305,12 @@ class GhostClipper(CallRecorder, SelfCheck):
         uses: dict[str, list[PerExampleGrad]] = {}
         held = HeldCalls()
         used: dict[str, list[Tensor]] = {}
+
+        def add(done: list[tuple[_HookedLayer, Any]]) -> None:  # evaluated calls' per-example gradients
+            for layer, grads in done:
+                for name in layer.param_names:
+                    uses.setdefault(self._names[(id(layer.module), name)], []).append(grads[name])
+
         for k in range(len(recorded)):
             layer, x, source, params = recorded[k]  # type: ignore[misc]
             recorded[k] = None  # the factors hold what is still needed of the input
@@ -314,13 +323,9 @@ class GhostClipper(CallRecorder, SelfCheck):
             if g is None:
                 continue  # output not used by the loss: zero gradient (its batch does not matter)
             x, g = _unfold(layer, x, source, g, b)
-            for done, grads in held.run(layer, x, g):  # this call's, or held norm layers' (rule_batches)
-                for name in done.param_names:
-                    uses.setdefault(self._names[(id(done.module), name)], []).append(grads[name])
-        for done, grads in held.flush():
-            for name in done.param_names:
-                uses.setdefault(self._names[(id(done.module), name)], []).append(grads[name])
-        x = g = grads = source = held = None  # type: ignore[assignment]  # the last call's tensors live on in the factors
+            add(held.run(layer, x, g))  # this call's, or held norm layers' (rule_batches)
+        add(held.flush())
+        x = g = source = held = None  # type: ignore[assignment]  # the last call's tensors live on in the factors
         # Zero steps dropped (exact; a masked-LM head keeps ~15% of its logits gradient), all uses at once:
         # one device-to-host read for the whole step, not one per use.
         names = [name for name, found in uses.items() for _ in found]

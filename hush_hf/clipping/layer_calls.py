@@ -337,3 +337,24 @@ def _walk_graph(loss: Tensor) -> tuple[set[int], bool]:
         if variable is not None:
             found.add(id(variable))
     return found, reentrant
+
+
+def _own_forwards(layers: list[_HookedLayer], clipper: Any) -> dict[int, Any]:
+    """id(module) -> the engine's own forward installed on it, for the layers whose rule has one
+    (``LayerRule.own_forward``: the engine runs the call itself and keeps what its rule needs)."""
+    return {
+        id(layer.module): layer.rule.own_forward(layer.module, clipper, layer)
+        for layer in layers
+        if layer.rule.own_forward is not None
+    }
+
+
+def _inner_captures(calls: list[_Call]) -> list[Any]:
+    """The captures of recorded calls that the engine ran itself and that name a gradient edge inside the
+    call (an MoE experts call: its up projection's output); the first pass sets their ``dh``, the gradient
+    of sum_i loss_i there, from the same ``autograd.grad`` as the calls' output gradients."""
+    return [
+        c.x.capture
+        for c in calls
+        if isinstance(c.x, RecordedCall) and getattr(c.x.capture, "edge", None) is not None
+    ]

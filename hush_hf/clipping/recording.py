@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from hush_hf.clipping.experts_capture import TAPPED, ExpertsCapture
 from hush_hf.clipping.factors import (
     drop_zero_steps,
 )
@@ -36,6 +37,7 @@ from hush_hf.clipping.rules_generic import (
     replay,
     replaying,
 )
+from hush_hf.clipping.rules_moe import captured_grads
 
 
 def _answer_once(module: nn.Module, method: str, value: Tensor) -> None:
@@ -168,8 +170,13 @@ class CallRecorder:
         def detach(value: Any) -> Any:
             return value.detach() if isinstance(value, Tensor) else value
 
+        own = self._own_forwards.get(id(layer.module))
+        capture = own.take() if own is not None else None
         call = RecordedCall(
-            tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()}, _autocast_state(output)
+            tuple(detach(a) for a in args),
+            {k: detach(v) for k, v in kwargs.items()},
+            _autocast_state(output),
+            capture,
         )
         primary = call.primary
         if primary is None or not isinstance(output, Tensor):
@@ -233,6 +240,9 @@ class CallRecorder:
         if self._in_forward:
             for n in layer.param_names:
                 self._expected[self._names[(id(layer.module), n)]] += 1
+        own = self._own_forwards.get(id(layer.module))
+        if own is not None and own.take() is TAPPED:
+            return None  # the call reports its per-example gradients itself (``_report_captured``)
         if not torch.is_grad_enabled() or not isinstance(output, Tensor) or not output.requires_grad:
             return None
         if layer.rule.records_call:
@@ -252,8 +262,7 @@ class CallRecorder:
                 raise ValueError(f"{layer.label} must be called with one tensor and return one tensor")
             saved = [inputs[0].detach()]
             tag = _TapTag(layer, None, None, None, self._autocast_dtype(layer, inputs[0]))
-        if self._anchor is None:
-            self._anchor = torch.zeros((), device=output.device, requires_grad=True)
+        self._tap_anchor(output.device)
         if within:
             # The hook keeps the Hold node (not the output's storage); the node does not lead back to the
             # output's node, so no reference cycle holds the graph.
@@ -262,6 +271,30 @@ class CallRecorder:
             return None
         tapped = Tap.apply(output, self._anchor, self, tag, *saved)
         return tapped.clone() if layer.rule.protects_output else tapped
+
+    def _tap_anchor(self, device: torch.device) -> Tensor:
+        """The taps' shared leaf of this forward (``recompute.Tap``), made at the first tap."""
+        if self._anchor is None:
+            self._anchor = torch.zeros((), device=device, requires_grad=True)
+        return self._anchor
+
+    def _report_captured(
+        self, layer: _HookedLayer, capture: ExpertsCapture, dy: Tensor, dtype: torch.dtype
+    ) -> None:
+        """A tapped experts call that the engine ran itself (``experts_capture``), in a two-pass backward:
+        its per-example gradients, from what the call's own nodes received, go to the current pass."""
+        state = self._pass
+        if state is None:
+            return
+        batch = state.coef.shape[0] if isinstance(state, SumPass) else state.batch
+        if isinstance(state, NormPass):
+            state.dtypes |= {dtype, capture.x.dtype, capture.a.dtype, dy.dtype}
+        module = layer.module
+        tokens = capture.pair.shape[0] // capture.top_k
+        with replay():
+            grads = captured_grads(module, capture, dy, batch, tokens)
+        for n in layer.param_names:
+            state.add(self._names[(id(module), n)], drop_zero_steps(grads[n]), module.get_parameter(n).shape)
 
     def _receive_whole(self, tag: _TapTag, node: Any, grad: Tensor) -> None:
         """Gradient hook of a ``within`` tap's output: the gradient it gets from everything that read it."""

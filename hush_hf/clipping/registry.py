@@ -18,6 +18,7 @@ torch.func path (``rules_generic``) when their own parameters are small.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ class LayerRule:
     accept both.
     ``batched(calls)``: ``grads`` of several (module, x, g) calls at once, in order (``rule_batches``:
     the engine holds a few calls of such layers and evaluates them together, fewer and larger operations).
+    ``own_forward(module, clipper, layer)``: installs the engine's own forward of the layer while the
+    clipper is attached (an object with ``take()``, what the last call left for the rule: the
+    ``RecordedCall``'s ``capture``, and ``remove()``); see :mod:`hush_hf.clipping.experts_capture`.
     """
 
     grads: GradRule
@@ -80,6 +84,7 @@ class LayerRule:
     injects: Injector | None = None
     saved_input: Callable[[nn.Module, Tensor, Tensor], Any] | None = None
     batched: BatchedGradRule | None = None
+    own_forward: Callable[[nn.Module, Any, Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,7 @@ class RecordedCall:
     args: tuple
     kwargs: Mapping[str, object]
     autocast: tuple[str, object] | None  # (device_type, dtype) when autocast was on
+    capture: Any = None  # what the layer's ``own_forward`` kept of this call, if it ran it
 
     @property
     def primary(self) -> Tensor | None:
@@ -168,6 +174,7 @@ def register_norm_rule(
     injects: Injector | None = None,
     saved_input: Callable[[nn.Module, Tensor, Tensor], Any] | None = None,
     batched: BatchedGradRule | None = None,
+    own_forward: Callable[[nn.Module, Any, Any], Any] | None = None,
 ) -> Callable[[GradRule], GradRule]:
     """Decorator: register ``grads`` as the rule for each layer type (or ``'module.Class'`` name)."""
 
@@ -185,6 +192,7 @@ def register_norm_rule(
             injects=injects,
             saved_input=saved_input,
             batched=batched,
+            own_forward=own_forward,
         )
         for key in keys:
             _RULES[key] = rule
@@ -241,11 +249,43 @@ def _same_code(f: object, h: object) -> bool:
     return all(getattr(a, n) == getattr(b, n) for n in fields)
 
 
+def _model_prefix_free(module_name: str, qualname: str) -> str | None:
+    """A transformers model class's name without its model's prefix (``MixtralRMSNorm`` in
+    ``transformers.models.mixtral.modeling_mixtral`` -> ``RMSNorm``), or None when it has none."""
+    parts = module_name.split(".")
+    if len(parts) != 4 or parts[:2] != ["transformers", "models"]:
+        return None
+    model = parts[2].replace("_", "")
+    if qualname[: len(model)].lower() != model or len(qualname) == len(model):
+        return None
+    return qualname[len(model) :]
+
+
+def _import_namesakes(layer_type: type) -> None:
+    """Import the modules of the name-registered transformers classes that differ from ``layer_type``'s
+    name only by the model's prefix (Llama's ``LlamaRMSNorm`` for ``MixtralRMSNorm``), so that the
+    same-code match of ``rule_for`` can compare them: transformers copies modules between models, and a
+    model's copy should not take the generic path only because the original's model was not imported.
+    Which modules to import is all the names decide; the match itself is still by code and bases."""
+    suffix = _model_prefix_free(layer_type.__module__, layer_type.__qualname__)
+    if suffix is None:
+        return
+    for key in _RULES:
+        if isinstance(key, str):
+            module_name, _, qualname = key.rpartition(".")
+            if module_name not in sys.modules and _model_prefix_free(module_name, qualname) == suffix:
+                try:
+                    importlib.import_module(module_name)
+                except ImportError:  # a model this transformers version does not ship
+                    continue
+
+
 def rule_for(layer_type: type) -> LayerRule | None:
     """The rule for this type, or None: its own registered rule; else the rule of the nearest
     registered ancestor whose ``forward`` it inherits unchanged (the same function object); else the
     rule of a registered class whose ``forward`` has the same code and the same base classes (so
-    ``super()`` resolves alike). Anything else (an overridden forward) gets no inherited rule."""
+    ``super()`` resolves alike; its module imported first if only the model prefix tells the names
+    apart, ``_import_namesakes``). Anything else (an overridden forward) gets no inherited rule."""
     found = _exact_rule(layer_type)
     if found is not None:
         return found
@@ -256,6 +296,7 @@ def rule_for(layer_type: type) -> LayerRule | None:
             if getattr(ancestor, "forward", None) is forward:
                 return rule
             break
+    _import_namesakes(layer_type)
     for registered in _registered_classes():
         if registered.__mro__[1:] == layer_type.__mro__[1:] and _same_code(
             registered.__dict__.get("forward"), layer_type.__dict__.get("forward")

@@ -22,7 +22,10 @@ batch-major (``register_batch_fold``), and calls
   ``dh x^T`` to W_up[e] (transposed layouts: the transposes): ``routed.RoutedOuterSum``, whose norm
   never forms a per-example copy of all experts. The replay costs one pass over the experts'
   up-projections and gates and one product with the down projections, about a third of the layer's
-  forward and backward work.
+  forward and backward work. For transformers' default ``grouped_mm`` experts the engine runs the call
+  itself while it records (``experts_capture``: the same products, the pairs in a known order) and the
+  rule reads x, a and dh from that forward and the engine's backward pass instead (``captured_grads``);
+  other implementations (the eager loop, ``batched_mm``, kernels) are replayed.
 - shared experts (Qwen2-MoE, DeepSeek-V3, Llama-4, Qwen3-Next) are ordinary Linear layers, folded.
 
 GPT-OSS's attention also owns ``sinks`` (one extra softmax logit per head) and returns a tuple: its first
@@ -50,6 +53,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from hush_hf.clipping.experts_capture import ExpertsCapture, OwnForward
 from hush_hf.clipping.factors import DenseFactor, OuterSum, PerExampleGrad
 from hush_hf.clipping.registry import RecordedCall, register_batch_fold, register_norm_rule, register_refusal
 from hush_hf.clipping.routed import PairGroups, RoutedOuterSum, pair_groups
@@ -205,10 +209,10 @@ def routed_pairs(
     return token[:kept], expert[:kept], weight[:kept], example[:kept], PairGroups(None, sizes)
 
 
-def _call_arguments(experts: nn.Module, call: RecordedCall) -> tuple[Tensor, Tensor, Tensor]:
+def call_arguments(experts: nn.Module, args: Sequence, kwargs: dict) -> tuple[Tensor, Tensor, Tensor]:
     """(hidden states (n, d), expert indices (n, k), routing weights (n, k)) of one experts call; the
     names differ by family (GPT-OSS: router_indices, routing_weights), the order does not."""
-    bound = inspect.signature(type(experts).forward).bind(experts, *call.args, **call.kwargs)
+    bound = inspect.signature(type(experts).forward).bind(experts, *args, **kwargs)
     values = list(bound.arguments.values())[1:4]
     if len(values) != 3 or not all(isinstance(v, Tensor) for v in values):
         raise ValueError(
@@ -221,6 +225,10 @@ def _call_arguments(experts: nn.Module, call: RecordedCall) -> tuple[Tensor, Ten
             f"and weights {tuple(weights.shape)}; expected (n, d), (n, k), (n, k)"
         )
     return hidden, index, weights
+
+
+def _call_arguments(experts: nn.Module, call: RecordedCall) -> tuple[Tensor, Tensor, Tensor]:
+    return call_arguments(experts, call.args, dict(call.kwargs))
 
 
 @register_norm_rule(
@@ -238,6 +246,7 @@ def _call_arguments(experts: nn.Module, call: RecordedCall) -> tuple[Tensor, Ten
     ),
     check=experts_problem,
     records_call=True,
+    own_forward=OwnForward,
 )
 def topk_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dict[str, RoutedOuterSum]:
     """Per-example gradients of every expert parameter from one call (see the module docstring)."""
@@ -250,6 +259,12 @@ def topk_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
     tokens, top_k = index.shape
     if g.shape[0] != tokens:
         raise ValueError(f"{type(experts).__name__} returned {g.shape[0]} rows for {tokens} tokens")
+    capture = call.capture
+    if isinstance(capture, ExpertsCapture) and capture.dh is not None:
+        # dL/d(the pair's down-projection output): the token's output gradient times its routing weight
+        pair = capture.pair
+        dy = (g[pair // top_k] * weights.reshape(-1)[pair][:, None]).to(capture.dh.dtype)
+        return captured_grads(experts, capture, dy, batch, tokens)
     token, expert, weight, example, groups = routed_pairs(index, weights, g, batch, n_experts)
     counts = groups.expert_counts(batch)
     up_name = "gate_up_proj" if experts.has_gate else "up_proj"
@@ -268,12 +283,29 @@ def topk_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
         dy = (g[token] * weight[:, None]).to(h.dtype)
         da = _grouped(dy, down, counts, transposed, adjoint=True)
         (dh,) = torch.autograd.grad(a, h_leaf, da.to(a.dtype))
-    a = a.detach()
+    return _pair_grads(experts, example, expert, x, a.detach(), dh, dy, batch, groups)
+
+
+def _pair_grads(
+    experts: nn.Module,
+    example: Tensor,
+    expert: Tensor,
+    x: Tensor,
+    a: Tensor,
+    dh: Tensor,
+    dy: Tensor,
+    batch: int,
+    groups: PairGroups | None,
+) -> dict[str, RoutedOuterSum]:
+    """Every expert parameter's per-example gradient from the pairs' x (up projection input), a (gate
+    output), dh and dy (gradients at the up and down projections' outputs)."""
+    n_experts = experts.num_experts
+    up_name = "gate_up_proj" if experts.has_gate else "up_proj"
 
     def routed(row: Tensor, col: Tensor) -> RoutedOuterSum:
         return RoutedOuterSum(example, expert, row, col, batch, n_experts, groups)
 
-    if transposed:
+    if experts.is_transposed:
         grads = {up_name: routed(x, dh), "down_proj": routed(a, dy)}
     else:
         grads = {up_name: routed(dh, x), "down_proj": routed(dy, a)}
@@ -282,6 +314,21 @@ def topk_experts_grads(experts: nn.Module, call: RecordedCall, g: Tensor) -> dic
         grads[f"{up_name}_bias"] = routed(dh, ones)
         grads["down_proj_bias"] = routed(dy, ones)
     return grads
+
+
+def captured_grads(
+    experts: nn.Module, capture: ExpertsCapture, dy: Tensor, batch: int, tokens: int
+) -> dict[str, RoutedOuterSum]:
+    """The rule from what the engine's own run of the call kept (``experts_capture``): rows already
+    grouped by expert and, within one, by example. Rows whose gradients are zero (a zero routing weight,
+    a token without a target) are kept: they add exactly 0, and gathering the others would copy every
+    row's x, a, dh and dy."""
+    if batch == 0 or tokens % batch:
+        name = type(experts).__name__
+        raise ValueError(f"{name} ran on {tokens} tokens, not a multiple of {batch} examples")
+    assert capture.dh is not None
+    example = capture.pair // (capture.top_k * (tokens // batch))
+    return _pair_grads(experts, example, capture.expert, capture.x, capture.a, capture.dh, dy, batch, None)
 
 
 @register_norm_rule(

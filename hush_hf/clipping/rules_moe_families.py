@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from hush_hf.clipping.experts_capture import OwnForward
 from hush_hf.clipping.factors import PerExampleGrad
 from hush_hf.clipping.registry import register_batch_fold, register_norm_rule, register_refusal
 from hush_hf.clipping.rules_moe import (
@@ -94,9 +95,9 @@ for _module, _block, _router, _kind, _experts in _FAMILIES:
             _ROUTER_RULES[_kind]
         )
     if _experts is not None:
-        register_norm_rule(_name(_module, _experts), check=experts_problem, records_call=True)(
-            topk_experts_grads
-        )
+        register_norm_rule(
+            _name(_module, _experts), check=experts_problem, records_call=True, own_forward=OwnForward
+        )(topk_experts_grads)
 
 
 def _jitter_problem(block: nn.Module) -> str | None:
