@@ -58,6 +58,19 @@ def assert_matches(model: nn.Module, got: Tensor, norms: Tensor, expected: dict[
     )
 
 
+def two_steps_match_without_a_replay(model, ids, clip, norms, expected, monkeypatch) -> None:
+    """Two clipped steps, each verified and equal to the reference, and no replay product runs."""
+    replays = no_replay(monkeypatch)
+    with GhostClipper(model, clip) as clipper:
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
+            got = clipper.clipped_backward(loss)
+            assert clipper.verified
+            assert_matches(model, got, norms, expected)
+    assert not replays
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_grouped_mm_experts_read_from_the_step_match_per_example_autograd_in_float64(name, monkeypatch):
     """Float64 (torch's grouped_mm has no float64 kernel: the products run through transformers' per-expert
@@ -71,15 +84,7 @@ def test_grouped_mm_experts_read_from_the_step_match_per_example_autograd_in_flo
     clip = float(norms.median())
     norms, expected = eager_reference(model, ids, clip)
     model.zero_grad(set_to_none=True)
-    replays = no_replay(monkeypatch)
-    with GhostClipper(model, clip) as clipper:
-        for _ in range(2):
-            model.zero_grad(set_to_none=True)
-            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
-            got = clipper.clipped_backward(loss)
-            assert clipper.verified
-            assert_matches(model, got, norms, expected)
-    assert not replays
+    two_steps_match_without_a_replay(model, ids, clip, norms, expected, monkeypatch)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
@@ -95,15 +100,7 @@ def test_checkpointed_grouped_mm_experts_report_from_both_passes(name, reentrant
     norms, expected = eager_reference(model, ids, clip)
     model.zero_grad(set_to_none=True)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    replays = no_replay(monkeypatch)
-    with GhostClipper(model, clip) as clipper:
-        for _ in range(2):
-            model.zero_grad(set_to_none=True)
-            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
-            got = clipper.clipped_backward(loss)
-            assert clipper.verified
-            assert_matches(model, got, norms, expected)
-    assert not replays
+    two_steps_match_without_a_replay(model, ids, clip, norms, expected, monkeypatch)
 
 
 def test_the_engines_run_of_the_experts_returns_what_transformers_returns():

@@ -86,24 +86,6 @@ def deberta_table_problem(encoder: nn.Module) -> str | None:
     )
 
 
-class _LastHidden(nn.Module):
-    """``encoder(...)[0]`` (the last hidden state), owning the table's parameters under flat names (the
-    same Parameter objects; the encoder is held outside the module tree)."""
-
-    def __init__(self, encoder: nn.Module) -> None:
-        super().__init__()
-        object.__setattr__(self, "encoder", encoder)
-        self.dotted: dict[str, str] = {}
-        for name, p in deberta_table_params(encoder):
-            flat = name.replace(".", "__")
-            self.register_parameter(flat, p)
-            self.dotted[flat] = name
-
-    def forward(self, *args: object, **kwargs: object) -> Tensor:
-        theta = {dotted: getattr(self, flat) for flat, dotted in self.dotted.items()}
-        return functional_call(self.encoder, theta, args, kwargs)[0]
-
-
 @contextmanager
 def _without_checkpointing(encoder: nn.Module) -> Iterator[None]:
     """The replay runs the layers plainly: it is one differentiable function under torch.func, and
@@ -132,7 +114,7 @@ def deberta_table_grads(encoder: nn.Module, call: RecordedCall, g: Tensor) -> di
     Every layer reads the table, so its gradient is the sum of their contributions, with their cross
     terms: replaying the encoder (not each attention) gives that sum exactly. It costs about one more
     forward and backward of the encoder (without any weight's gradient) per step."""
-    held = _LastHidden(encoder)
+    held = _FirstOutput(encoder, deberta_table_params(encoder), {})
     per_example = g[0].numel() * max(1, len(getattr(encoder, "layer", ())))
     with _without_checkpointing(encoder):
         grads = generic_grads(held, call, g, rows_at_once=max(1, ENCODER_REPLAY_VALUES // per_example))
@@ -169,34 +151,33 @@ def deberta_attention_problem(attention: nn.Module) -> str | None:
     )
 
 
-class _TableHeld(nn.Module):
-    """``attention(...)[0]`` with ``rel_embeddings`` held fixed, owning the replayed parameters under
-    flat names (the same Parameter objects; the attention is held outside the module tree)."""
+class _FirstOutput(nn.Module):
+    """``module(...)[0]`` with ``extra`` keyword arguments added to each call, owning ``params`` under flat
+    names (the same Parameter objects; the module is held outside the module tree), so that the generic
+    replay differentiates that output w.r.t. those parameters only."""
 
-    def __init__(self, attention: nn.Module, table: Tensor | None, has_table: bool) -> None:
+    def __init__(
+        self, module: nn.Module, params: list[tuple[str, nn.Parameter]], extra: dict[str, object]
+    ) -> None:
         super().__init__()
-        object.__setattr__(self, "attention", attention)
-        object.__setattr__(self, "table", table)
-        self.has_table = has_table
+        object.__setattr__(self, "held", module)
+        object.__setattr__(self, "extra", extra)
         self.dotted: dict[str, str] = {}
-        for name, p in deberta_attention_params(attention):
+        for name, p in params:
             flat = name.replace(".", "__")
             self.register_parameter(flat, p)
             self.dotted[flat] = name
 
     def forward(self, *args: object, **kwargs: object) -> Tensor:
         theta = {dotted: getattr(self, flat) for flat, dotted in self.dotted.items()}
-        if self.has_table:
-            kwargs = {**kwargs, "rel_embeddings": self.table}
-        return functional_call(self.attention, theta, args, kwargs)[0]
+        return functional_call(self.held, theta, args, {**kwargs, **self.extra})[0]
 
 
 def deberta_attention_grads(attention: nn.Module, call: RecordedCall, g: Tensor) -> dict[str, PerExampleGrad]:
     """Example i's gradient of the replayed parameters: the generic replay of output 0, table held."""
     kwargs = dict(call.kwargs)
-    has_table = "rel_embeddings" in kwargs
-    table = kwargs.pop("rel_embeddings", None)
-    held = _TableHeld(attention, table, has_table)
+    extra = {"rel_embeddings": kwargs.pop("rel_embeddings")} if "rel_embeddings" in kwargs else {}
+    held = _FirstOutput(attention, deberta_attention_params(attention), extra)
     grads = generic_grads(held, replace(call, kwargs=kwargs), g)
     return {held.dotted[flat]: grad for flat, grad in grads.items()}
 
