@@ -58,8 +58,8 @@ def assert_matches(model: nn.Module, got: Tensor, norms: Tensor, expected: dict[
     )
 
 
-def two_steps_match_without_a_replay(model, ids, clip, norms, expected, monkeypatch) -> None:
-    """Two clipped steps, each verified and equal to the reference, and no replay product runs."""
+def two_steps_match(model, ids, clip, norms, expected, monkeypatch, *, replayed: bool = False) -> None:
+    """Two clipped steps, each verified and equal to the reference; a replay product runs iff ``replayed``."""
     replays = no_replay(monkeypatch)
     with GhostClipper(model, clip) as clipper:
         for _ in range(2):
@@ -68,7 +68,7 @@ def two_steps_match_without_a_replay(model, ids, clip, norms, expected, monkeypa
             got = clipper.clipped_backward(loss)
             assert clipper.verified
             assert_matches(model, got, norms, expected)
-    assert not replays
+    assert bool(replays) == replayed
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -84,7 +84,7 @@ def test_grouped_mm_experts_read_from_the_step_match_per_example_autograd_in_flo
     clip = float(norms.median())
     norms, expected = eager_reference(model, ids, clip)
     model.zero_grad(set_to_none=True)
-    two_steps_match_without_a_replay(model, ids, clip, norms, expected, monkeypatch)
+    two_steps_match(model, ids, clip, norms, expected, monkeypatch)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
@@ -100,7 +100,7 @@ def test_checkpointed_grouped_mm_experts_report_from_both_passes(name, reentrant
     norms, expected = eager_reference(model, ids, clip)
     model.zero_grad(set_to_none=True)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    two_steps_match_without_a_replay(model, ids, clip, norms, expected, monkeypatch)
+    two_steps_match(model, ids, clip, norms, expected, monkeypatch)
 
 
 def test_the_engines_run_of_the_experts_returns_what_transformers_returns():
@@ -192,12 +192,4 @@ def test_only_a_down_projection_trained_is_replayed_with_or_without_checkpointin
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.disable_input_require_grads()  # (transformers makes the embeddings' output require grad)
-    replays = no_replay(monkeypatch)
-    with GhostClipper(model, 1e-3) as clipper:
-        for _ in range(2):
-            model.zero_grad(set_to_none=True)
-            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
-            got = clipper.clipped_backward(loss)
-            assert clipper.verified
-            assert_matches(model, got, norms, expected)
-    assert replays
+    two_steps_match(model, ids, 1e-3, norms, expected, monkeypatch, replayed=True)
