@@ -229,6 +229,24 @@ def uniform_plan(dataset, rows: int, expected_batch: float, steps: int):
     ).bound_to(dataset)
 
 
+def timed_run_arguments(prefix: str, steps: int, batch: int, **extra: object) -> dict:
+    """The training arguments the benches share for a timed run (both contenders take the same ones):
+    ``steps`` steps of ``batch`` rows, no logging, saving, reporting or progress bars, AdamW at 1e-4, and
+    an output directory (nothing is saved in it; the caller removes it) named ``prefix``..."""
+    return dict(
+        output_dir=tempfile.mkdtemp(prefix=prefix),
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10**6,
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+        learning_rate=1e-4,
+        **extra,
+    )
+
+
 def measure(
     model_name: str, seq: int, batch: int, steps: int, warmup: int, mode: str, bf16: bool, checkpointing: bool
 ) -> dict:
@@ -244,18 +262,12 @@ def measure(
     model, causal = build_model(model_name, seq)
     dataset = random_batch(model.config.vocab_size, batch, seq, causal)
     total = warmup + steps
-    common = dict(
-        output_dir=tempfile.mkdtemp(prefix="step_overhead_"),  # nothing is saved in it; removed below
-        max_steps=total,
-        per_device_train_batch_size=batch,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=10**6,
-        disable_tqdm=True,
+    common = timed_run_arguments(
+        "step_overhead_",
+        total,
+        batch,
         bf16=bf16,
         use_cpu=not cuda,
-        dataloader_pin_memory=False,
-        learning_rate=1e-4,
         gradient_checkpointing=checkpointing or mode == "dp-checkpointing",
     )
     times: list[float] = []

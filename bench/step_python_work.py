@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import shutil
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -78,19 +78,7 @@ def run(contender: str, bf16: bool, layers: int, steps: int) -> dict[str, float]
             if state.global_step > WARMUP:
                 seconds.append(time.process_time() - self.start)
 
-    common = dict(
-        output_dir=tempfile.mkdtemp(prefix="step_python_work_"),
-        max_steps=total,
-        per_device_train_batch_size=MICRO,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=10**6,
-        disable_tqdm=True,
-        bf16=bf16,
-        use_cpu=True,
-        dataloader_pin_memory=False,
-        learning_rate=1e-4,
-    )
+    common = step_overhead.timed_run_arguments("step_python_work_", total, MICRO, bf16=bf16, use_cpu=True)
     if contender == "plain":
         targets = [(Trainer, "training_step")]
         args = TrainingArguments(**common, gradient_accumulation_steps=B // MICRO)
@@ -113,6 +101,7 @@ def run(contender: str, bf16: bool, layers: int, steps: int) -> dict[str, float]
             callbacks=[Clock()],
         )
     trainer.train()
+    shutil.rmtree(common["output_dir"], ignore_errors=True)  # nothing was saved in it
     stats = pstats.Stats(profile)
     to_calls = sum(
         entry[1]

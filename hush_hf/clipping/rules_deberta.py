@@ -65,9 +65,9 @@ def deberta_table_params(encoder: nn.Module) -> list[tuple[str, nn.Parameter]]:
 def deberta_table_problem(encoder: nn.Module) -> str | None:
     """A dropout anywhere in the encoder, which the encoder's replay could not reproduce; weights sharded
     by FSDP2, which the replay would read after the backward has resharded them."""
-    if not deberta_table_params(encoder):
-        return None
     names = dict.fromkeys(n.split(".")[0] for n, _ in deberta_table_params(encoder))
+    if not names:
+        return None
     freeze = " and ".join(f"encoder.{n}" for n in names)
     if any(isinstance(p, DTensor) for p in encoder.parameters()):
         return (
