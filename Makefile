@@ -17,8 +17,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# accelerate launch gives each process one CPU thread unless told otherwise; on a machine without a GPU
+# the demo's single process takes every core for its forward and backward passes.
+DEMO_THREADS ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1 || nproc)
+DEMO_RECIPE  ?= arxiv_mlm
+DEMO_ARGS    ?=
+
 demo: $(STAMP)
-	$(VENV)/bin/accelerate launch recipes/arxiv_mlm.py
+	$(VENV)/bin/accelerate launch --num_cpu_threads_per_process $(DEMO_THREADS) recipes/$(DEMO_RECIPE).py $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=15

@@ -1,13 +1,14 @@
 """Time ``make demo`` (the main job) or another recipe's offline default: wall and CPU, the planning apart.
 
-    python bench/time_demo.py                          # = make demo's command, output in outputs/time_demo/
+    python bench/time_demo.py                          # = make demo, output in outputs/time_arxiv_mlm/
     python bench/time_demo.py --recipe gpt2_canary     # another recipe's offline default
 
-Runs ``accelerate launch recipes/<recipe>.py --output_dir <dir>`` as ``make demo`` does (no extra flags,
-torch's default threads), measures the whole command's wall time and its CPU time (user + system of the
-process tree, ``resource.getrusage(RUSAGE_CHILDREN)``), and prints the recipe's own phases from its
-``results.json`` (wall and process CPU seconds per phase; planning runs in worker processes whose CPU time
-the recipe's own counter does not see, so its wall time is the figure to read). The target of the main
+Runs ``make demo`` itself (``DEMO_ARGS="--output_dir <dir>"``, and ``DEMO_RECIPE`` for another recipe),
+so the threads and flags are the Makefile's; it installs first if the environment is out of date, which
+the whole command's time then includes. Measures that command's wall time and CPU time (user + system of
+the process tree, ``resource.getrusage(RUSAGE_CHILDREN)``) and prints the recipe's own phases from its
+``results.json`` (wall and process CPU seconds per phase; planning runs in worker processes whose CPU
+time the recipe's own counter does not see, so its wall time is the figure to read). The target of the main
 job is <= 10 minutes of wall time on an idle 2-core machine, planning included; on a shared machine the
 wall time says how busy it was, the CPU time what the work costs.
 """
@@ -19,9 +20,7 @@ import json
 import math
 import os
 import resource
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -34,8 +33,7 @@ def main() -> None:
     parser.add_argument("--output_dir", default=None, help="default: outputs/time_<recipe>")
     args = parser.parse_args()
     output_dir = Path(args.output_dir or ROOT / "outputs" / f"time_{args.recipe}")
-    launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
-    command = [launcher, "launch", f"recipes/{args.recipe}.py", "--output_dir", str(output_dir)]
+    command = ["make", "-s", "demo", f"DEMO_RECIPE={args.recipe}", f"DEMO_ARGS=--output_dir {output_dir}"]
     print("running:", " ".join(command), f"(load average before: {os.getloadavg()[0]:.1f})", flush=True)
     start = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)

@@ -136,7 +136,7 @@ def accelerate_launch_is_ready(config: str, script: str) -> Callable[[Path], Non
 
 SUBSTITUTIONS = [
     Substitution("make demo", "make -n demo",
-                 "the demo trains and audits 8 models (~11 min); the dry run checks the target and its "
+                 "the demo trains and audits 12 models (~10 min); the dry run checks the target and its "
                  "command; the recipe's smoke run under accelerate is tests/test_recipes.py"),
     Substitution("make test", "make -n test", "it is the test suite this test belongs to"),
     Substitution("make test-slow", "make -n test-slow", "the slow suite takes hours on 2 CPU cores"),
