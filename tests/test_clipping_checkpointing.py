@@ -109,7 +109,7 @@ def test_checkpointed_per_example_norms_leave_grads_and_graph() -> None:
 
 
 def test_once_verified_a_checkpointed_step_computes_no_parameter_gradient(monkeypatch) -> None:
-    """Non-reentrant: each pass is ``autograd.grad`` towards the taps' scalar anchor only (no weight
+    """Non-reentrant: each pass is ``autograd.grad`` towards the calls' scalar anchors only (no weight
     gradient is computed by autograd, none lands in ``p.grad``); reentrant checkpointing needs
     ``Tensor.backward``, with the parameters' gradients set aside."""
     model = tiny_gpt2().double()
@@ -129,7 +129,8 @@ def test_once_verified_a_checkpointed_step_computes_no_parameter_gradient(monkey
         monkeypatch.setattr(torch.autograd, "grad", recorded)
         monkeypatch.setattr(torch.Tensor, "backward", lambda *a, **k: pytest.fail("Tensor.backward ran"))
         clipper.clipped_backward(example_cross_entropy(model(**kwargs).logits, labels, causal=True))
-    assert [[t.shape for t in wrt] for wrt in inputs] == [[torch.Size([])], [torch.Size([])]]
+    assert len(inputs) == 2 and all(t.shape == torch.Size([]) for wrt in inputs for t in wrt)  # anchors only
+    assert 0 < len(inputs[1]) < len(inputs[0])  # one per call; the sum pass's stop above the kept ones
     assert not any(t is p for wrt in inputs for t in wrt for p in model.parameters())
     for n, p in model.named_parameters():  # the second call accumulated the same clipped sum
         torch.testing.assert_close(p.grad, 2 * first[n], rtol=1e-10, atol=1e-14)

@@ -75,7 +75,7 @@ TAPPED = object()  # what a tapped call leaves for the engine's hook: its per-ex
 class _Report(torch.autograd.Function):
     """Identity on ``value`` that saves ``saved`` for the backward pass (dropped and recomputed under
     checkpointing) and hands (gradient, saved tensors) to ``receive`` there. ``anchor``: the engine's taps'
-    shared leaf (``recompute.Tap``), so that each pass's ``autograd.grad`` towards it runs this node."""
+    leaf for this call (``recompute.Tap``), so that a pass's ``autograd.grad`` towards it runs this node."""
 
     @staticmethod
     def forward(ctx: Any, value: Tensor, anchor: Tensor, receive: Callable, *saved: Tensor) -> Tensor:
@@ -203,10 +203,17 @@ def experts_forward(
     return out.to(hidden.dtype), capture
 
 
+def _routed_bytes(module: nn.Module, layer: Any, pairs: int, dtype: torch.dtype) -> int:
+    """A tapped experts call's factors, estimated: each (E, rows, cols) weight's rows and columns for every
+    routed pair, each (E, n) bias's n."""
+    widths = (sum(module.get_parameter(n).shape[1:]) for n in layer.param_names)
+    return pairs * sum(widths) * dtype.itemsize
+
+
 class OwnForward:
     """The engine's forward of one experts module (an instance attribute shadowing the class's ``forward``
     while a clipper is attached; ``remove()`` takes it off). ``recorder``: the clipper (its ``_tapping``,
-    ``_anchor`` and ``_report_captured``); ``take()``: what the last call left for the engine's hook."""
+    ``_tap_anchor`` and ``_report_captured``); ``take()``: what the last call left for the engine's hook."""
 
     def __init__(self, module: nn.Module, recorder: Any, layer: Any) -> None:
         self.module, self.recorder, self.layer = module, recorder, layer
@@ -227,11 +234,11 @@ class OwnForward:
             out, capture = experts_forward(module, hidden, index, weights, None, None)
             self.left = capture
             return out
-        anchor = recorder._tap_anchor(hidden.device)
         layer, dtype = self.layer, hidden.dtype
+        anchor, call = recorder._tap_anchor(hidden.device, _routed_bytes(module, layer, index.numel(), dtype))
 
         def report(capture: ExpertsCapture, dy: Tensor) -> None:
-            recorder._report_captured(layer, capture, dy, dtype)
+            recorder._report_captured(layer, capture, dy, dtype, call)
 
         out, capture = experts_forward(module, hidden, index, weights, report, anchor)
         # (no gradient reaches the up projection: the engine taps the call and the rule replays it)

@@ -50,6 +50,7 @@ from torch.distributed.tensor import DTensor, Partial
 from torch.utils.hooks import RemovableHandle
 
 from hush_hf.clipping import clipped_sums, gram_batches, sum_batches
+from hush_hf.clipping.checkpointed_step import CheckpointedStep
 from hush_hf.clipping.factor_memo import FactorMemo, sum_requests
 from hush_hf.clipping.factors import (
     PerExampleGrad,
@@ -77,9 +78,9 @@ from hush_hf.clipping.layer_calls import (
     _vocabulary_size,
     _walk_graph,
 )
-from hush_hf.clipping.recompute import NormPass, SumPass, run_pass
+from hush_hf.clipping.recompute import NormPass, SumPass
 from hush_hf.clipping.recording import CallRecorder
-from hush_hf.clipping.registry import RecordedCall, UnsupportedLayerError
+from hush_hf.clipping.registry import RecordedCall
 from hush_hf.clipping.rule_batches import HeldCalls
 from hush_hf.clipping.self_check import SelfCheck
 from hush_hf.clipping.tensor_views import as_shape
@@ -95,7 +96,7 @@ _ATTACHED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 # runs the passes: norms, clip coefficients, clipped sums.
 
 
-class GhostClipper(CallRecorder, SelfCheck):
+class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
     """Per-example gradient norms and clipped gradient sums via hooks on ``model`` (in place).
 
     Usage, once per micro-batch::
@@ -170,7 +171,9 @@ class GhostClipper(CallRecorder, SelfCheck):
         self._tapping = False  # this forward runs under gradient checkpointing: calls are tapped
         self._in_forward = False  # between the root module's forward pre-hook and its forward hook
         self._expected: Counter[str] = Counter()  # tapped forward: calls per parameter
-        self._anchor: Tensor | None = None  # tapped forward: the taps' shared leaf (``recompute.Tap``)
+        # Tapped forward: each call's leaf (``recompute.Tap``), its factors' bytes; checkpointed segments.
+        self._anchors, self._call_bytes, self._segments = [], [], 0
+        self._leaves: dict[torch.device, list[Tensor]] = {}  # the anchors, reused at every step
         self._graph_dtypes: set[torch.dtype] | None = None  # what the backward computes in (first step)
         self._pass: NormPass | SumPass | None = None  # the two-pass step's current backward
         self._handles: list[RemovableHandle] = [
@@ -478,76 +481,6 @@ class GhostClipper(CallRecorder, SelfCheck):
         for name, p in self._params:
             self._accumulate(p, rebuilt.pop(name, None))
         return norms
-
-    def _two_pass(self, per_example_loss: Tensor, *, apply: bool) -> Tensor:
-        """The step under gradient checkpointing (see ``recompute``): pass 1 takes the norms call by call
-        while autograd's own gradient of sum_i loss_i is kept for the self-check; pass 2 (``apply``)
-        adds sum_i c_i G_i of every call to the parameter's clipped sum."""
-        _, forwards, expected = self._take_calls()
-        self._check_usable()
-        if _is_fsdp(self._model):
-            raise UnsupportedLayerError(
-                "gradient checkpointing is not supported under FSDP: its two backward passes per micro-batch "
-                "would each run FSDP's gradient reduce-scatter (not verified); turn checkpointing off or "
-                "train with DDP"
-            )
-        loss = self._check_loss(per_example_loss)
-        self._check_forwards(forwards)
-        b = loss.shape[0]
-        if b == 0:
-            return torch.zeros(0, dtype=torch.float64, device=loss.device)
-        shapes = {name: p.shape for name, p in self._params}
-        anchor, (_, reentrant) = self._anchor, _walk_graph(loss)
-        norm_pass = NormPass(b, expected, self._vocab, set(self._unverified), loss.device, loss.dtype)
-        if reentrant or anchor is None:
-            got = run_pass(self._params, partial(self._backward, norm_pass, loss, retain_graph=True))
-        else:
-            unverified = [(name, p) for name, p in self._params if name in self._unverified]
-            within = [p for name, p in self._within if name not in self._unverified]
-            inputs = [anchor, *(p for _, p in unverified), *within]
-            grads = self._grad_pass(norm_pass, loss, inputs, retain_graph=True)
-            got = {name: g for (name, _), g in zip(unverified, grads[1 : 1 + len(unverified)], strict=True)}
-        norm_pass.close(shapes)
-        if not norm_pass.seen:
-            raise RuntimeError("no layer with trainable parameters ran in the forward pass")
-        dtype = self._narrowest_dtype([], loss, norm_pass.dtypes | self._computed_dtypes(loss))
-        norms = self._finite(norm_pass.squared.sqrt())
-        result = _Pass(norms, {}, dtype, {}, frozenset(norm_pass.seen), None, loss.device.type)
-        check = {name for name in self._unverified if got.get(name) is not None}
-        if check:
-            ones = torch.ones_like(norms, dtype=loss.dtype)
-            self._self_check(result, ones, norm_pass.rebuilt, got, check)
-        del got, norm_pass
-        if not apply:
-            return norms
-        coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
-        sum_pass = SumPass(coef)
-        if reentrant or anchor is None:
-            run_pass(self._params, partial(self._backward, sum_pass, loss, retain_graph=False))
-        else:
-            self._grad_pass(sum_pass, loss, [anchor, *(p for _, p in self._within)], retain_graph=False)
-        for name, p in self._params:
-            self._accumulate(p, sum_pass.sums.pop(name, None))
-        return norms
-
-    def _backward(self, state: NormPass | SumPass, loss: Tensor, *, retain_graph: bool) -> None:
-        """One pass as ``Tensor.backward`` (reentrant checkpointing): see ``recompute.run_pass``."""
-        self._pass = state
-        try:
-            loss.sum().backward(retain_graph=retain_graph)
-        finally:
-            self._pass = None
-
-    def _grad_pass(
-        self, state: NormPass | SumPass, loss: Tensor, inputs: list[Tensor], *, retain_graph: bool
-    ) -> tuple[Tensor | None, ...]:
-        """One pass as ``autograd.grad`` towards ``inputs`` (the taps' anchor first): the taps report, and
-        only the gradients of ``inputs`` are computed."""
-        self._pass = state
-        try:
-            return torch.autograd.grad(loss.sum(), inputs, retain_graph=retain_graph, allow_unused=True)
-        finally:
-            self._pass = None
 
     @staticmethod
     def _clipped_sum(

@@ -103,6 +103,7 @@ class _TapTag:
     spec: Any  # its tree spec
     autocast: tuple[str, object] | None
     cast: torch.dtype | None  # single input: the autocast dtype the layer's op cast it to
+    call: int  # the call's index among the forward's taps (its anchor's)
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,25 @@ models can be strong differentially private learners", Sec. 4, here per segment)
    (``factors.weighted_sum``), so the applied gradient is built from the same factors as the norms,
    as in the one-pass engine: a use no rule saw is missing from the update, never unclipped.
 
-Each pass is ``autograd.grad`` towards the taps' shared ``anchor`` (and, while the self-check runs,
-the unverified parameters; and the parameters of layers whose output is read inside their own call,
-``Hold``): no parameter gradient is computed for nothing. Reentrant checkpointing
+Each pass is ``autograd.grad`` towards the taps' anchors, one scalar leaf per call (and, while the
+self-check runs, the unverified parameters; and the parameters of layers whose output is read inside
+their own call, ``Hold``): no parameter gradient is computed for nothing.
+
+The calls the norm pass reaches last (the bottom of the network) are the ones the sum pass would reach
+last, after recomputing and back-propagating through everything above them. The norm pass keeps the
+per-example gradients of the last-arriving calls, as many as fit in the factor bytes of
+``KEEP_SEGMENTS`` average checkpointed segments (``keep_budget``), and the sum pass asks autograd only for
+the anchors of the others: autograd runs only the nodes that lead to what is asked for, so the sum pass
+stops above the kept calls, and their sums come from the very factors their norms were taken of. A kept
+call is never upstream of an asked one (it arrived after all of them), and the sum pass ignores a kept
+call that reports anyway, so every call is summed exactly once (``SumPass.finish`` checks that every
+call that was not kept arrived). Memory: the kept factors, about one segment's, on top of the
+recomputation's own peak. Reentrant checkpointing
 refuses ``autograd.grad``; under it both passes run ``Tensor.backward``, and the gradients autograd
-accumulates into ``p.grad`` meanwhile are set aside and restored (``run_pass``). Memory: one segment's
-activations and one call's factors at a time, plus the uses of shared parameters, plus
-parameter-sized sums. Time: about two backward passes and two recomputations.
+accumulates into ``p.grad`` meanwhile are set aside and restored (``run_pass``), and nothing is kept.
+Memory: one segment's activations and one call's factors at a time, plus the uses of shared
+parameters, the kept calls' factors and parameter-sized sums. Time: about two backward passes and two
+recomputations, less the kept calls' share of the second.
 """
 
 from __future__ import annotations
@@ -44,6 +56,10 @@ from torch import Tensor, nn
 from hush_hf.clipping.factors import PerExampleGrad, combine_uses, squared_norm_of_sum, weighted_sum
 
 _ABSENT = object()
+
+KEEP_SEGMENTS = 1.0
+"""The norm pass keeps the last-arriving calls' per-example gradients up to this many average checkpointed
+segments' factor bytes (``keep_budget``); 0 keeps none (every call recomputed in the sum pass)."""
 
 
 def _checkpointing_flag(module: nn.Module) -> bool:
@@ -65,15 +81,35 @@ def recomputes(model: nn.Module) -> bool:
     return any(_checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper" for m in model.modules())
 
 
+def segment_count(model: nn.Module) -> int:
+    """How many segments re-run their forward in the backward pass: the flagged modules (see
+    ``recomputes``) with no flagged module inside them (transformers also flags the base model around
+    its checkpointed layers)."""
+    flagged = [
+        name
+        for name, m in model.named_modules()
+        if _checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper"
+    ]
+    outer = {n for n in flagged for other in flagged if other != n and (not n or other.startswith(f"{n}."))}
+    return len(flagged) - len(outer)
+
+
+def keep_budget(call_bytes: list[int], segments: int) -> float:
+    """Bytes of per-example gradients the norm pass keeps for the sum pass: ``KEEP_SEGMENTS`` times the
+    factor bytes of the forward's calls per checkpointed segment (about one segment's, on top of the
+    recomputation's peak); none with fewer than two segments, where one segment is the whole model."""
+    return KEEP_SEGMENTS * sum(call_bytes) / segments if segments >= 2 else 0.0
+
+
 class Tap(torch.autograd.Function):
     """Identity on a layer call's output that saves the call's input tensors for the backward pass.
 
     ``forward(output, anchor, sink, tag, *saved)`` returns a detached alias of ``output`` (same values and
     storage; in-place changes of it later are as harmless as on the output itself); ``backward`` hands
     ``(tag, saved tensors, output gradient)`` to ``sink.receive`` while a clipping pass is active, and
-    passes the gradient on unchanged. ``anchor`` is a scalar leaf shared by all taps of a forward, whose
-    gradient (always 0) nothing uses: ``autograd.grad(loss, anchor)`` runs exactly the part of the
-    backward pass that reaches the taps, without computing any parameter's gradient.
+    passes the gradient on unchanged. ``anchor`` is the call's own scalar leaf, whose gradient (always 0)
+    nothing uses: ``autograd.grad(loss, anchors)`` runs exactly the part of the backward pass that
+    reaches those calls' taps, without computing any parameter's gradient.
     """
 
     @staticmethod
@@ -115,7 +151,9 @@ class NormPass:
     """Pass 1: squared per-example norms, parameter by parameter as their last use arrives.
 
     ``expected[name]``: the calls of the forward that use the parameter; ``rebuild``: names whose
-    ``sum_i G_i`` (all clip factors 1) is also kept, for the self-check.
+    ``sum_i G_i`` (all clip factors 1) is also kept, for the self-check. ``keep_bytes``: what the
+    last-arriving calls may hold for the sum pass, by ``call_bytes`` (each call's estimated factor
+    bytes, by call index; see the module docstring).
     """
 
     batch: int
@@ -124,11 +162,16 @@ class NormPass:
     rebuild: set[str]
     device: torch.device
     loss_dtype: torch.dtype
+    keep_bytes: float = 0.0
+    call_bytes: list[int] = field(default_factory=list)
     squared: Tensor = field(init=False)
     pending: dict[str, list[PerExampleGrad]] = field(default_factory=dict)
     arrived: Counter[str] = field(default_factory=Counter)
     rebuilt: dict[str, Tensor] = field(default_factory=dict)
     dtypes: set[torch.dtype] = field(default_factory=set)
+    calls: dict[int, set[str]] = field(default_factory=dict)  # arrived calls (in order): their parameters
+    kept: dict[int, list[tuple[str, PerExampleGrad, torch.Size]]] = field(default_factory=dict)
+    kept_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.squared = torch.zeros(self.batch, dtype=torch.float64, device=self.device)
@@ -137,11 +180,35 @@ class NormPass:
     def seen(self) -> set[str]:
         return set(self.arrived)
 
-    def add(self, name: str, use: PerExampleGrad, shape: torch.Size) -> None:
+    def add(self, name: str, use: PerExampleGrad, shape: torch.Size, call: int) -> None:
         self.pending.setdefault(name, []).append(use)
         self.arrived[name] += 1
         if self.arrived[name] >= self.expected[name]:
             self._finish(name, shape)
+        self._keep(call, name, use, shape)
+
+    def _keep(self, call: int, name: str, use: PerExampleGrad, shape: torch.Size) -> None:
+        """Hold ``use`` while its call is among the last-arriving ones that fit in ``keep_bytes``: a call
+        arriving evicts the oldest held ones until it fits, or all of them if it does not fit alone, so the
+        held calls are always the latest to arrive (a call's parameters arrive together)."""
+        first = call not in self.calls
+        self.calls.setdefault(call, set()).add(name)
+        if call in self.kept:
+            self.kept[call].append((name, use, shape))
+            return
+        if not first:
+            return  # evicted
+        size = self.call_bytes[call]
+        if size > self.keep_bytes:
+            self.kept.clear()
+            self.kept_bytes = 0
+            return
+        while self.kept_bytes + size > self.keep_bytes:
+            oldest = next(iter(self.kept))
+            del self.kept[oldest]
+            self.kept_bytes -= self.call_bytes[oldest]
+        self.kept[call] = [(name, use, shape)]
+        self.kept_bytes += size
 
     def _finish(self, name: str, shape: torch.Size) -> None:
         uses = combine_uses(self.pending.pop(name), self.vocab)
@@ -155,18 +222,52 @@ class NormPass:
         for name in list(self.pending):
             self._finish(name, shapes[name])
 
+    def sum_pass(self, coef: Tensor) -> SumPass:
+        """The sum pass that follows: it skips the kept calls and starts from their sums."""
+        sums = SumPass(coef, frozenset(self.kept), frozenset(self.calls.keys() - self.kept.keys()))
+        for uses in self.kept.values():
+            for name, use, shape in uses:
+                sums.add(name, use, shape, None)
+        return sums
+
+    def second_pass_inputs(self, anchors: list[Tensor], within: list[tuple[str, Tensor]]) -> list[Tensor]:
+        """What the sum pass's ``autograd.grad`` asks for: the anchors of the calls that arrived and were
+        not kept, and the ``within`` parameters (``Hold``) that one of those calls uses."""
+        asked = [c for c in self.calls if c not in self.kept]
+        names = set().union(*(self.calls[c] for c in asked))
+        leaves = {id(anchors[c]): anchors[c] for c in asked}  # (calls outside the forward share one)
+        return [*leaves.values(), *(p for name, p in within if name in names)]
+
 
 @dataclass
 class SumPass:
-    """Pass 2: ``sum_i c_i G_i`` of every call, added up per parameter."""
+    """Pass 2: ``sum_i c_i G_i`` of every call, added up per parameter. ``skip``: calls whose sums the norm
+    pass kept (added already); ``expect``: the calls that must arrive (``finish``)."""
 
     coef: Tensor
+    skip: frozenset[int] = frozenset()
+    expect: frozenset[int] = frozenset()
     sums: dict[str, Tensor] = field(default_factory=dict)
+    arrived: set[int] = field(default_factory=set)
 
-    def add(self, name: str, use: PerExampleGrad, shape: torch.Size) -> None:
+    def add(self, name: str, use: PerExampleGrad, shape: torch.Size, call: int | None) -> None:
+        if call in self.skip:
+            return
+        if call is not None:
+            self.arrived.add(call)
         part = _sum_of([use], self.coef, shape)
         held = self.sums.get(name)
         self.sums[name] = part if held is None else held.add_(part.to(held.dtype))
+
+    def finish(self) -> dict[str, Tensor]:
+        """The clipped sums, once every call the norm pass saw and did not keep has arrived."""
+        missing = self.expect - self.arrived
+        if missing:
+            raise RuntimeError(
+                f"{len(missing)} layer call(s) seen by the norm pass did not reach the sum pass; the "
+                "clipped sum would miss them (a non-deterministic recomputation?)"
+            )
+        return self.sums
 
 
 def _sum_of(uses: list[PerExampleGrad], weights: Tensor, shape: torch.Size) -> Tensor:

@@ -1,0 +1,129 @@
+"""The checkpointed step's kept calls (``hush_hf.clipping.recompute``): the norm pass keeps the per-example
+gradients of the calls it reaches last, and the sum pass recomputes only what lies above them.
+
+What must hold: every call is summed exactly once (kept, or received in the sum pass, never both, never
+neither), the kept calls are always the latest to arrive within the byte budget, and the update does not
+depend on how much is kept (nothing, one segment's worth, everything) beyond float64 rounding; against
+per-example autograd, ``tests/test_clipping_checkpointing.py`` runs every model with the default.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torch import Tensor
+
+from hush_hf.clipping import GhostClipper, example_cross_entropy, recompute
+from hush_hf.clipping.factors import Materialized
+from hush_hf.clipping.recompute import NormPass, SumPass
+from tests.test_clipping_checkpointing import batch_for, close
+from tests.test_clipping_moe import build
+from tests.test_clipping_reference import tiny_gpt2
+
+
+def norm_pass(call_bytes: list[int], keep_bytes: float) -> NormPass:
+    expected = Counter({f"w{c}": 1 for c in range(len(call_bytes))})
+    return NormPass(2, expected, None, set(), torch.device("cpu"), torch.float64, keep_bytes, call_bytes)
+
+
+def use(value: float) -> Materialized:
+    return Materialized(torch.full((2, 3), value, dtype=torch.float64))
+
+
+def test_the_kept_calls_are_the_latest_that_fit_the_budget() -> None:
+    sizes = [5, 3, 4, 2, 7, 1]
+    state = norm_pass(sizes, keep_bytes=6)
+    kept_after = []
+    for call in range(len(sizes)):
+        state.add(f"w{call}", use(call), torch.Size([3]), call)
+        kept_after.append(list(state.kept))
+    # 5 | 3 (5 evicted) | 4 (3 evicted) | 4 + 2 | 7 alone exceeds 6: all evicted | 1
+    assert kept_after == [[0], [1], [2], [2, 3], [], [5]]
+    assert state.kept_bytes == 1
+    assert list(state.calls) == list(range(len(sizes)))
+    squares = sum(3 * c * c for c in range(len(sizes)))  # every call's norm, kept or not
+    torch.testing.assert_close(state.squared, torch.full((2,), float(squares), dtype=torch.float64))
+
+
+def test_a_call_keeps_all_its_parameters_or_none() -> None:
+    state = norm_pass([4, 4], keep_bytes=4)
+    state.add("w0", use(1.0), torch.Size([3]), 0)
+    state.add("w1", use(2.0), torch.Size([3]), 0)  # the same call's second parameter
+    assert [name for name, _, _ in state.kept[0]] == ["w0", "w1"]
+    state.add("w0", use(3.0), torch.Size([3]), 1)  # call 1 evicts call 0 whole
+    assert list(state.kept) == [1] and [name for name, _, _ in state.kept[1]] == ["w0"]
+
+
+def test_the_sum_pass_skips_kept_calls_and_refuses_a_missing_one() -> None:
+    state = norm_pass([1, 1, 1], keep_bytes=1)
+    for call in range(3):
+        state.add(f"w{call}", use(call + 1.0), torch.Size([3]), call)
+    coef = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    sums = state.sum_pass(coef)  # call 2 kept: its sum is in already
+    torch.testing.assert_close(sums.sums["w2"], torch.full((3,), 3 * 1.5, dtype=torch.float64))
+    anchors = [torch.zeros((), requires_grad=True) for _ in range(3)]
+    assert state.second_pass_inputs(anchors, []) == anchors[:2]
+    sums.add("w2", use(100.0), torch.Size([3]), 2)  # reported again: ignored
+    sums.add("w0", use(1.0), torch.Size([3]), 0)
+    with pytest.raises(RuntimeError, match="1 layer call.*did not reach the sum pass"):
+        sums.finish()  # call 1 never arrived
+    sums.add("w1", use(2.0), torch.Size([3]), 1)
+    done = sums.finish()
+    torch.testing.assert_close(done["w2"], torch.full((3,), 4.5, dtype=torch.float64))
+    assert SumPass(coef).finish() == {}
+
+
+def checkpointed_step(model, kwargs, labels, causal: bool, keep: float, monkeypatch) -> tuple[Counter, dict]:
+    """The second (verified) clipped step with ``KEEP_SEGMENTS = keep``: how often each decoder layer ran
+    its forward in it, and the update."""
+    monkeypatch.setattr(recompute, "KEEP_SEGMENTS", keep)
+    layers = [m for m in model.modules() if type(m).__name__.endswith(("Block", "DecoderLayer"))]
+    runs: Counter[int] = Counter()
+    for i, layer in enumerate(layers):  # (a recomputation calls the layer's modules, not its own hooks)
+        next(layer.children()).register_forward_hook(lambda *_, i=i: runs.update([i]))
+    with GhostClipper(model, 0.5) as clipper:
+        for _ in range(2):  # the first step also runs the self-check
+            model.zero_grad(set_to_none=True)
+            runs.clear()
+            clipper.clipped_backward(example_cross_entropy(model(**kwargs).logits, labels, causal=causal))
+    return runs, {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("make", [tiny_gpt2, lambda: build("Mixtral")], ids=["gpt2-tied", "mixtral"])
+def test_the_sum_pass_recomputes_only_the_layers_above_the_kept_calls(make, monkeypatch) -> None:
+    kwargs, labels = None, None
+    runs, updates = {}, {}
+    for keep in (0.0, 1.0, 1e9):
+        model = make().double()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if kwargs is None:
+            kwargs, labels = batch_for(model, True)
+        runs[keep], updates[keep] = checkpointed_step(model, kwargs, labels, True, keep, monkeypatch)
+    layers = len(runs[0.0])
+    assert runs[0.0] == {i: 3 for i in range(layers)}  # the forward, and a recomputation in each pass
+    # One average segment's factor bytes (the head's share included) keep the bottom layer or more:
+    kept = [i for i in range(layers) if runs[1.0][i] == 2]
+    assert kept == list(range(len(kept))) and 1 <= len(kept) < layers
+    assert all(runs[1.0][i] == 3 for i in range(len(kept), layers))
+    assert runs[1e9] == {i: 2 for i in range(layers)}  # everything kept: no second backward
+    for keep in (1.0, 1e9):
+        close(updates[keep], updates[0.0], rtol=1e-12)
+
+
+def test_reentrant_checkpointing_keeps_nothing(monkeypatch) -> None:
+    """Reentrant checkpointing runs each pass as ``Tensor.backward``, which cannot stop early."""
+    model = tiny_gpt2().double()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    kwargs, labels = batch_for(model, True)
+    kept: list[int] = []
+    original = NormPass.sum_pass
+
+    def spy(self: NormPass, coef: Tensor) -> SumPass:
+        kept.append(len(self.kept))
+        return original(self, coef)
+
+    monkeypatch.setattr(NormPass, "sum_pass", spy)
+    runs, _ = checkpointed_step(model, kwargs, labels, True, 1e9, monkeypatch)
+    assert kept == [] and runs == {0: 3, 1: 3}  # the forward, and a recomputation in each pass
