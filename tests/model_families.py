@@ -434,7 +434,7 @@ def _enable_checkpointing(model: nn.Module) -> None:
 
 _CHECKPOINTING = {"gradient_checkpointing": True}  # transformers 5: non-reentrant unless asked
 _REENTRANT = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}
-_CKPT_NOTES = "two backward passes per micro-batch, each recomputing the checkpointed layers"
+_CKPT_NOTES = "two backward passes per micro-batch; the second stops above the calls the first kept"
 
 OPTIONS: list[Option] = [
     Option("`gradient_checkpointing=True`", "Llama", _CHECKPOINTING, notes=_CKPT_NOTES),
