@@ -3,7 +3,7 @@ gradients of the calls it reaches last, and the sum pass recomputes only what li
 
 What must hold: every call is summed exactly once (kept, or received in the sum pass, never both, never
 neither), the kept calls are always the latest to arrive within the byte budget, and the update does not
-depend on how much is kept (nothing, one segment's worth, everything) beyond float64 rounding; against
+depend on how much is kept (no segment, one, everything) beyond float64 rounding; against
 per-example autograd, ``tests/test_clipping_checkpointing.py`` runs every model with the default.
 """
 
@@ -103,7 +103,7 @@ def test_the_sum_pass_recomputes_only_the_layers_above_the_kept_calls(make, monk
         runs[keep], updates[keep] = checkpointed_step(model, kwargs, labels, True, keep, monkeypatch)
     layers = len(runs[0.0])
     assert runs[0.0] == {i: 3 for i in range(layers)}  # the forward, and a recomputation in each pass
-    # One average segment's factor bytes (the head's share included) keep the bottom layer or more:
+    # The largest segment's factor bytes (and the embeddings') keep the bottom layer whole:
     kept = [i for i in range(layers) if runs[1.0][i] == 2]
     assert kept == list(range(len(kept))) and 1 <= len(kept) < layers
     assert all(runs[1.0][i] == 3 for i in range(len(kept), layers))

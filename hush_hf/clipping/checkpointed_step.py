@@ -21,7 +21,8 @@ class CheckpointedStep:
     _anchors: list[Tensor]
     _anchors_by_call: Any
     _call_bytes: list[int]
-    _segments: int
+    _segment_bytes: list[int]
+    _bottom_bytes: int
     _pass: Any
 
     def _two_pass(self, per_example_loss: Tensor, *, apply: bool) -> Tensor:
@@ -44,7 +45,7 @@ class CheckpointedStep:
         shapes = {name: p.shape for name, p in self._params}
         anchors, (_, reentrant) = self._anchors_by_call(loss.device), _walk_graph(loss)
         keyed = not reentrant and bool(self._anchors)  # ``autograd.grad`` passes, which can stop early
-        keep = keep_budget(self._call_bytes, self._segments) if keyed and apply else 0.0
+        keep = keep_budget(self._bottom_bytes, self._segment_bytes) if keyed and apply else 0.0
         rebuild, device = set(self._unverified), loss.device
         norm_pass = NormPass(b, expected, self._vocab, rebuild, device, loss.dtype, keep, self._call_bytes)
         if not keyed:

@@ -235,7 +235,8 @@ class OwnForward:
             self.left = capture
             return out
         layer, dtype = self.layer, hidden.dtype
-        anchor, call = recorder._tap_anchor(hidden.device, _routed_bytes(module, layer, index.numel(), dtype))
+        nbytes = _routed_bytes(module, layer, index.numel(), dtype)
+        anchor, call = recorder._tap_anchor(hidden.device, nbytes, module)
 
         def report(capture: ExpertsCapture, dy: Tensor) -> None:
             recorder._report_captured(layer, capture, dy, dtype, call)

@@ -172,7 +172,8 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         self._in_forward = False  # between the root module's forward pre-hook and its forward hook
         self._expected: Counter[str] = Counter()  # tapped forward: calls per parameter
         # Tapped forward: each call's leaf (``recompute.Tap``), its factors' bytes; checkpointed segments.
-        self._anchors, self._call_bytes, self._segments = [], [], 0
+        self._anchors, self._call_bytes, self._segment_bytes, self._bottom_bytes = [], [], [], 0
+        self._in_segment: dict[int, int] = {}  # module id -> its checkpointed segment's index
         self._leaves: dict[torch.device, list[Tensor]] = {}  # the anchors, reused at every step
         self._graph_dtypes: set[torch.dtype] | None = None  # what the backward computes in (first step)
         self._pass: NormPass | SumPass | None = None  # the two-pass step's current backward

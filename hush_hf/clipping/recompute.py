@@ -28,16 +28,18 @@ their own call, ``Hold``): no parameter gradient is computed for nothing.
 
 The calls the norm pass reaches last (the bottom of the network) are the ones the sum pass would reach
 last, after recomputing and back-propagating through everything above them. The norm pass keeps the
-per-example gradients of the last-arriving calls, as many as fit in the factor bytes of
-``KEEP_SEGMENTS`` average checkpointed segments (``keep_budget``), and the sum pass asks autograd only for
+per-example gradients of the last-arriving calls, as many as fit in the factor bytes of the embeddings
+and ``KEEP_SEGMENTS`` checkpointed segments (``keep_budget``), and the sum pass asks autograd only for
 the anchors of the others: autograd runs only the nodes that lead to what is asked for, so the sum pass
 stops above the kept calls, and their sums come from the very factors their norms were taken of. A kept
 call is never upstream of an asked one (it arrived after all of them), and the sum pass ignores a kept
 call that reports anyway, so every call is summed exactly once (``SumPass.finish`` checks that every
-call that was not kept arrived). Memory: the kept factors, about one segment's, on top of the
-recomputation's own peak. Reentrant checkpointing
-refuses ``autograd.grad``; under it both passes run ``Tensor.backward``, and the gradients autograd
-accumulates into ``p.grad`` meanwhile are set aside and restored (``run_pass``), and nothing is kept.
+call that was not kept arrived).
+
+Reentrant checkpointing refuses ``autograd.grad``; under it both passes run ``Tensor.backward``, the
+gradients autograd accumulates into ``p.grad`` meanwhile are set aside and restored (``run_pass``), and
+nothing is kept.
+
 Memory: one segment's activations and one call's factors at a time, plus the uses of shared
 parameters, the kept calls' factors and parameter-sized sums. Time: about two backward passes and two
 recomputations, less the kept calls' share of the second.
@@ -58,8 +60,8 @@ from hush_hf.clipping.factors import PerExampleGrad, combine_uses, squared_norm_
 _ABSENT = object()
 
 KEEP_SEGMENTS = 1.0
-"""The norm pass keeps the last-arriving calls' per-example gradients up to this many average checkpointed
-segments' factor bytes (``keep_budget``); 0 keeps none (every call recomputed in the sum pass)."""
+"""The norm pass keeps the last-arriving calls' per-example gradients up to this many checkpointed
+segments' factor bytes (``keep_budget``); 0 keeps only calls below the segments."""
 
 
 def _checkpointing_flag(module: nn.Module) -> bool:
@@ -81,24 +83,28 @@ def recomputes(model: nn.Module) -> bool:
     return any(_checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper" for m in model.modules())
 
 
-def segment_count(model: nn.Module) -> int:
-    """How many segments re-run their forward in the backward pass: the flagged modules (see
-    ``recomputes``) with no flagged module inside them (transformers also flags the base model around
-    its checkpointed layers)."""
-    flagged = [
-        name
+def checkpointed_segments(model: nn.Module) -> list[nn.Module]:
+    """The modules that re-run their forward in the backward pass: the flagged ones (see ``recomputes``)
+    with no flagged module inside them (transformers also flags the base model around its checkpointed
+    layers)."""
+    flagged = {
+        name: m
         for name, m in model.named_modules()
         if _checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper"
-    ]
+    }
     outer = {n for n in flagged for other in flagged if other != n and (not n or other.startswith(f"{n}."))}
-    return len(flagged) - len(outer)
+    return [m for name, m in flagged.items() if name not in outer]
 
 
-def keep_budget(call_bytes: list[int], segments: int) -> float:
-    """Bytes of per-example gradients the norm pass keeps for the sum pass: ``KEEP_SEGMENTS`` times the
-    factor bytes of the forward's calls per checkpointed segment (about one segment's, on top of the
-    recomputation's peak); none with fewer than two segments, where one segment is the whole model."""
-    return KEEP_SEGMENTS * sum(call_bytes) / segments if segments >= 2 else 0.0
+def keep_budget(bottom_bytes: int, segment_bytes: list[int]) -> float:
+    """Bytes of per-example gradients the norm pass keeps for the sum pass: the factor bytes of the calls
+    made before the first checkpointed segment (``bottom_bytes``: the embeddings) and ``KEEP_SEGMENTS``
+    times those of the largest segment's calls, so that the bottom segment can be kept whole (a segment
+    kept in part is recomputed all the same); none with fewer than two segments, where one segment is
+    the whole model. Calls above the segments (a large-vocabulary head) do not count."""
+    if len(segment_bytes) < 2:
+        return 0.0
+    return bottom_bytes + KEEP_SEGMENTS * max(segment_bytes)
 
 
 class Tap(torch.autograd.Function):
