@@ -119,8 +119,9 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
 
     Gradient checkpointing (transformers' flag on the model's layers, reentrant or not, or torch's
     ``checkpoint_wrapper``): decided at each forward; the calls are then tapped and the step takes two
-    backward passes, norms then clipped sum, each recomputing the checkpointed segments
-    (``recompute``), so the memory checkpointing saves stays saved; a router, which also reads its logits
+    backward passes, norms then clipped sum, the first recomputing every checkpointed segment and the
+    second those above the calls whose per-example gradients the first kept (about one segment's worth,
+    ``recompute``), so the memory checkpointing saves stays saved; a router, which also reads its logits
     inside its own call, is taken from the logits' own gradient hook (``_tap``). Not under FSDP2.
 
     Self-check: the norms only count parameter uses that go through a hooked layer's call; a
@@ -171,7 +172,8 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         self._tapping = False  # this forward runs under gradient checkpointing: calls are tapped
         self._in_forward = False  # between the root module's forward pre-hook and its forward hook
         self._expected: Counter[str] = Counter()  # tapped forward: calls per parameter
-        # Tapped forward: each call's leaf (``recompute.Tap``), its factors' bytes; checkpointed segments.
+        # Tapped forward: each call's leaf (``recompute.Tap``) and factor bytes; per checkpointed segment
+        # and below the segments, the bytes of the calls made there (``recompute.keep_budget``).
         self._anchors, self._call_bytes, self._segment_bytes, self._bottom_bytes = [], [], [], 0
         self._in_segment: dict[int, int] = {}  # module id -> its checkpointed segment's index
         self._leaves: dict[torch.device, list[Tensor]] = {}  # the anchors, reused at every step
