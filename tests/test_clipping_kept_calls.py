@@ -79,7 +79,7 @@ def checkpointed_step(model, kwargs, labels, causal: bool, keep: float, monkeypa
     """The second (verified) clipped step with ``KEEP_SEGMENTS = keep``: how often each decoder layer ran
     its forward in it, and the update."""
     monkeypatch.setattr(recompute, "KEEP_SEGMENTS", keep)
-    layers = [m for m in model.modules() if type(m).__name__.endswith(("Block", "DecoderLayer"))]
+    layers = [m for m in model.modules() if type(m).__name__ in ("GPT2Block", "MixtralDecoderLayer")]
     runs: Counter[int] = Counter()
     for i, layer in enumerate(layers):  # (a recomputation calls the layer's modules, not its own hooks)
         next(layer.children()).register_forward_hook(lambda *_, i=i: runs.update([i]))
