@@ -245,7 +245,7 @@ def test_checkpointed_mixture_of_experts_matches_per_example_autograd(reentrant:
     the first with the self-check, the second after it, where autograd reaches a router only because its
     weight is an input of the pass: with only the last block's MoE trained, the router's input comes from
     frozen layers. Norms and clipped sum equal per-example autograd without checkpointing, both calls."""
-    from tests.test_clipping_moe import batch_of, reference
+    from tests.test_clipping_moe import batch_of, clipped_steps, reference
 
     model = family_named("Mixtral").build(False).double()
     if trained != "all":
@@ -259,16 +259,11 @@ def test_checkpointed_mixture_of_experts_matches_per_example_autograd(reentrant:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     routers = [n for n, p in model.named_parameters() if p.requires_grad and n.endswith("mlp.gate.weight")]
     assert routers
-    with GhostClipper(model, clip) as clipper:
-        for _ in range(2):
-            model.zero_grad(set_to_none=True)
-            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
-            got = clipper.clipped_backward(loss)
-            assert clipper.verified
-            torch.testing.assert_close(got, norms, rtol=1e-10, atol=0)
-            grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
-            assert all(float(grads[n].norm()) > 0 for n in routers)
-            close(grads, expected, rtol=1e-5)  # the reference clips to C(1 - 2^-20)
+    for got in clipped_steps(model, ids, clip):
+        torch.testing.assert_close(got, norms, rtol=1e-10, atol=0)
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        assert all(float(grads[n].norm()) > 0 for n in routers)
+        close(grads, expected, rtol=1e-5)  # the reference clips to C(1 - 2^-20)
 
 
 # ----------------------------------------------------------------------------- through the trainer

@@ -10,6 +10,7 @@ shapes every tensor of a clipped backward has, bf16, and the refusals.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -171,6 +172,18 @@ def build(name: str, *, eager: bool = False) -> nn.Module:
 
 def batch_of(size: int = 4, length: int = 12, seed: int = 1) -> Tensor:
     return torch.randint(3, VOCAB, (size, length), generator=torch.Generator().manual_seed(seed))
+
+
+def clipped_steps(model: nn.Module, ids: Tensor, clip: float, steps: int = 2) -> Iterator[Tensor]:
+    """``steps`` clipped steps of the causal LM on ``ids``, each verified (the first runs the self-check):
+    yields each step's norms, the clipped sum in the parameters' ``grad``."""
+    with GhostClipper(model, clip) as clipper:
+        for _ in range(steps):
+            model.zero_grad(set_to_none=True)
+            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
+            norms = clipper.clipped_backward(loss)
+            assert clipper.verified
+            yield norms
 
 
 def reference(model: nn.Module, ids: Tensor, clip: float) -> tuple[Tensor, dict[str, Tensor]]:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from hush_hf.clipping import GhostClipper, example_cross_entropy, rules_moe
 from hush_hf.clipping.experts_capture import OwnForward, takes_over
-from tests.test_clipping_moe import batch_of, build, reference
+from tests.test_clipping_moe import batch_of, build, clipped_steps, reference
 from tests.test_trainer_helpers import single_thread  # noqa: F401  (autouse fixture)
 
 # Mixtral: gated, (E, out, in); Qwen2-MoE: shared experts beside; DeepSeek-V3: float32 router, groups;
@@ -61,13 +61,8 @@ def assert_matches(model: nn.Module, got: Tensor, norms: Tensor, expected: dict[
 def two_steps_match(model, ids, clip, norms, expected, monkeypatch, *, replayed: bool = False) -> None:
     """Two clipped steps, each verified and equal to the reference; a replay product runs iff ``replayed``."""
     replays = no_replay(monkeypatch)
-    with GhostClipper(model, clip) as clipper:
-        for _ in range(2):
-            model.zero_grad(set_to_none=True)
-            loss = example_cross_entropy(model(input_ids=ids).logits, ids, causal=True)
-            got = clipper.clipped_backward(loss)
-            assert clipper.verified
-            assert_matches(model, got, norms, expected)
+    for got in clipped_steps(model, ids, clip):
+        assert_matches(model, got, norms, expected)
     assert bool(replays) == replayed
 
 
