@@ -78,6 +78,7 @@ from hush_hf.clipping.layer_calls import (
     _vocabulary_size,
     _walk_graph,
 )
+from hush_hf.clipping.module_walk import modules_in_order
 from hush_hf.clipping.recompute import NormPass, SumPass
 from hush_hf.clipping.recording import CallRecorder
 from hush_hf.clipping.registry import RecordedCall
@@ -219,7 +220,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         # One walk of the modules per call (this runs for every micro-batch): the trainable parameters in
         # ``named_parameters`` order, by identity. FSDP2 swaps parameter objects (sharded / unsharded) by
         # design: compare names there.
-        modules = list(self._model.modules())
+        modules = modules_in_order(self._model)
         if any(isinstance(m, FSDPModule) for m in modules):
             same = [n for n, _ in _trainable(self._model)] == [n for n, _ in self._params]
         else:

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from hush_hf.clipping.factors import PerExampleGrad, combine_uses, squared_norm_of_sum, weighted_sum
+from hush_hf.clipping.module_walk import modules_in_order
 
 _ABSENT = object()
 
@@ -71,7 +72,8 @@ def _checkpointing_flag(module: nn.Module) -> bool:
     value = module.__dict__.get("gradient_checkpointing", _ABSENT)
     if value is _ABSENT:
         value = getattr(type(module), "gradient_checkpointing", False)
-        if hasattr(value, "__get__"):  # a property or other descriptor: read it as an attribute
+        if value is not False and value is not True and hasattr(value, "__get__"):  # a property or other
+            # descriptor (a bool is neither, and most modules' default is False): read it as an attribute
             value = getattr(module, "gradient_checkpointing", False)
     return value is True
 
@@ -80,7 +82,9 @@ def recomputes(model: nn.Module) -> bool:
     """Whether some module of ``model`` may re-run its forward inside the backward pass: transformers'
     ``gradient_checkpointing`` flag (set on its layers by ``gradient_checkpointing_enable()``) or
     torch's ``checkpoint_wrapper``. Read at every forward, so one walk of the modules, kept cheap."""
-    return any(_checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper" for m in model.modules())
+    return any(
+        _checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper" for m in modules_in_order(model)
+    )
 
 
 def checkpointed_segments(model: nn.Module) -> list[nn.Module]:
