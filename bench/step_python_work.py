@@ -50,7 +50,7 @@ def profiled(owner: type, name: str, profile: cProfile.Profile, active: list[boo
     setattr(owner, name, wrapper)
 
 
-def run(contender: str, bf16: bool, layers: int, steps: int) -> dict[str, float]:
+def run(contender: str, bf16: bool, layers: int, steps: int, dump: str | None = None) -> dict[str, float]:
     import step_overhead
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
@@ -103,6 +103,8 @@ def run(contender: str, bf16: bool, layers: int, steps: int) -> dict[str, float]
     trainer.train()
     shutil.rmtree(common["output_dir"], ignore_errors=True)  # nothing was saved in it
     stats = pstats.Stats(profile)
+    if dump:
+        stats.dump_stats(f"{dump}.{contender}")
     to_calls = sum(
         entry[1]
         for key, entry in stats.stats.items()
@@ -122,9 +124,10 @@ def main() -> None:
     )
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--steps", type=int, default=6, help="counted steps (after 2 warm-up steps)")
+    parser.add_argument("--dump", help="write each contender's cProfile stats to DUMP.plain / DUMP.hush")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    found = {c: run(c, args.bf16, args.layers, args.steps) for c in ("plain", "hush")}
+    found = {c: run(c, args.bf16, args.layers, args.steps, args.dump) for c in ("plain", "hush")}
     print(f"GPT-2 {args.layers} x 64, B = {B} (micro-batches of {MICRO}), {'bf16' if args.bf16 else 'fp32'}")
     print("| per optimizer step | plain Trainer | SecretProtectionTrainer | ratio |")
     print("|---|---|---|---|")
