@@ -327,11 +327,15 @@ def verify_plan_for_training(
     sigma is the plan's unless ``requested``. The bounds are recomputed from the plan's rho, the
     memberships (the dataset's ``secret_ids`` when it has them, else the plan's), sigma and T with the
     plan's accountant. A plan that misses a target at the plan's own sigma is refused (an edited or
-    mis-made plan); with an explicitly requested sigma it trains, with a loud warning.
+    mis-made plan); with an explicitly requested sigma it trains, with a loud warning. The laws are
+    evaluated on as many threads as torch computes with (the bounds do not depend on it).
     """
+    import torch
+
     check_noise_multiplier(requested)
     sigma = float(plan.noise_multiplier if requested is None else requested)
-    verification = recompute_bounds(plan, sigma, secret_ids=secret_ids)
+    workers = max(1, torch.get_num_threads())
+    verification = recompute_bounds(plan, sigma, secret_ids=secret_ids, workers=workers)
     if verification.meets_targets:
         logger.info("protection plan verified: %s", verification.describe())
         if requested is not None and sigma > plan.noise_multiplier:
