@@ -6,7 +6,7 @@ re-verifies every secret's bound before its first step). Each law's bound is a f
 law's inputs alone, computed by the same code in whichever thread, and results are put back in
 input order, so the bounds are bitwise those of a serial loop. Every task runs in a copy of the
 caller's context (numpy's ``errstate`` lives there); the pool is shut down before returning, also
-when a task raises (its exception is re-raised here).
+when a task raises (its exception is re-raised here, and the tasks not yet started are dropped).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ def map_in_threads(function: Callable[[Item], Result], items: Sequence[Item], wo
     workers = min(validate_workers(workers), len(items))
     if workers <= 1:
         return [function(item) for item in items]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hush-laws") as pool:
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hush-laws")
+    try:
         futures = [pool.submit(contextvars.copy_context().run, function, item) for item in items]
         return [future.result() for future in futures]
+    finally:  # after a failure (or Ctrl-C) the tasks not yet started are dropped, not waited for
+        pool.shutdown(wait=True, cancel_futures=True)
