@@ -155,7 +155,7 @@ def test_an_accountant_whose_threaded_flag_is_not_a_bool_is_refused():
     assert "flag_test" not in registry.REGISTRY
 
 
-def test_the_trainer_verifies_on_as_many_threads_as_torch_uses(monkeypatch):
+def test_the_trainer_verifies_on_as_many_threads_as_torch_uses_up_to_a_cap(monkeypatch):
     import torch
 
     from hush_hf.trainer import plan_setup
@@ -170,5 +170,8 @@ def test_the_trainer_verifies_on_as_many_threads_as_torch_uses(monkeypatch):
     plan = plan_protection(secret_ids, [1e-3, 1e-3], [0.2, 0.2], expected_batch_size=1.0, steps=3)
     monkeypatch.setattr(plan_setup, "recompute_bounds", spy)
     sigma, verification = plan_setup.verify_plan_for_training(plan, None, secret_ids=secret_ids)
-    assert seen["workers"] == torch.get_num_threads() >= 1
+    assert seen["workers"] == min(torch.get_num_threads(), plan_setup.MAX_VERIFICATION_THREADS) >= 1
     assert verification.meets_targets and sigma == plan.noise_multiplier
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)  # a many-core machine: capped
+    plan_setup.verify_plan_for_training(plan, None, secret_ids=secret_ids)
+    assert seen["workers"] == plan_setup.MAX_VERIFICATION_THREADS == 8
