@@ -39,7 +39,8 @@ class Accountant:
     ``"module:function"``); ``estimate_sigma`` ranks only. ``targets`` (or None) is what each bound will
     be compared with: an accountant may skip work that cannot change whether a bound meets it.
     ``lp_budget``: the LP budget kind a plan uses with it by default (one of ``LP_BUDGET_KINDS``);
-    ``description``: one sentence for model cards."""
+    ``description``: one sentence for model cards; ``threaded``: ``bounds`` also takes ``workers=N``
+    and evaluates its laws on N threads with the same numbers as one (``threads``)."""
 
     name: str
     bounds: BoundFn | str
@@ -47,6 +48,7 @@ class Accountant:
     gap: GapFn
     lp_budget: str
     description: str
+    threaded: bool = False
 
     def evaluate(
         self,
@@ -56,9 +58,14 @@ class Accountant:
         priors: np.ndarray,
         rows: np.ndarray,
         targets: np.ndarray | None,
+        workers: int = 1,
     ) -> np.ndarray:
-        """Upper bounds on the posterior for queries (law ``rows[i]``, ``priors[i]``)."""
-        return _resolve(self.bounds)(laws, sigma, steps, priors, rows, targets)
+        """Upper bounds on the posterior for queries (law ``rows[i]``, ``priors[i]``); ``workers``:
+        threads an accountant that is ``threaded`` may use (the others use one)."""
+        bounds = _resolve(self.bounds)
+        if self.threaded and workers > 1:
+            return bounds(laws, sigma, steps, priors, rows, targets, workers=workers)  # type: ignore[call-arg]
+        return bounds(laws, sigma, steps, priors, rows, targets)
 
     def estimate_sigma(
         self, mean: np.ndarray, priors: np.ndarray, targets: np.ndarray, steps: int
@@ -94,6 +101,8 @@ def register_accountant(accountant: Accountant) -> Accountant:
         )
     if not isinstance(accountant.description, str) or not accountant.description.strip():
         raise ValueError(f"accountant {name!r}: description (one sentence for model cards) is empty")
+    if not isinstance(accountant.threaded, bool):
+        raise ValueError(f"accountant {name!r}: threaded must be True or False, got {accountant.threaded!r}")
     REGISTRY[name] = accountant
     return accountant
 
@@ -161,6 +170,7 @@ register_accountant(
         lp_budget="tight",
         description="the blow-up function of a pessimistic privacy-loss distribution (Hayes, Balle and "
         "Mahloujifar 2023), exact up to a discretisation that only over-estimates the bound",
+        threaded=True,
     )
 )
 register_accountant(

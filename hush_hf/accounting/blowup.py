@@ -48,6 +48,7 @@ from hush_hf.accounting.connect_dots import (
 from hush_hf.accounting.counts import CountDistributions
 from hush_hf.accounting.mixture import conditional_pmf
 from hush_hf.accounting.renyi import rdp_bounds
+from hush_hf.accounting.threads import map_in_threads
 from hush_hf.accounting.tilt import tilt_for, tilted_increments
 
 #: Width of the privacy-loss grid, relative to the one-step loss scale E[S] / sigma (the standard
@@ -299,6 +300,8 @@ def tight_bounds(
     priors: np.ndarray,
     rows: np.ndarray,
     targets: np.ndarray | None = None,
+    *,
+    workers: int = 1,
 ) -> np.ndarray:
     """Posterior bounds for queries (row, prior) at each row's sigma.
 
@@ -309,7 +312,8 @@ def tight_bounds(
     valid bounds kept; with ``targets``, only for laws where that could decide whether a bound meets
     its target (one exceeds it by less than the floor). Below priors of PLD_FLOOR_PRIOR the Renyi
     bound (``renyi``, log space throughout) is evaluated too, so that astronomically small priors
-    (long random keys) calibrate at least as well as with ``rdp``.
+    (long random keys) calibrate at least as well as with ``rdp``. ``workers``: laws evaluated on
+    that many threads (``threads``: the same bounds, bitwise, as one).
     """
     priors = np.asarray(priors, dtype=np.float64)
     rows = np.asarray(rows, dtype=np.int64)
@@ -320,45 +324,55 @@ def tight_bounds(
     sigma = np.minimum(sigma, (pi @ np.arange(pi.shape[1])) / MIN_LOSS_SCALE)  # see MIN_LOSS_SCALE
     order = np.argsort(rows, kind="stable")
     bounds = np.searchsorted(rows[order], np.arange(dists.num_rows + 1))
-    for r in range(dists.num_rows):
-        queries = order[bounds[r] : bounds[r + 1]]
-        if queries.size == 0:
-            continue
-        if pi[r, 1:].sum() <= 0 and dists.tail_mass[r] <= 0:
-            out[queries] = priors[queries]
-            continue
-        smallest = float(priors[queries].min())
-        try:
-            one, curve = _one_step_and_curve(
-                pi[r], float(dists.tail_mass[r]), float(sigma[r]), steps, smallest_prior=smallest
-            )
-        except UnresolvedLoss:  # tiny sigma: the trivial bound here, the noiseless one by the caller
-            out[queries] = 1.0
-            continue
-        out[queries] = curve.blowup(priors[queries])
-        # What the rounding allowance and the truncated mass cost: the same curve without them (not a
-        # bound, a yardstick); the tilted composition has neither at the losses that matter.
-        bare = ComposedHockeyStick(curve.lower, curve.step, curve.v, 0.0)
-        cost = out[queries] - bare.blowup(priors[queries])
-        # relative to the leakage, not to the bound: with r = 1.001 p a cost of 1e-3 of the bound is
-        # the whole margin (issue 29: 1.33x the exact sigma at T = 1e2)
-        costly = cost > FLOOR_SHARE * (out[queries] - priors[queries])
-        if targets is not None:  # exactly where a tilted bound may meet a target this one misses
-            costly = out[queries] > targets[queries]
-            if costly.any():
-                missed = queries[costly]
-                costly[costly] = refinement_floor(curve, priors[missed]) <= targets[missed]
-        if costly.any():  # compose again, tilted towards the loss where the costliest bound is attained
-            low = int(queries[costly][np.argmin(priors[queries][costly])])
-            lam = tilt_for(one.losses, one.masses, steps, bare.optimal_loss(float(priors[low])))
-            increments = tilted_increments(one, steps, lam) if lam > 0 else None
-            if increments is not None:
-                lower, v, tilted_floor, extra = increments
-                tilted = ComposedHockeyStick(lower, one.step, v, tilted_floor, extra)
-                out[queries] = np.minimum(out[queries], tilted.blowup(priors[queries]))
+    tasks = [(r, order[bounds[r] : bounds[r + 1]]) for r in range(dists.num_rows)]
+    tasks = [(r, queries) for r, queries in tasks if queries.size]
+
+    def law_bounds(task: tuple[int, np.ndarray]) -> np.ndarray:
+        r, queries = task
+        return _law_bounds(
+            pi[r], float(dists.tail_mass[r]), float(sigma[r]), steps, priors[queries],
+            None if targets is None else targets[queries],
+        )
+
+    for (_, queries), values in zip(tasks, map_in_threads(law_bounds, tasks, workers), strict=True):
+        out[queries] = values
     tiny = np.flatnonzero(priors < PLD_FLOOR_PRIOR)
     if tiny.size:
         out[tiny] = np.minimum(out[tiny], rdp_bounds(dists, rdp_sigma, steps, priors[tiny], rows[tiny]))
+    return out
+
+
+def _law_bounds(
+    pi: np.ndarray, tail_mass: float, sigma: float, steps: int, priors: np.ndarray, targets: np.ndarray | None
+) -> np.ndarray:
+    """``tight_bounds`` for one law (pmf ``pi`` given S <= K, P(S > K) = ``tail_mass``) and its
+    queries' priors (and targets), without the Renyi bound of tiny priors."""
+    if pi[1:].sum() <= 0 and tail_mass <= 0:
+        return priors.copy()
+    try:
+        one, curve = _one_step_and_curve(pi, tail_mass, sigma, steps, smallest_prior=float(priors.min()))
+    except UnresolvedLoss:  # tiny sigma: the trivial bound here, the noiseless one by the caller
+        return np.ones(priors.size)
+    out = curve.blowup(priors)
+    # What the rounding allowance and the truncated mass cost: the same curve without them (not a
+    # bound, a yardstick); the tilted composition has neither at the losses that matter.
+    bare = ComposedHockeyStick(curve.lower, curve.step, curve.v, 0.0)
+    cost = out - bare.blowup(priors)
+    # relative to the leakage, not to the bound: with r = 1.001 p a cost of 1e-3 of the bound is
+    # the whole margin (issue 29: 1.33x the exact sigma at T = 1e2)
+    costly = cost > FLOOR_SHARE * (out - priors)
+    if targets is not None:  # exactly where a tilted bound may meet a target this one misses
+        costly = out > targets
+        if costly.any():
+            costly[costly] = refinement_floor(curve, priors[costly]) <= targets[costly]
+    if costly.any():  # compose again, tilted towards the loss where the costliest bound is attained
+        low = float(priors[costly].min())
+        lam = tilt_for(one.losses, one.masses, steps, bare.optimal_loss(low))
+        increments = tilted_increments(one, steps, lam) if lam > 0 else None
+        if increments is not None:
+            lower, v, tilted_floor, extra = increments
+            tilted = ComposedHockeyStick(lower, one.step, v, tilted_floor, extra)
+            out = np.minimum(out, tilted.blowup(priors))
     return out
 
 

@@ -39,6 +39,7 @@ from hush_hf.accounting.counts import (
 from hush_hf.accounting.dominance import Cover, envelope_cover, poisson_cover
 from hush_hf.accounting.groups import SecretGroups
 from hush_hf.accounting.noiseless import noiseless_bounds
+from hush_hf.accounting.threads import validate_workers
 from hush_hf.accounting.validation import (
     validate_num_secrets,
     validate_priors,
@@ -83,9 +84,10 @@ class NoiseCalibration:
 class _Evaluations:
     """Accountant calls, counted and shown by a progress bar."""
 
-    def __init__(self, accountant: Accountant, steps: int, progress: bool) -> None:
+    def __init__(self, accountant: Accountant, steps: int, progress: bool, workers: int = 1) -> None:
         self.accountant = accountant
         self.steps = steps
+        self.workers = workers
         self.bar = tqdm(desc=f"{accountant.name} evaluations", unit="law", disable=not progress)
 
     def __call__(
@@ -99,7 +101,7 @@ class _Evaluations:
         """Bounds for queries (row, prior); ``targets``: what each is compared with (only lets ``tight``
         skip refinements that cannot change whether a bound meets it)."""
         sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (laws.num_rows,))
-        out = self.accountant.evaluate(laws, sigma, self.steps, priors, rows, targets)
+        out = self.accountant.evaluate(laws, sigma, self.steps, priors, rows, targets, self.workers)
         self.bar.update(laws.num_rows)
         return checked_bounds(out, priors, self.accountant.name, sigma[rows])
 
@@ -134,6 +136,7 @@ def posterior_bounds(
     accountant: str = DEFAULT_ACCOUNTANT,
     *,
     resolution: float = 0.0,
+    workers: int = 1,
 ) -> np.ndarray:
     """Rigorous upper bound on each secret's reconstruction posterior at noise ``sigma``.
 
@@ -143,9 +146,11 @@ def posterior_bounds(
     of their envelope (a valid, slightly larger bound; see ``dominance``). Secrets whose examples
     are never sampled keep their prior. Every bound is the smaller of the accountant's and the
     noiseless blow-up function 1 - P(S=0)^T (1 - p) (``noiseless``: valid at every sigma, exact
-    at sigma = 0, the limit of every accountant as sigma -> 0).
+    at sigma = 0, the limit of every accountant as sigma -> 0). ``workers``: threads for an accountant
+    that can use them (``Accountant.threaded``; the bounds do not depend on it).
     """
     implementation = get_accountant(accountant)
+    workers = validate_workers(workers)
     p = validate_priors(priors)
     validate_num_secrets(groups.num_secrets, p)
     sigma = validate_sigma(sigma)
@@ -162,7 +167,7 @@ def posterior_bounds(
         return out
     laws = poisson_binomial(groups, active)
     cover = envelope_cover(laws, float(resolution))
-    evaluate = _Evaluations(implementation, steps, False)
+    evaluate = _Evaluations(implementation, steps, False, workers)
     out[active] = np.minimum(evaluate(cover.laws, sigma, p[active], cover.row_of, None), noiseless)
     return out
 

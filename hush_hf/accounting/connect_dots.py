@@ -418,9 +418,10 @@ class _ThresholdTerms:
         magnitude = float(np.max(np.abs(shift))) + float(mix.c.max()) * np.abs(ys) + np.abs(t)
         log_error = 4 * _ULP * magnitude + (mix.c.size + 4) * _ULP
         rho = np.log(e.sum(axis=1))
-        self.w[k] = e * np.exp(t)[:, None]
+        scale = np.exp(t)
+        self.w[k] = e * scale[:, None]
         self.w_error[k] = log_error + 2 * _ULP
-        r = np.exp(t) * np.expm1(rho)
+        r = scale * np.expm1(rho)
         r_error = np.exp(t + np.abs(rho)) * np.expm1(log_error)
         if u_form:
             weights = np.exp(mix.log_w)

@@ -128,8 +128,12 @@ def narrow_moments(
         row *= scale
         scale = scale * h
     relative = np.where(np.isfinite(relative) & np.isfinite(moments[0]), relative, np.inf)
-    moments = moments.T
-    return moments, relative[:, None] * np.abs(moments) + SUBNORMAL
+    # the error in the (orders x cells) layout the moments were summed in: contiguous rows, and the
+    # same products as relative[:, None] * |moments.T| (both come back transposed, cells x orders)
+    error = np.abs(moments)
+    error *= relative
+    error += SUBNORMAL
+    return moments.T, error.T
 
 
 def _series_length(zh: float, hh: float, orders: int) -> tuple[int, float]:

@@ -15,7 +15,8 @@ evaluation the calibration uses for one secret at one sigma, never its search) f
 and compares it with the target r_j (Hush Def. 3.1: posterior <= r_j for prior p_j). Beyond
 ``EXACT_UP_TO`` secrets, laws that agree to ``ENVELOPE_RESOLUTION`` share the law of their envelope
 (a valid, marginally larger bound); secrets that then exceed their target are evaluated again with
-their own law and keep the smaller of the two valid bounds.
+their own law and keep the smaller of the two valid bounds. ``workers``: threads the accountant may
+evaluate laws on (``tight`` can; the bounds are the same, bitwise, with any number).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hush_hf.accounting import SecretGroups, posterior_bounds, validate_targets
+from hush_hf.accounting.threads import validate_workers
 from hush_hf.planning.memberships import membership_matrix
 
 EXACT_UP_TO = 500
@@ -89,15 +91,17 @@ class Verification:
         return "\n".join(lines)
 
 
-def certified_bounds(plan: Any, *, secret_ids: Any = None, membership: Any = None) -> Verification:
+def certified_bounds(
+    plan: Any, *, secret_ids: Any = None, membership: Any = None, workers: int = 1
+) -> Verification:
     """Every secret's bound for the weights the plan was published with: at the sigma and the DP steps
     of its training record (``plan.training``); a plan without a record (no run published it), at its
     own sigma and T."""
     record = plan.training
     if record is None:
-        return recompute_bounds(plan, secret_ids=secret_ids, membership=membership)
+        return recompute_bounds(plan, secret_ids=secret_ids, membership=membership, workers=workers)
     return recompute_bounds(plan, record.noise_multiplier, steps=record.dp_steps, secret_ids=secret_ids,
-                            membership=membership)
+                            membership=membership, workers=workers)
 
 
 def recompute_bounds(
@@ -107,14 +111,17 @@ def recompute_bounds(
     steps: int | None = None,
     secret_ids: Any = None,
     membership: Any = None,
+    workers: int = 1,
 ) -> Verification:
     """Every secret's bound at ``noise_multiplier`` and ``steps`` (defaults: the plan's sigma and T) with
     the plan's accountant. After 0 steps nothing released depends on the data: each bound is its prior.
 
     ``secret_ids``: one list of secret indices per example in plan order (e.g. the dataset's
     column), or ``membership``, the (secrets x examples) matrix made from them; without either the
-    plan's recorded memberships are used, and a plan without them is refused.
+    plan's recorded memberships are used, and a plan without them is refused. ``workers``: threads the
+    accountant may evaluate laws on (the bounds do not depend on it).
     """
+    validate_workers(workers)
     sigma = float(plan.noise_multiplier if noise_multiplier is None else noise_multiplier)
     steps = int(plan.steps if steps is None else steps)
     prior = np.asarray(plan.secrets.prior, dtype=np.float64)
@@ -142,20 +149,29 @@ def recompute_bounds(
     if steps == 0:
         return Verification(sigma, 0, plan.accountant, prior, target, prior.copy(), source)
     groups = SecretGroups.from_membership(membership, plan.sampling_probs)
-    bound = _bounds(groups, prior, target, sigma, steps, plan.accountant)
+    bound = _bounds(groups, prior, target, sigma, steps, plan.accountant, workers)
     return Verification(sigma, steps, plan.accountant, prior, target, bound, source)
 
 
 def _bounds(
-    groups: SecretGroups, prior: np.ndarray, target: np.ndarray, sigma: float, steps: int, accountant: str
+    groups: SecretGroups,
+    prior: np.ndarray,
+    target: np.ndarray,
+    sigma: float,
+    steps: int,
+    accountant: str,
+    workers: int = 1,
 ) -> np.ndarray:
     if prior.size <= EXACT_UP_TO:
-        return np.asarray(posterior_bounds(groups, prior, sigma, steps, accountant=accountant))
-    bound = np.asarray(
-        posterior_bounds(groups, prior, sigma, steps, accountant=accountant, resolution=ENVELOPE_RESOLUTION)
-    ).copy()
+        return np.asarray(
+            posterior_bounds(groups, prior, sigma, steps, accountant=accountant, workers=workers)
+        )
+    bound = np.asarray(posterior_bounds(
+        groups, prior, sigma, steps, accountant=accountant, resolution=ENVELOPE_RESOLUTION, workers=workers
+    )).copy()
     over = np.flatnonzero(bound > target)
     if over.size:
-        own = posterior_bounds(groups.subset(over), prior[over], sigma, steps, accountant=accountant)
+        own = posterior_bounds(groups.subset(over), prior[over], sigma, steps, accountant=accountant,
+                               workers=workers)
         bound[over] = np.minimum(bound[over], own)
     return bound

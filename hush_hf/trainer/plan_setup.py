@@ -319,6 +319,11 @@ def check_secret_ids_match(plan: ProtectionPlan, secret_ids: Any) -> None:
         )
 
 
+#: Threads for re-verifying a plan at train start: each holds ~25 MB of arrays at once (the demo's
+#: largest laws: one-step grids of 2^15 points), so a many-core machine does not take gigabytes.
+MAX_VERIFICATION_THREADS = 8
+
+
 def verify_plan_for_training(
     plan: ProtectionPlan, requested: float | None, *, secret_ids: Any = None
 ) -> tuple[float, Verification]:
@@ -327,11 +332,16 @@ def verify_plan_for_training(
     sigma is the plan's unless ``requested``. The bounds are recomputed from the plan's rho, the
     memberships (the dataset's ``secret_ids`` when it has them, else the plan's), sigma and T with the
     plan's accountant. A plan that misses a target at the plan's own sigma is refused (an edited or
-    mis-made plan); with an explicitly requested sigma it trains, with a loud warning.
+    mis-made plan); with an explicitly requested sigma it trains, with a loud warning. The laws are
+    evaluated on as many threads as torch computes with, at most MAX_VERIFICATION_THREADS (the bounds
+    do not depend on it).
     """
+    import torch
+
     check_noise_multiplier(requested)
     sigma = float(plan.noise_multiplier if requested is None else requested)
-    verification = recompute_bounds(plan, sigma, secret_ids=secret_ids)
+    workers = min(max(1, torch.get_num_threads()), MAX_VERIFICATION_THREADS)
+    verification = recompute_bounds(plan, sigma, secret_ids=secret_ids, workers=workers)
     if verification.meets_targets:
         logger.info("protection plan verified: %s", verification.describe())
         if requested is not None and sigma > plan.noise_multiplier:
