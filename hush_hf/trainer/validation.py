@@ -55,6 +55,9 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
       ``ignore_data_skip`` replays batches after a resume: both would reuse batches the accounting
       counts once. Pushing checkpoints to the Hub would publish their un-noised training logs
       (``trainer_state.json``) and optimizer state.
+    - ``neftune_noise_alpha``: NEFTune adds U(-a, a) noise to the embeddings with a = alpha / sqrt(L d),
+      L the micro-batch's padded width: example i's gradient then depends on the longest row drawn with
+      it (the first-step independence check runs in eval mode, where NEFTune is off, and cannot see it).
     - ``label_smoothing_factor`` is not part of the per-example loss; a ``train_sampling_strategy``
       other than "random" would be ignored (the plan's sampler draws the batches).
     - LOMO and layer-wise optimizers update parameters during the backward pass, before the noise.
@@ -92,6 +95,11 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
         "label_smoothing_factor": (
             args.label_smoothing_factor,
             "the per-example loss has no label smoothing",
+        ),
+        "neftune_noise_alpha": (
+            args.neftune_noise_alpha is not None and args.neftune_noise_alpha,
+            "NEFTune's embedding noise scales with the micro-batch's padded width, so one example's "
+            "gradient would depend on the other drawn rows' lengths",
         ),
         "train_sampling_strategy": (
             args.train_sampling_strategy != "random" and args.train_sampling_strategy,
