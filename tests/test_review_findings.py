@@ -28,3 +28,16 @@ def test_neftune_noise_scales_with_the_other_rows_so_it_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match=r"neftune_noise_alpha=5\.0 is not supported"):
         build(tmp_path, neftune_noise_alpha=5.0).train()
+
+
+def test_a_second_run_on_weights_another_run_trained_is_refused(tmp_path):
+    # A new trainer on the same model object (a notebook re-run after a crash or to retry a learning rate)
+    # would certify only its own T steps, while the weights went through both runs' 2T.
+    model = tiny_gpt2()
+    build(tmp_path / "first", model=model, max_steps=2).train()
+    second = build(tmp_path / "second", model=model, max_steps=2, dp_seed=99)
+    with pytest.raises(ValueError, match=r"already went through 2 optimizer step\(s\) of another DP run"):
+        second.train()
+    fresh = build(tmp_path / "fresh", model=tiny_gpt2(), max_steps=2, dp_seed=99)
+    fresh.train()
+    assert fresh.state.global_step == 2

@@ -37,6 +37,7 @@ from hush_hf.trainer.distributed import (
     destroy_process_group_at_exit,
     rank_and_world_size,
 )
+from hush_hf.trainer.dp_history import check_not_trained_by_another_run, record_step
 from hush_hf.trainer.engine import DPStep
 from hush_hf.trainer.evaluation import EvaluationCoverage
 from hush_hf.trainer.fsdp import check_fsdp_plugin, is_sharded
@@ -532,6 +533,8 @@ class GhostClippingCallback(TrainerCallback):
                 f"Trainer starts at step {state.global_step} but the DP state is at step {self._start_step}"
             )
         self.finish_run()
+        if self._start_step == 0:  # a resumed run loads its checkpoint's weights and continues its count
+            check_not_trained_by_another_run(model, self._run_id)
         params = [p for p in model.parameters() if p.requires_grad]
         check_optimizer_params(kwargs.get("optimizer"), {id(p) for p in params})
         broadcast_module_state_(model)  # one model on every rank (FSDP2 shards are left as they are)
@@ -554,6 +557,7 @@ class GhostClippingCallback(TrainerCallback):
             dp_seed=self._dp_seed,
             noise_step=step if self.crt is None else int(self.crt.private_index[step]),
         )
+        record_step(self.step.params, self._run_id, step + 1)
         if not public:
             self._drawn_since_log.append(count)
             self._steps_run = step + 1
