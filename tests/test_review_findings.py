@@ -41,3 +41,44 @@ def test_a_second_run_on_weights_another_run_trained_is_refused(tmp_path):
     fresh = build(tmp_path / "fresh", model=tiny_gpt2(), max_steps=2, dp_seed=99)
     fresh.train()
     assert fresh.state.global_step == 2
+
+
+SELECTIONS = {
+    "load_best_model_at_end": dict(load_best_model_at_end=True, save_strategy="steps", save_steps=1),
+    "reduce_lr_on_plateau": dict(lr_scheduler_type="reduce_lr_on_plateau"),
+    "early_stopping": dict(load_best_model_at_end=False),
+}
+
+
+@pytest.mark.parametrize("selection", sorted(SELECTIONS))
+def test_metrics_on_rows_with_secrets_may_not_choose_the_weights(tmp_path, selection):
+    # The card certifies the weights; if eval loss on rows holding a secret (no noise) picks the checkpoint,
+    # sets the learning rate or stops the run, the weights are a function of those rows outside the plan.
+    from transformers import EarlyStoppingCallback
+
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, pad_collate, token_dataset
+
+    (tmp_path / "secrets.csv").write_text("id,prior,target,terms\ns0,1e-3,0.2,alpha\n")
+    train = token_dataset(8).add_column("text", ["alpha beta", "gamma", "alpha", "delta", "x", "y", "z", "w"])
+
+    def trainer(eval_texts, folder):
+        return SecretProtectionTrainer(
+            model=tiny_gpt2(),
+            args=dp_config(tmp_path / folder, secrets_file=str(tmp_path / "secrets.csv"), max_steps=2,
+                           expected_batch_size=2.0, eval_strategy="steps", eval_steps=1,
+                           metric_for_best_model="loss", **SELECTIONS[selection]),
+            train_dataset=train,
+            eval_dataset=token_dataset(2, seed=5).add_column("text", eval_texts),
+            data_collator=pad_collate,
+            callbacks=[EarlyStoppingCallback(3)] if selection == "early_stopping" else None,
+        )
+
+    with pytest.warns(UserWarning, match="1 of 2 rows hold protected secrets"):
+        leaky = trainer(["the Alpha run", "gamma"], "leaky")
+    with pytest.raises(ValueError, match="lets evaluation metrics choose the trained weights, but eval "
+                                         "dataset 'eval' has 1 rows holding protected secrets"):
+        leaky.train()
+    clean = trainer(["the beta run", "gamma"], "clean")
+    clean.train()
+    assert clean.state.global_step == 2

@@ -39,7 +39,7 @@ from hush_hf.trainer.distributed import (
 )
 from hush_hf.trainer.dp_history import check_not_trained_by_another_run, record_step
 from hush_hf.trainer.engine import DPStep
-from hush_hf.trainer.evaluation import EvaluationCoverage
+from hush_hf.trainer.evaluation import EvaluationCoverage, check_no_metric_feedback
 from hush_hf.trainer.fsdp import check_fsdp_plugin, is_sharded
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss
 from hush_hf.trainer.plan_setup import (
@@ -402,6 +402,7 @@ class GhostClippingCallback(TrainerCallback):
         check_dp_training_arguments(trainer.args)  # again: args and the environment may have changed
         if trial is not None:
             raise ValueError("hyperparameter search (trial=) is not supported with DP training")
+        check_no_metric_feedback(self.evaluation, trainer.args, trainer.callback_handler.callbacks)
         check_process_group_matches_launch()
         destroy_process_group_at_exit()
         self._state_dir = resolve_dp_state_dir(self.dp_state_dir, trainer.args.output_dir)

@@ -143,3 +143,37 @@ class EvaluationCoverage:
             "rows_with_secrets": sum(rows for rows in flagged.values() if rows is not None),
             "unchecked": sorted(prefix for prefix, rows in flagged.items() if rows is None),
         }
+
+
+def metric_feedback(args: Any, callbacks: Any) -> str | None:
+    """The first setting of the run that lets evaluation metrics choose the trained weights, or None:
+    ``load_best_model_at_end`` (the saved weights are the best-scoring checkpoint), the
+    ``reduce_lr_on_plateau`` schedule (every later step's size follows the metric) or an
+    ``EarlyStoppingCallback`` (the number of steps does)."""
+    from transformers import EarlyStoppingCallback
+
+    if args.load_best_model_at_end:
+        return "load_best_model_at_end=True"
+    schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    if schedule == "reduce_lr_on_plateau":
+        return f"lr_scheduler_type={schedule!r}"
+    if any(isinstance(callback, EarlyStoppingCallback) for callback in callbacks):
+        return "EarlyStoppingCallback"
+    return None
+
+
+def check_no_metric_feedback(coverage: EvaluationCoverage, args: Any, callbacks: Any) -> None:
+    """ValueError when evaluation metrics choose the weights and an eval dataset holds (or may hold)
+    secrets: the weights would then be a function of those rows without noise, outside the plan."""
+    feedback = metric_feedback(args, callbacks)
+    flagged = {name: rows for name, rows in coverage.rows.items() if rows != 0}
+    if feedback is None or not flagged:
+        return
+    name, rows = next(iter(flagged.items()))
+    holds = f"has {rows} rows holding protected secrets" if rows else "could not be checked for secrets"
+    raise ValueError(
+        f"{feedback} lets evaluation metrics choose the trained weights, but eval dataset {name!r} {holds}: "
+        "those metrics are computed from the rows without noise, so the weights would not be covered by the "
+        "plan. Evaluate on rows without secrets (with secret marks or a 'secret_ids' column if they cannot "
+        "be tagged from a text column), or turn it off"
+    )
