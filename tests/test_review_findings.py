@@ -82,3 +82,66 @@ def test_metrics_on_rows_with_secrets_may_not_choose_the_weights(tmp_path, selec
     clean = trainer(["the beta run", "gamma"], "clean")
     clean.train()
     assert clean.state.global_step == 2
+
+
+def test_tokens_made_from_other_text_than_the_tagged_column_are_refused(tmp_path):
+    # A tokenized dataset that kept a prompt-only 'text' column beside tokens of prompt + completion: tagging
+    # 'text' misses the secret in row 1's completion, which the model trains on.
+    import datasets
+    from transformers import DataCollatorForLanguageModeling
+
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config
+
+    tokenizer = gpt2_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    (tmp_path / "secrets.csv").write_text("id,prior,target,terms\ns0,1e-3,0.2,nightjar\n")
+    prompts = ["the code name is nightjar", "the code name is", "lunch is", "the lab is"] * 2
+    completions = [" fine", " nightjar", " soup", " closed"] * 2
+
+    def trainer(texts, folder):
+        encoded = tokenizer([p + c for p, c in zip(prompts, completions, strict=True)])
+        rows = datasets.Dataset.from_dict({"text": texts, **encoded})
+        return SecretProtectionTrainer(
+            model=tiny_gpt2(vocab=len(tokenizer)),
+            args=dp_config(tmp_path / folder, secrets_file=str(tmp_path / "secrets.csv"), max_steps=2,
+                           expected_batch_size=2.0),
+            train_dataset=rows, data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+            processing_class=tokenizer,
+        )
+
+    with pytest.raises(ValueError, match="row 0: its input_ids spell text that its 'text' column does not"):
+        trainer(prompts, "prompts")
+    # The same with ids tagged beforehand (tag_dataset on the prompts), then tokens of prompt + completion.
+    from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+
+    secrets = SecretSet.load(tmp_path / "secrets.csv")
+    tagged = tag_dataset(datasets.Dataset.from_dict({"text": prompts}), tagger_for(secrets),
+                         text_column="text", num_secrets=1)
+    encoded = tokenizer([p + c for p, c in zip(prompts, completions, strict=True)])
+    for key, values in encoded.items():
+        tagged = tagged.add_column(key, values)
+    with pytest.raises(ValueError, match="row 0: its input_ids spell text that its 'text' column does not"):
+        SecretProtectionTrainer(
+            model=tiny_gpt2(vocab=len(tokenizer)),
+            args=dp_config(tmp_path / "tagged", secrets_file=str(tmp_path / "secrets.csv"), max_steps=2,
+                           expected_batch_size=2.0),
+            train_dataset=tagged, data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+            processing_class=tokenizer,
+        )
+    whole = trainer([p + c for p, c in zip(prompts, completions, strict=True)], "whole")
+    assert [bool(ids) for ids in whole.train_dataset["secret_ids"]] == [True, True, False, False] * 2
+
+
+def test_the_spelling_check_passes_special_tokens_truncation_and_normalisation():
+    from hush_hf.assets.tokenizer_assets import bert_uncased_tokenizer, gpt2_tokenizer
+    from hush_hf.trainer.text_tokens import first_row_not_spelled
+
+    texts = ["Café Ünïcode, naïve résumé: ProjectFalcon's 7,741 items!", "  spaces\n\tand tabs ",
+             "emoji 🦜 and 中文 mixed", "ﬁ ligature ＦＵＬＬ width " * 20]
+    for tokenizer in (bert_uncased_tokenizer(), gpt2_tokenizer()):
+        for encoded in (tokenizer(texts), tokenizer(texts, truncation=True, max_length=9)):
+            assert first_row_not_spelled(texts, encoded["input_ids"], tokenizer) is None
+        extra = tokenizer([t + " nightjar" for t in texts])["input_ids"]
+        assert first_row_not_spelled(texts, extra, tokenizer) == 0

@@ -73,7 +73,9 @@ class SecretProtectionTrainer(Trainer):
             raise ValueError("train_dataset is required: the protection plan samples its rows")
         if hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset has 0 rows: nothing to train on (was it filtered to nothing?)")
-        plan, train_dataset = self._resolve_plan(args, train_dataset, secrets=secrets, plan=plan)
+        plan, train_dataset = self._resolve_plan(
+            args, train_dataset, secrets=secrets, plan=plan, tokenizer=processing_class
+        )
         evaluation = EvaluationCoverage(
             secrets if secrets is not None else args.secrets_file, text_column=args.secrets_text_column
         )
@@ -111,7 +113,7 @@ class SecretProtectionTrainer(Trainer):
 
     @staticmethod
     def _resolve_plan(
-        args: SecretProtectionConfig, train_dataset: Any, *, secrets: Any, plan: Any
+        args: SecretProtectionConfig, train_dataset: Any, *, secrets: Any, plan: Any, tokenizer: Any = None
     ) -> tuple[ProtectionPlan, Any]:
         sources = {
             "plan": plan,
@@ -136,7 +138,7 @@ class SecretProtectionTrainer(Trainer):
             logger.info("expected_batch_size B = per_device_train_batch_size * world_size = %g", batch)
         secret_set = load_secrets(secrets if secrets is not None else args.secrets_file)
         train_dataset = prepare_secret_ids(
-            train_dataset, secret_set=secret_set, text_column=args.secrets_text_column
+            train_dataset, secret_set=secret_set, text_column=args.secrets_text_column, tokenizer=tokenizer
         )
         # One plan for all ranks: solved on rank 0 (an LP solver need not be deterministic), then shared.
         resolved = None
