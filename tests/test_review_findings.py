@@ -145,3 +145,27 @@ def test_the_spelling_check_passes_special_tokens_truncation_and_normalisation()
             assert first_row_not_spelled(texts, encoded["input_ids"], tokenizer) is None
         extra = tokenizer([t + " nightjar" for t in texts])["input_ids"]
         assert first_row_not_spelled(texts, extra, tokenizer) == 0
+
+
+def test_an_eval_dataset_set_after_construction_is_counted_for_the_card(tmp_path):
+    # Counted at construction only, a clean eval set later replaced by rows holding a secret left the card
+    # silent about evaluations on them.
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, pad_collate, token_dataset
+
+    (tmp_path / "secrets.csv").write_text("id,prior,target,terms\ns0,1e-3,0.2,alpha\n")
+    train = token_dataset(8).add_column("text", ["alpha beta", "gamma", "alpha", "delta", "x", "y", "z", "w"])
+    trainer = SecretProtectionTrainer(
+        model=tiny_gpt2(),
+        args=dp_config(tmp_path / "out", secrets_file=str(tmp_path / "secrets.csv"), max_steps=2,
+                       expected_batch_size=2.0, eval_strategy="steps", eval_steps=1),
+        train_dataset=train,
+        eval_dataset=token_dataset(2, seed=5).add_column("text", ["the beta run", "gamma"]),
+        data_collator=pad_collate,
+    )
+    trainer.eval_dataset = token_dataset(2, seed=6).add_column("text", ["the Alpha run", "gamma"])
+    with pytest.warns(UserWarning, match="1 of 2 rows hold protected secrets"):
+        trainer.train()
+    trainer.save_model()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "The evaluations run during training (eval) included 1 rows that hold protected secrets." in card

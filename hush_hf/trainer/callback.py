@@ -328,7 +328,7 @@ class GhostClippingCallback(TrainerCallback):
             self._setup_crt(dataset, secret_ids)
         if route_methods:
             route_instance(self, trainer)
-            self.evaluation.register(trainer.eval_dataset)  # SecretProtectionTrainer registers its own
+            self.evaluation.follow(trainer.eval_dataset)  # SecretProtectionTrainer registers its own
         trainer.add_callback(self)
         # First in line: every other callback's on_pre_optimizer_step then sees the noised gradient only.
         callbacks = trainer.callback_handler.callbacks
@@ -402,6 +402,7 @@ class GhostClippingCallback(TrainerCallback):
         check_dp_training_arguments(trainer.args)  # again: args and the environment may have changed
         if trial is not None:
             raise ValueError("hyperparameter search (trial=) is not supported with DP training")
+        self.evaluation.follow(trainer.eval_dataset)
         check_no_metric_feedback(self.evaluation, trainer.args, trainer.callback_handler.callbacks)
         check_process_group_matches_launch()
         destroy_process_group_at_exit()

@@ -87,6 +87,7 @@ class EvaluationCoverage:
         self.secrets, self.text_column = secrets, text_column
         self.rows: dict[str, int | None] = {}
         self.ran: dict[str, int | None] = {}
+        self.counted: Any = None  # the trainer's eval_dataset that ``rows`` counts (see ``follow``)
 
     def register(self, eval_dataset: Any) -> None:
         """Count (and warn about) the secret rows of the trainer's ``eval_dataset`` (a dict: each)."""
@@ -96,9 +97,18 @@ class EvaluationCoverage:
         for name, part in parts.items():
             self.rows[name] = self._check(part, name)
 
+    def follow(self, trainer_eval_dataset: Any) -> None:
+        """Count the trainer's ``eval_dataset`` again if it was replaced since it was counted (a dataset
+        set on the trainer after construction would otherwise be described by the old one's counts)."""
+        if trainer_eval_dataset is not self.counted:
+            self.rows = {}
+            self.register(trainer_eval_dataset)
+            self.counted = trainer_eval_dataset
+
     def evaluating(self, eval_dataset: Any, prefix: str, trainer_eval_dataset: Any) -> None:
         """Record an ``evaluate(eval_dataset, metric_key_prefix=prefix)`` call that computes metrics
         (dicts are split by Trainer into one call per dataset; those calls are the ones recorded)."""
+        self.follow(trainer_eval_dataset)
         split_by_trainer = eval_dataset is None and isinstance(trainer_eval_dataset, dict)
         if isinstance(eval_dataset, dict) or split_by_trainer:
             return

@@ -109,6 +109,7 @@ class SecretProtectionTrainer(Trainer):
             crt_public_batch_size=args.crt_public_batch_size,
         )
         self.dp.evaluation = evaluation
+        evaluation.counted = self.eval_dataset  # counted above, before its marks were dropped
         self.dp.install(self, route_methods=False)
 
     @staticmethod
