@@ -169,3 +169,29 @@ def test_an_eval_dataset_set_after_construction_is_counted_for_the_card(tmp_path
     trainer.save_model()
     card = (tmp_path / "out" / "README.md").read_text()
     assert "The evaluations run during training (eval) included 1 rows that hold protected secrets." in card
+
+
+@pytest.mark.parametrize("axis", ["tp", "cp", "sp"])
+def test_tensor_context_and_sequence_parallelism_are_refused(tmp_path, axis):
+    # The DP step gives each rank its own share of the drawn rows; tensor parallelism combines partial
+    # results across ranks that should hold the same rows (examples mixed), context/sequence parallelism
+    # splits one example's tokens over ranks (no rank clips a whole example's gradient).
+    from accelerate import ParallelismConfig
+
+    from hush_hf.trainer.validation import check_dp_training_arguments
+    from tests.test_trainer_helpers import dp_config
+
+    args = dp_config(tmp_path, max_grad_norm=0.0)
+    args.parallelism_config = ParallelismConfig(**{f"{axis}_size": 2})
+    with pytest.raises(ValueError, match=rf"parallelism_config\.{axis}_size=2 is not supported"):
+        check_dp_training_arguments(args)
+
+
+def test_a_tensor_parallel_model_is_refused():
+    from types import SimpleNamespace
+
+    from hush_hf.trainer.validation import check_model_not_tensor_parallel
+
+    check_model_not_tensor_parallel(tiny_gpt2())  # tp_size None: not sharded
+    with pytest.raises(ValueError, match=r"the model is tensor-parallel \(tp_size=2"):
+        check_model_not_tensor_parallel(SimpleNamespace(tp_size=2))  # from_pretrained(tp_plan=...) on 2 ranks

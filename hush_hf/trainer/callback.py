@@ -64,6 +64,7 @@ from hush_hf.trainer.seed_store import (
 from hush_hf.trainer.transformers_api import check_trainer_api
 from hush_hf.trainer.validation import (
     check_dp_training_arguments,
+    check_model_not_tensor_parallel,
     check_noise_multiplier,
     check_positive,
     check_single_process_devices,
@@ -535,6 +536,7 @@ class GhostClippingCallback(TrainerCallback):
                 f"Trainer starts at step {state.global_step} but the DP state is at step {self._start_step}"
             )
         self.finish_run()
+        check_model_not_tensor_parallel(model)
         if self._start_step == 0:  # a resumed run loads its checkpoint's weights and continues its count
             check_not_trained_by_another_run(model, self._run_id)
         params = [p for p in model.parameters() if p.requires_grad]
