@@ -195,3 +195,30 @@ def test_a_tensor_parallel_model_is_refused():
     check_model_not_tensor_parallel(tiny_gpt2())  # tp_size None: not sharded
     with pytest.raises(ValueError, match=r"the model is tensor-parallel \(tp_size=2"):
         check_model_not_tensor_parallel(SimpleNamespace(tp_size=2))  # from_pretrained(tp_plan=...) on 2 ranks
+
+
+def test_a_step_stopped_by_an_error_inside_the_optimizer_is_counted(tmp_path):
+    # The optimizer updated the weights with the second noised gradient, then raised: Trainer's global_step
+    # stays at 1, but the weights went through 2 DP steps, and a save after the error must say 2.
+    import json
+
+    class FailingSGD(torch.optim.SGD):
+        calls = 0
+
+        def step(self, closure=None):
+            super().step(closure)
+            FailingSGD.calls += 1
+            if FailingSGD.calls == 2:
+                raise RuntimeError("optimizer failed after updating")
+
+    model = tiny_gpt2()
+    optimizer = FailingSGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    trainer = build(tmp_path, model=model, max_steps=3)
+    trainer.optimizer, trainer.lr_scheduler = optimizer, schedule
+    with pytest.raises(RuntimeError, match="optimizer failed after updating"):
+        trainer.train()
+    assert trainer.state.global_step == 1
+    trainer.save_model()
+    record = json.loads((tmp_path / "hush_plan.json").read_text())["training"]
+    assert record["dp_steps"] == 2

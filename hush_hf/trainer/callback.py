@@ -231,7 +231,7 @@ class GhostClippingCallback(TrainerCallback):
             kwargs["crt"] = self.crt_report_section(occurrences=self.crt_occurrences)
         if "evaluation" not in kwargs:
             kwargs["evaluation"] = self.evaluation.card_section()
-        dp_steps, public_steps = self.steps_behind(global_step)
+        dp_steps, public_steps = self.steps_behind(max(global_step, self._steps_run))  # errors mid-step
         return write_protection_artifacts(
             output_dir,
             self.plan,
