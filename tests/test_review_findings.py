@@ -222,3 +222,19 @@ def test_a_step_stopped_by_an_error_inside_the_optimizer_is_counted(tmp_path):
     trainer.save_model()
     record = json.loads((tmp_path / "hush_plan.json").read_text())["training"]
     assert record["dp_steps"] == 2
+
+
+def test_epochs_without_max_steps_are_refused_naming_max_steps(tmp_path):
+    # Planning ran first and failed with "steps must be an integer >= 1, got -1", naming no setting.
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, pad_collate, token_dataset
+
+    (tmp_path / "secrets.csv").write_text("id,prior,target,terms\ns0,1e-3,0.2,alpha\n")
+    train = token_dataset(8).add_column("text", ["alpha beta", "gamma", "alpha", "delta", "x", "y", "z", "w"])
+    with pytest.raises(ValueError, match=r"max_steps must be an integer >= 1 .* got -1; num_train_epochs"):
+        SecretProtectionTrainer(
+            model=tiny_gpt2(),
+            args=dp_config(tmp_path / "out", secrets_file=str(tmp_path / "secrets.csv"), max_steps=-1,
+                           num_train_epochs=3, expected_batch_size=2.0),
+            train_dataset=train, data_collator=pad_collate,
+        )

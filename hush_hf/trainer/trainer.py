@@ -24,6 +24,7 @@ from hush_hf.trainer.plan_setup import (
     prepare_secret_ids,
 )
 from hush_hf.trainer.routing import define_routes
+from hush_hf.trainer.validation import check_dp_training_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class SecretProtectionTrainer(Trainer):
         plan: ProtectionPlan | str | Path | None = None,
     ) -> None:
         args = as_secret_protection_config(args)
+        check_dp_training_arguments(args)  # before the (possibly long) planning: e.g. max_steps unset
         if model is not None:
             check_clippable(model, args.per_example_clip_norm)  # before the (possibly long) planning
         if train_dataset is None:
