@@ -238,3 +238,24 @@ def test_epochs_without_max_steps_are_refused_naming_max_steps(tmp_path):
                            num_train_epochs=3, expected_batch_size=2.0),
             train_dataset=train, data_collator=pad_collate,
         )
+
+
+def test_eval_rows_whose_tokens_are_not_their_text_count_as_unchecked(tmp_path):
+    # Counting eval rows by tagging a prompt-only 'text' beside tokens of prompt + completion missed the
+    # secret in the completion: the card said nothing, and a best checkpoint could be chosen by that loss.
+    import datasets
+
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+    from hush_hf.trainer.evaluation import secret_rows
+
+    tokenizer = gpt2_tokenizer()
+    (tmp_path / "secrets.csv").write_text("id,prior,target,terms\ns0,1e-3,0.2,nightjar\n")
+    prompts, completions = ["the code name is", "lunch is"], [" nightjar", " soup"]
+    tokens = tokenizer([p + c for p, c in zip(prompts, completions, strict=True)])
+    rows = datasets.Dataset.from_dict({"text": prompts, **tokens})
+    secrets = str(tmp_path / "secrets.csv")
+    assert secret_rows(rows, secrets=secrets) == 0  # trusted without a tokenizer: the miss
+    assert secret_rows(rows, secrets=secrets, tokenizer=tokenizer) is None
+    joined = [p + c for p, c in zip(prompts, completions, strict=True)]
+    whole = rows.remove_columns("text").add_column("text", joined)
+    assert secret_rows(whole, secrets=secrets, tokenizer=tokenizer) == 1

@@ -25,9 +25,13 @@ logger = logging.getLogger(__name__)
 SINGLE = "eval"
 
 
-def secret_rows(dataset: Any, *, secrets: Any = None, text_column: str = "text") -> int | None:
+def secret_rows(
+    dataset: Any, *, secrets: Any = None, text_column: str = "text", tokenizer: Any = None
+) -> int | None:
     """How many rows of ``dataset`` hold a secret; None when it cannot be told (no marks, no
-    ``secret_ids``, and no text column with the run's ``secrets``: a SecretSet or a secrets file)."""
+    ``secret_ids``, and no text column with the run's ``secrets``: a SecretSet or a secrets file; or,
+    given ``tokenizer``, a text column whose rows' ``input_ids`` spell other text, see
+    :mod:`hush_hf.trainer.text_tokens`)."""
     import datasets
 
     from hush_hf.secrets.marks import find_marks_column, secret_ids_from_marks
@@ -44,6 +48,13 @@ def secret_rows(dataset: Any, *, secrets: Any = None, text_column: str = "text")
         return None
     from hush_hf.secrets import tag_dataset, tagger_for
 
+    if tokenizer is not None and "input_ids" in names:
+        from hush_hf.trainer.text_tokens import first_row_not_spelled
+
+        row = first_row_not_spelled(dataset[text_column], dataset["input_ids"], tokenizer)
+        if row is not None:
+            logger.warning("eval row %d: input_ids spell text its %r column does not hold", row, text_column)
+            return None
     secret_set = load_secrets(secrets)
     tagged = tag_dataset(
         dataset.select_columns([text_column]), tagger_for(secret_set), text_column=text_column,
@@ -83,8 +94,8 @@ class EvaluationCoverage:
     if unknown; ``ran``: the metric prefixes of the evaluations that ran.
     """
 
-    def __init__(self, secrets: Any = None, *, text_column: str = "text") -> None:
-        self.secrets, self.text_column = secrets, text_column
+    def __init__(self, secrets: Any = None, *, text_column: str = "text", tokenizer: Any = None) -> None:
+        self.secrets, self.text_column, self.tokenizer = secrets, text_column, tokenizer
         self.rows: dict[str, int | None] = {}
         self.ran: dict[str, int | None] = {}
         self.counted: Any = None  # the trainer's eval_dataset that ``rows`` counts (see ``follow``)
@@ -126,7 +137,9 @@ class EvaluationCoverage:
             self.ran[prefix] = self._check(test_dataset, prefix)
 
     def _check(self, dataset: Any, name: str) -> int | None:
-        count = secret_rows(dataset, secrets=self.secrets, text_column=self.text_column)
+        count = secret_rows(
+            dataset, secrets=self.secrets, text_column=self.text_column, tokenizer=self.tokenizer
+        )
         if count:
             loud_warning(
                 f"eval dataset {name!r}: {count} of {len(dataset)} rows hold protected secrets. Evaluation "

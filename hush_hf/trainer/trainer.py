@@ -79,7 +79,9 @@ class SecretProtectionTrainer(Trainer):
             args, train_dataset, secrets=secrets, plan=plan, tokenizer=processing_class
         )
         evaluation = EvaluationCoverage(
-            secrets if secrets is not None else args.secrets_file, text_column=args.secrets_text_column
+            secrets if secrets is not None else args.secrets_file,
+            text_column=args.secrets_text_column,
+            tokenizer=processing_class if callable(getattr(processing_class, "batch_decode", None)) else None,
         )
         evaluation.register(eval_dataset)  # warns about rows holding secrets (before the marks go)
         eval_dataset = drop_marks(eval_dataset)
