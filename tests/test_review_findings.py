@@ -259,3 +259,28 @@ def test_eval_rows_whose_tokens_are_not_their_text_count_as_unchecked(tmp_path):
     joined = [p + c for p, c in zip(prompts, completions, strict=True)]
     whole = rows.remove_columns("text").add_column("text", joined)
     assert secret_rows(whole, secrets=secrets, tokenizer=tokenizer) == 1
+
+
+def test_a_secret_only_in_a_seq2seq_target_marks_its_row(tmp_path):
+    # tokenizer(inputs, text_target=targets): the decoder trains on the targets (labels), but the marks
+    # followed the inputs only, so a secret in an answer alone left its row unmarked.
+    from hush_hf import mark_secrets
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+    from hush_hf.secrets import SecretSet
+    from hush_hf.secrets.marks import find_marks_column, secret_ids_from_marks
+
+    (tmp_path / "s.csv").write_text("id,prior,target,terms\ns0,1e-3,0.2,nightjar\ns1,1e-3,0.2,falcon\n")
+    marking = mark_secrets(gpt2_tokenizer(), SecretSet.load(tmp_path / "s.csv"))
+    inputs = ["what is the code name?", "where is lunch?", "falcon or not?"]
+    encoded = marking(inputs, text_target=["it is nightjar", "the cafe", "nightjar"])
+    column = find_marks_column(list(encoded.keys()))
+    assert secret_ids_from_marks(encoded[column]).to_pylist() == [[0], [], [0, 1]]
+    assert all(marks == [0] for marks in encoded[column][0])  # every token: any cut keeps the row marked
+    single = marking(inputs[1], text_target="nightjar")
+    assert all(marks == [0] for marks in single[column])
+    windows = marking([inputs[1] * 4], text_target=["a falcon"], truncation=True, max_length=4,
+                      return_overflowing_tokens=True, stride=1)
+    assert len(windows["input_ids"]) > 1
+    assert secret_ids_from_marks(windows[column]).to_pylist() == [[1]] * len(windows["input_ids"])
+    with pytest.raises(ValueError, match="called with text_target alone"):
+        marking(text_target=["it is nightjar"])
