@@ -284,3 +284,20 @@ def test_a_secret_only_in_a_seq2seq_target_marks_its_row(tmp_path):
     assert secret_ids_from_marks(windows[column]).to_pylist() == [[1]] * len(windows["input_ids"])
     with pytest.raises(ValueError, match="called with text_target alone"):
         marking(text_target=["it is nightjar"])
+
+
+def test_seq2seq_labels_made_from_a_target_beside_a_source_only_text_column_are_refused(tmp_path):
+    import datasets
+
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+    from hush_hf.trainer.text_tokens import check_tokens_spell_text
+
+    tokenizer = gpt2_tokenizer()
+    sources, targets = ["what is the code name?", "where is lunch?"], ["it is nightjar", "the cafe"]
+    encoded = tokenizer(sources, text_target=targets)
+    rows = datasets.Dataset.from_dict({"text": sources, **encoded})
+    with pytest.raises(ValueError, match="row 0: its labels spell text that its 'text' column does not hold"):
+        check_tokens_spell_text(rows, tokenizer, text_column="text", name="train_dataset")
+    causal = datasets.Dataset.from_dict({"text": sources, "input_ids": encoded["input_ids"],
+                                         "labels": [[-100] + ids[1:] for ids in encoded["input_ids"]]})
+    check_tokens_spell_text(causal, tokenizer, text_column="text", name="train_dataset")
