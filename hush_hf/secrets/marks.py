@@ -156,6 +156,33 @@ class SecretMarker:
             out.append(marks)
         return out if (several or not single) else out[0]
 
+    def with_target_secrets(self, marks: list, encoding: Any, text: Any, target: Any) -> list:
+        """``marks`` with every secret of each row's ``text_target`` added to all of that row's tokens.
+
+        A seq2seq row trains its target (the labels) as well as its input, but the marks follow
+        ``input_ids``; a secret only the target holds still makes the row one of the secret's examples.
+        Marking every input token with it keeps the row marked through any cut (over-marking, never under).
+        """
+        single = isinstance(text, str)
+        targets = [target] if isinstance(target, str) else list(target)
+        found = [{span.secret for span in self.spans(t)} for t in targets]
+        samples = encoding.get("overflow_to_sample_mapping")
+        if single and (not marks or not isinstance(marks[0], list) or not marks[0] or
+                       not isinstance(marks[0][0], list)):
+            return _add_to_every_token(marks, found[0])
+        return [
+            _add_to_every_token(row, found[int(samples[k]) if samples is not None else k])
+            for k, row in enumerate(marks)
+        ]
+
+
+def _add_to_every_token(row: list[list[int]], secrets: set[int]) -> list[list[int]]:
+    """``row``'s token marks with ``secrets`` added to every token (one shared list where none had any)."""
+    if not secrets:
+        return row
+    extra = sorted(secrets)
+    return [sorted(secrets.union(m)) if m else extra for m in row]
+
 
 class _MarkingTokenizer:
     """Mixin: ``__call__`` adds the marks column to list outputs (the dataset ``map`` case)."""
@@ -169,12 +196,22 @@ class _MarkingTokenizer:
             and not kwargs.get("is_split_into_words", False)
             and not args  # text_target etc. given positionally: leave the call alone
         )
+        target = kwargs.get("text_target")
+        if text is None and target is not None and kwargs.get("return_tensors") is None and not args:
+            raise ValueError(
+                "a marking tokenizer called with text_target alone (labels tokenized apart from the inputs) "
+                "cannot carry the target's secrets to the row: the model trains on them, so call "
+                "tokenizer(inputs, text_target=targets) once, which marks the row with the secrets of both"
+            )
         if not wants_marks:
             return super().__call__(text, text_pair, *args, **kwargs)  # type: ignore[misc]
         wants_offsets = kwargs.pop("return_offsets_mapping", False)
         encoding = super().__call__(text, text_pair, return_offsets_mapping=True, **kwargs)  # type: ignore[misc]
         marker = self._hush_marker
-        encoding[marker.column] = marker.encoding_marks(encoding, text, text_pair)
+        marks = marker.encoding_marks(encoding, text, text_pair)
+        if target is not None:
+            marks = marker.with_target_secrets(marks, encoding, text, target)
+        encoding[marker.column] = marks
         if not wants_offsets:
             del encoding["offset_mapping"]
         return encoding

@@ -37,8 +37,9 @@ from hush_hf.trainer.distributed import (
     destroy_process_group_at_exit,
     rank_and_world_size,
 )
+from hush_hf.trainer.dp_history import check_not_trained_by_another_run, record_step
 from hush_hf.trainer.engine import DPStep
-from hush_hf.trainer.evaluation import EvaluationCoverage
+from hush_hf.trainer.evaluation import EvaluationCoverage, check_no_metric_feedback
 from hush_hf.trainer.fsdp import check_fsdp_plugin, is_sharded
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss
 from hush_hf.trainer.plan_setup import (
@@ -63,6 +64,7 @@ from hush_hf.trainer.seed_store import (
 from hush_hf.trainer.transformers_api import check_trainer_api
 from hush_hf.trainer.validation import (
     check_dp_training_arguments,
+    check_model_not_tensor_parallel,
     check_noise_multiplier,
     check_positive,
     check_single_process_devices,
@@ -229,7 +231,7 @@ class GhostClippingCallback(TrainerCallback):
             kwargs["crt"] = self.crt_report_section(occurrences=self.crt_occurrences)
         if "evaluation" not in kwargs:
             kwargs["evaluation"] = self.evaluation.card_section()
-        dp_steps, public_steps = self.steps_behind(global_step)
+        dp_steps, public_steps = self.steps_behind(max(global_step, self._steps_run))  # errors mid-step
         return write_protection_artifacts(
             output_dir,
             self.plan,
@@ -327,7 +329,7 @@ class GhostClippingCallback(TrainerCallback):
             self._setup_crt(dataset, secret_ids)
         if route_methods:
             route_instance(self, trainer)
-            self.evaluation.register(trainer.eval_dataset)  # SecretProtectionTrainer registers its own
+            self.evaluation.follow(trainer.eval_dataset)  # SecretProtectionTrainer registers its own
         trainer.add_callback(self)
         # First in line: every other callback's on_pre_optimizer_step then sees the noised gradient only.
         callbacks = trainer.callback_handler.callbacks
@@ -401,6 +403,8 @@ class GhostClippingCallback(TrainerCallback):
         check_dp_training_arguments(trainer.args)  # again: args and the environment may have changed
         if trial is not None:
             raise ValueError("hyperparameter search (trial=) is not supported with DP training")
+        self.evaluation.follow(trainer.eval_dataset)
+        check_no_metric_feedback(self.evaluation, trainer.args, trainer.callback_handler.callbacks)
         check_process_group_matches_launch()
         destroy_process_group_at_exit()
         self._state_dir = resolve_dp_state_dir(self.dp_state_dir, trainer.args.output_dir)
@@ -532,6 +536,9 @@ class GhostClippingCallback(TrainerCallback):
                 f"Trainer starts at step {state.global_step} but the DP state is at step {self._start_step}"
             )
         self.finish_run()
+        check_model_not_tensor_parallel(model)
+        if self._start_step == 0:  # a resumed run loads its checkpoint's weights and continues its count
+            check_not_trained_by_another_run(model, self._run_id)
         params = [p for p in model.parameters() if p.requires_grad]
         check_optimizer_params(kwargs.get("optimizer"), {id(p) for p in params})
         broadcast_module_state_(model)  # one model on every rank (FSDP2 shards are left as they are)
@@ -554,6 +561,7 @@ class GhostClippingCallback(TrainerCallback):
             dp_seed=self._dp_seed,
             noise_step=step if self.crt is None else int(self.crt.private_index[step]),
         )
+        record_step(self.step.params, self._run_id, step + 1)
         if not public:
             self._drawn_since_log.append(count)
             self._steps_run = step + 1

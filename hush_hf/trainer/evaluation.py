@@ -25,9 +25,13 @@ logger = logging.getLogger(__name__)
 SINGLE = "eval"
 
 
-def secret_rows(dataset: Any, *, secrets: Any = None, text_column: str = "text") -> int | None:
+def secret_rows(
+    dataset: Any, *, secrets: Any = None, text_column: str = "text", tokenizer: Any = None
+) -> int | None:
     """How many rows of ``dataset`` hold a secret; None when it cannot be told (no marks, no
-    ``secret_ids``, and no text column with the run's ``secrets``: a SecretSet or a secrets file)."""
+    ``secret_ids``, and no text column with the run's ``secrets``: a SecretSet or a secrets file; or,
+    given ``tokenizer``, a text column whose rows' ``input_ids`` spell other text, see
+    :mod:`hush_hf.trainer.text_tokens`)."""
     import datasets
 
     from hush_hf.secrets.marks import find_marks_column, secret_ids_from_marks
@@ -44,6 +48,13 @@ def secret_rows(dataset: Any, *, secrets: Any = None, text_column: str = "text")
         return None
     from hush_hf.secrets import tag_dataset, tagger_for
 
+    if tokenizer is not None and "input_ids" in names:
+        from hush_hf.trainer.text_tokens import first_row_not_spelled
+
+        row = first_row_not_spelled(dataset[text_column], dataset["input_ids"], tokenizer)
+        if row is not None:
+            logger.warning("eval row %d: input_ids spell text its %r column does not hold", row, text_column)
+            return None
     secret_set = load_secrets(secrets)
     tagged = tag_dataset(
         dataset.select_columns([text_column]), tagger_for(secret_set), text_column=text_column,
@@ -83,10 +94,11 @@ class EvaluationCoverage:
     if unknown; ``ran``: the metric prefixes of the evaluations that ran.
     """
 
-    def __init__(self, secrets: Any = None, *, text_column: str = "text") -> None:
-        self.secrets, self.text_column = secrets, text_column
+    def __init__(self, secrets: Any = None, *, text_column: str = "text", tokenizer: Any = None) -> None:
+        self.secrets, self.text_column, self.tokenizer = secrets, text_column, tokenizer
         self.rows: dict[str, int | None] = {}
         self.ran: dict[str, int | None] = {}
+        self.counted: Any = None  # the trainer's eval_dataset that ``rows`` counts (see ``follow``)
 
     def register(self, eval_dataset: Any) -> None:
         """Count (and warn about) the secret rows of the trainer's ``eval_dataset`` (a dict: each)."""
@@ -96,9 +108,18 @@ class EvaluationCoverage:
         for name, part in parts.items():
             self.rows[name] = self._check(part, name)
 
+    def follow(self, trainer_eval_dataset: Any) -> None:
+        """Count the trainer's ``eval_dataset`` again if it was replaced since it was counted (a dataset
+        set on the trainer after construction would otherwise be described by the old one's counts)."""
+        if trainer_eval_dataset is not self.counted:
+            self.rows = {}
+            self.register(trainer_eval_dataset)
+            self.counted = trainer_eval_dataset
+
     def evaluating(self, eval_dataset: Any, prefix: str, trainer_eval_dataset: Any) -> None:
         """Record an ``evaluate(eval_dataset, metric_key_prefix=prefix)`` call that computes metrics
         (dicts are split by Trainer into one call per dataset; those calls are the ones recorded)."""
+        self.follow(trainer_eval_dataset)
         split_by_trainer = eval_dataset is None and isinstance(trainer_eval_dataset, dict)
         if isinstance(eval_dataset, dict) or split_by_trainer:
             return
@@ -116,7 +137,9 @@ class EvaluationCoverage:
             self.ran[prefix] = self._check(test_dataset, prefix)
 
     def _check(self, dataset: Any, name: str) -> int | None:
-        count = secret_rows(dataset, secrets=self.secrets, text_column=self.text_column)
+        count = secret_rows(
+            dataset, secrets=self.secrets, text_column=self.text_column, tokenizer=self.tokenizer
+        )
         if count:
             loud_warning(
                 f"eval dataset {name!r}: {count} of {len(dataset)} rows hold protected secrets. Evaluation "
@@ -143,3 +166,37 @@ class EvaluationCoverage:
             "rows_with_secrets": sum(rows for rows in flagged.values() if rows is not None),
             "unchecked": sorted(prefix for prefix, rows in flagged.items() if rows is None),
         }
+
+
+def metric_feedback(args: Any, callbacks: Any) -> str | None:
+    """The first setting of the run that lets evaluation metrics choose the trained weights, or None:
+    ``load_best_model_at_end`` (the saved weights are the best-scoring checkpoint), the
+    ``reduce_lr_on_plateau`` schedule (every later step's size follows the metric) or an
+    ``EarlyStoppingCallback`` (the number of steps does)."""
+    from transformers import EarlyStoppingCallback
+
+    if args.load_best_model_at_end:
+        return "load_best_model_at_end=True"
+    schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    if schedule == "reduce_lr_on_plateau":
+        return f"lr_scheduler_type={schedule!r}"
+    if any(isinstance(callback, EarlyStoppingCallback) for callback in callbacks):
+        return "EarlyStoppingCallback"
+    return None
+
+
+def check_no_metric_feedback(coverage: EvaluationCoverage, args: Any, callbacks: Any) -> None:
+    """ValueError when evaluation metrics choose the weights and an eval dataset holds (or may hold)
+    secrets: the weights would then be a function of those rows without noise, outside the plan."""
+    feedback = metric_feedback(args, callbacks)
+    flagged = {name: rows for name, rows in coverage.rows.items() if rows != 0}
+    if feedback is None or not flagged:
+        return
+    name, rows = next(iter(flagged.items()))
+    holds = f"has {rows} rows holding protected secrets" if rows else "could not be checked for secrets"
+    raise ValueError(
+        f"{feedback} lets evaluation metrics choose the trained weights, but eval dataset {name!r} {holds}: "
+        "those metrics are computed from the rows without noise, so the weights would not be covered by the "
+        "plan. Evaluate on rows without secrets (with secret marks or a 'secret_ids' column if they cannot "
+        "be tagged from a text column), or turn it off"
+    )

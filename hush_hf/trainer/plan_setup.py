@@ -87,13 +87,16 @@ def prepare_secret_ids(
     plan: ProtectionPlan | None = None,
     text_column: str = "text",
     name: str = "train_dataset",
+    tokenizer: Any = None,
 ) -> Any:
     """The dataset with a ``secret_ids`` column, from (in order of preference):
 
     1. the per-token marks column of :func:`hush_hf.mark_secrets` (a row contains secret j when any
        of its tokens is marked with j); the marks column is then dropped, so it never reaches the model;
     2. an existing ``secret_ids`` column (e.g. from ``tag_dataset``);
-    3. tagging ``text_column`` with ``secret_set``.
+    3. tagging ``text_column`` with ``secret_set``; a tokenized dataset's ``input_ids`` must then spell
+       that text (checked with ``tokenizer``: :mod:`hush_hf.trainer.text_tokens`; trusted, with a loud
+       warning, without one).
 
     Marks or tags made with another secret set than ``secret_set`` or ``plan`` are refused
     (fingerprints), and so are marks out of step with ``input_ids`` and ids tagged from other text
@@ -148,6 +151,13 @@ def prepare_secret_ids(
         )
         if unchecked:
             loud_warning(unchecked)
+        elif isinstance(dataset, datasets.Dataset):
+            from hush_hf.secrets.tagging import TEXT_DIGEST_MARK
+
+            mark = SECRET_IDS_COLUMN + TEXT_DIGEST_MARK
+            sources = [c[len(mark):] for c in names if c.startswith(mark)] or [text_column]
+            for source in sources:  # ids checked against a text: the tokens must be that text's too
+                _check_tokens_of(dataset, source, tokenizer=tokenizer, name=name)
         return dataset
     if secret_set is None:
         return dataset
@@ -156,6 +166,7 @@ def prepare_secret_ids(
     from hush_hf.secrets import tag_dataset, tagger_for
 
     if isinstance(dataset, datasets.Dataset) and text_column in dataset.column_names:
+        _check_tokens_of(dataset, text_column, tokenizer=tokenizer, name=name)
         return tag_dataset(
             dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set)
         )
@@ -165,6 +176,22 @@ def prepare_secret_ids(
         f"tokenizer is built: `{MARK_LINE}` (secrets: your SecretSet or secrets file); its output then "
         "carries per-token marks through tokenizing, grouping and packing"
     )
+
+
+def _check_tokens_of(dataset: Any, text_column: str, *, tokenizer: Any, name: str) -> None:
+    """A tokenized dataset's ``input_ids`` must spell its tagged ``text_column`` (the model reads the tokens;
+    :mod:`hush_hf.trainer.text_tokens`); trusted with a loud warning when there is no tokenizer to check."""
+    if "input_ids" not in dataset.column_names or text_column not in dataset.column_names:
+        return
+    if tokenizer is None or not callable(getattr(tokenizer, "batch_decode", None)):
+        loud_warning(
+            f"{name} is tagged from its {text_column!r} column, and its input_ids are trusted to be that "
+            "text's tokens (no tokenizer to check them: pass processing_class=tokenizer)"
+        )
+        return
+    from hush_hf.trainer.text_tokens import check_tokens_spell_text
+
+    check_tokens_spell_text(dataset, tokenizer, text_column=text_column, name=name)
 
 
 def check_marks_in_step(dataset: Any, marks: str, *, name: str = "train_dataset") -> None:

@@ -24,6 +24,7 @@ from hush_hf.trainer.plan_setup import (
     prepare_secret_ids,
 )
 from hush_hf.trainer.routing import define_routes
+from hush_hf.trainer.validation import check_dp_training_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +68,20 @@ class SecretProtectionTrainer(Trainer):
         plan: ProtectionPlan | str | Path | None = None,
     ) -> None:
         args = as_secret_protection_config(args)
+        check_dp_training_arguments(args)  # before the (possibly long) planning: e.g. max_steps unset
         if model is not None:
             check_clippable(model, args.per_example_clip_norm)  # before the (possibly long) planning
         if train_dataset is None:
             raise ValueError("train_dataset is required: the protection plan samples its rows")
         if hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset has 0 rows: nothing to train on (was it filtered to nothing?)")
-        plan, train_dataset = self._resolve_plan(args, train_dataset, secrets=secrets, plan=plan)
+        plan, train_dataset = self._resolve_plan(
+            args, train_dataset, secrets=secrets, plan=plan, tokenizer=processing_class
+        )
         evaluation = EvaluationCoverage(
-            secrets if secrets is not None else args.secrets_file, text_column=args.secrets_text_column
+            secrets if secrets is not None else args.secrets_file,
+            text_column=args.secrets_text_column,
+            tokenizer=processing_class if callable(getattr(processing_class, "batch_decode", None)) else None,
         )
         evaluation.register(eval_dataset)  # warns about rows holding secrets (before the marks go)
         eval_dataset = drop_marks(eval_dataset)
@@ -107,11 +113,12 @@ class SecretProtectionTrainer(Trainer):
             crt_public_batch_size=args.crt_public_batch_size,
         )
         self.dp.evaluation = evaluation
+        evaluation.counted = self.eval_dataset  # counted above, before its marks were dropped
         self.dp.install(self, route_methods=False)
 
     @staticmethod
     def _resolve_plan(
-        args: SecretProtectionConfig, train_dataset: Any, *, secrets: Any, plan: Any
+        args: SecretProtectionConfig, train_dataset: Any, *, secrets: Any, plan: Any, tokenizer: Any = None
     ) -> tuple[ProtectionPlan, Any]:
         sources = {
             "plan": plan,
@@ -136,7 +143,7 @@ class SecretProtectionTrainer(Trainer):
             logger.info("expected_batch_size B = per_device_train_batch_size * world_size = %g", batch)
         secret_set = load_secrets(secrets if secrets is not None else args.secrets_file)
         train_dataset = prepare_secret_ids(
-            train_dataset, secret_set=secret_set, text_column=args.secrets_text_column
+            train_dataset, secret_set=secret_set, text_column=args.secrets_text_column, tokenizer=tokenizer
         )
         # One plan for all ranks: solved on rank 0 (an LP solver need not be deterministic), then shared.
         resolved = None

@@ -55,8 +55,12 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
       ``ignore_data_skip`` replays batches after a resume: both would reuse batches the accounting
       counts once. Pushing checkpoints to the Hub would publish their un-noised training logs
       (``trainer_state.json``) and optimizer state.
+    - ``neftune_noise_alpha``: NEFTune adds U(-a, a) noise to the embeddings with a = alpha / sqrt(L d),
+      L the micro-batch's padded width: example i's gradient then depends on the longest row drawn with
+      it (the first-step independence check runs in eval mode, where NEFTune is off, and cannot see it).
     - ``label_smoothing_factor`` is not part of the per-example loss; a ``train_sampling_strategy``
       other than "random" would be ignored (the plan's sampler draws the batches).
+    - ``parallelism_config`` with tensor, context or sequence parallelism (``PARALLEL_AXES``).
     - LOMO and layer-wise optimizers update parameters during the backward pass, before the noise.
     - Nothing logged may depend on the pre-noise step (see :func:`check_no_pre_noise_logging`).
     """
@@ -93,6 +97,11 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
             args.label_smoothing_factor,
             "the per-example loss has no label smoothing",
         ),
+        "neftune_noise_alpha": (
+            args.neftune_noise_alpha is not None and args.neftune_noise_alpha,
+            "NEFTune's embedding noise scales with the micro-batch's padded width, so one example's "
+            "gradient would depend on the other drawn rows' lengths",
+        ),
         "train_sampling_strategy": (
             args.train_sampling_strategy != "random" and args.train_sampling_strategy,
             "batches are drawn by the plan's weighted Poisson sampler",
@@ -106,6 +115,14 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
     for field, (value, why) in unsupported.items():
         if value:
             raise ValueError(f"{field}={value!r} is not supported with DP training: {why}")
+    config = getattr(args, "parallelism_config", None)
+    for axis in ("tp", "cp", "sp"):
+        size = getattr(config, f"{axis}_size", None) or 1
+        if size > 1:
+            raise ValueError(
+                f"parallelism_config.{axis}_size={size} is not supported with DP training: "
+                f"{PARALLEL_AXES[axis]}; use data parallelism (DDP) or FSDP2"
+            )
     if args.fsdp and args.activation_checkpointing:
         raise ValueError(
             f"activation_checkpointing=True with fsdp={args.fsdp!r} is not supported with DP training: "
@@ -125,6 +142,26 @@ def check_dp_training_arguments(args: TrainingArguments) -> None:
             "the un-noised training logs (trainer_state.json); use hub_strategy='end' or 'every_save'"
         )
     check_no_pre_noise_logging(args)
+
+
+PARALLEL_AXES = {
+    "tp": "tensor parallelism gives every rank of a group the same rows and combines partial results of "
+    "them, but the DP step gives each rank its own share of the drawn rows, so ranks would mix examples",
+    "cp": "context parallelism splits each row's tokens across ranks, so no rank sees an example's whole "
+    "gradient to clip",
+    "sp": "sequence parallelism splits each row's tokens across ranks, so no rank sees an example's whole "
+    "gradient to clip",
+}
+
+
+def check_model_not_tensor_parallel(model: Any) -> None:
+    """A model loaded with a tensor-parallel plan (``tp_size`` > 1): see ``PARALLEL_AXES["tp"]``."""
+    size = getattr(model, "tp_size", None) or 1
+    if size > 1:
+        raise ValueError(
+            f"the model is tensor-parallel (tp_size={size}, loaded with tp_plan): not supported with DP "
+            f"training: {PARALLEL_AXES['tp']}; load it without tp_plan and use DDP or FSDP2"
+        )
 
 
 WANDB_WATCH_GRADIENTS = ("gradients", "all")
