@@ -2,16 +2,16 @@
 
     .venv/bin/python bench/step_python_work.py [--bf16] [--layers 12] [--steps 6]
 
-On a GPU a small DP step is bound by what the host does per step (Python calls, kernel launches), not
-by arithmetic; on a shared CPU its wall time is too noisy to compare small changes. This counts what
-is deterministic instead: the Python function calls (cProfile's count, builtins included) and the
-``Tensor.to`` calls of one optimizer step, after 2 warm-up steps, for a plain ``transformers.Trainer``
-(B = 64 by 8 accumulation steps of 8) and a ``SecretProtectionTrainer`` drawing B = 64 in expectation
-(Poisson sampling, micro-batches of 8; ghost clipping, noise), both training the same GPT-2 (hidden 64,
-``--layers`` layers, vocabulary 512, sequences of 32) for the same steps. Counted inside
-``Trainer.training_step`` for plain, ``DPStep.run`` and ``DPStep.privatize`` for hush_hf (the step's
-forward, backward, clipping and noise; the optimizer and data loading left out of both). Also printed:
-CPU seconds per step (median), for orientation only.
+On a GPU a small DP step is bound by what the host does per step (Python calls, kernel launches), not by
+arithmetic; on a shared CPU its wall time is too noisy to compare small changes. This counts what is
+deterministic instead (hush_hf with a fixed ``dp_seed``, so that every run draws the same batches): the
+Python function calls (cProfile's count, builtins included) and the ``Tensor.to`` calls of one optimizer
+step, after 2 warm-up steps, for a plain ``transformers.Trainer`` (B = 64 by 8 accumulation steps of 8)
+and a ``SecretProtectionTrainer`` drawing B = 64 in expectation (Poisson sampling, micro-batches of 8;
+ghost clipping, noise), both training the same GPT-2 (hidden 64, ``--layers`` layers, vocabulary 512,
+sequences of 32) for the same steps. Counted inside ``Trainer.training_step`` for plain, ``DPStep.run``
+and ``DPStep.privatize`` for hush_hf (the step's forward, backward, clipping and noise; the optimizer
+and data loading left out of both). Also printed: CPU seconds per step (median), for orientation only.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def run(contender: str, bf16: bool, layers: int, steps: int, dump: str | None = 
         plan = step_overhead.uniform_plan(dataset, rows, float(B), total)
         trainer = SecretProtectionTrainer(
             model=model,
-            args=SecretProtectionConfig(**common, noise_multiplier=1.0),  # sigma set, not certified
+            # sigma set (not certified) and the seed fixed: every run draws the same batches
+            args=SecretProtectionConfig(**common, noise_multiplier=1.0, dp_seed=0),
             train_dataset=plan.attach(dataset),
             data_collator=step_overhead.collate,
             plan=plan,
