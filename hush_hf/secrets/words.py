@@ -34,6 +34,20 @@ def _is_dropped(char: str) -> bool:
     return category[0] == "M" or category == "Cf"
 
 
+class _DroppedCharacters(dict):
+    """A ``str.translate`` table that deletes what ``_is_dropped`` holds and keeps every other character:
+    the same deletions as testing each character, at C speed once a character has been seen (each is
+    classified on first sight, then looked up)."""
+
+    def __missing__(self, code: int) -> int | None:
+        kept = None if _is_dropped(chr(code)) else code
+        self[code] = kept
+        return kept
+
+
+_DROPPED = _DroppedCharacters()
+
+
 def normalize_text(text: str, *, case_sensitive: bool = False) -> str:
     """NFKC-normalise ``text`` and, unless ``case_sensitive``, case-fold it and strip marks and Cf.
 
@@ -44,7 +58,7 @@ def normalize_text(text: str, *, case_sensitive: bool = False) -> str:
     text = unicodedata.normalize("NFKC", text)
     if not case_sensitive:
         decomposed = unicodedata.normalize("NFD", text.casefold())
-        text = unicodedata.normalize("NFC", "".join(c for c in decomposed if not _is_dropped(c)))
+        text = unicodedata.normalize("NFC", decomposed.translate(_DROPPED))
     return text
 
 

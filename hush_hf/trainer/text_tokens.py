@@ -14,14 +14,19 @@ strided windows pass: their tokens spell a part of the text.
 
 from __future__ import annotations
 
+import re
+import weakref
 from typing import Any
 
 from hush_hf.secrets.words import normalize_text
 
+_NOT_ALNUM = re.compile(r"[\W_]+")
+r"""What ``str.isalnum`` rejects: ``\w`` is exactly the alphanumeric characters and the underscore."""
+
 
 def key(text: str) -> str:
     """The letters and digits of ``text``, normalised as the caseless matcher reads them."""
-    return "".join(char for char in normalize_text(text) if char.isalnum())
+    return _NOT_ALNUM.sub("", normalize_text(text))
 
 
 def token_runs(ids: list[int], special: set[int]) -> list[list[int]]:
@@ -35,20 +40,47 @@ def token_runs(ids: list[int], special: set[int]) -> list[list[int]]:
     return [run for run in runs if run]
 
 
+ROWS_PER_DECODE = 4096
+"""Rows whose token runs are decoded in one ``batch_decode`` call (a fast tokenizer decodes a batch at
+once; one call per row cost more than the decoding)."""
+
+
+def _decode(tokenizer: Any, runs: list[list[int]]) -> list[str]:
+    """Each run decoded (special tokens skipped, no clean-up of spaces: ``key`` drops spaces anyway). A fast
+    tokenizer's Rust backend decodes the batch in one call (``batch_decode`` makes one Python ``decode``
+    call per sequence, which checks every id in Python first); others through ``batch_decode``."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and callable(getattr(backend, "decode_batch", None)):
+        return backend.decode_batch(runs, skip_special_tokens=True)
+    return tokenizer.batch_decode(runs, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 def first_row_not_spelled(texts: list[Any], input_ids: list[Any], tokenizer: Any) -> int | None:
     """The first row whose tokens spell something its text does not (see the module docstring), or None."""
     special = set(getattr(tokenizer, "all_special_ids", ()) or ())
-    for row, (text, ids) in enumerate(zip(texts, input_ids, strict=True)):
-        if not isinstance(text, str):
-            return row
-        flat = list(ids[0]) if ids and isinstance(ids[0], list) else list(ids)
-        runs = token_runs([int(t) for t in flat], special)
-        if not runs:
-            continue
-        whole = key(text)
-        decoded = tokenizer.batch_decode(runs, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        if any(key(piece) not in whole for piece in decoded):
-            return row
+    if len(texts) != len(input_ids):
+        raise ValueError(f"{len(texts)} texts but {len(input_ids)} rows of tokens")
+    for start in range(0, len(texts), ROWS_PER_DECODE):
+        rows = range(start, min(start + ROWS_PER_DECODE, len(texts)))
+        owners, runs, not_text = [], [], None
+        for row in rows:
+            if not isinstance(texts[row], str):
+                not_text = row  # fails, after any earlier row that fails
+                break
+            ids = input_ids[row]
+            flat = ids[0] if ids and isinstance(ids[0], list) else ids
+            for run in token_runs([int(t) for t in flat], special):
+                owners.append(row)
+                runs.append(run)
+        decoded = _decode(tokenizer, runs)
+        whole: dict[int, str] = {}
+        for row, piece in zip(owners, decoded, strict=True):
+            if row not in whole:
+                whole[row] = key(texts[row])
+            if key(piece) not in whole[row]:
+                return row
+        if not_text is not None:
+            return not_text
     return None
 
 
@@ -60,8 +92,12 @@ def check_tokens_spell_text(dataset: Any, tokenizer: Any, *, text_column: str, n
     """ValueError naming the first row whose ``input_ids`` or ``labels`` spell what its ``text_column``
     does not."""
     for tokens in (c for c in TOKEN_COLUMNS if c in dataset.column_names):
+        passed = _PassedChecks.key(dataset, tokenizer, text_column, tokens)
+        if passed in _PASSED:
+            continue
         row = first_row_not_spelled(dataset[text_column], dataset[tokens], tokenizer)
         if row is None:
+            _PASSED.add(passed, dataset, tokenizer)
             continue
         raise ValueError(
             f"{name} row {row}: its {tokens} spell text that its {text_column!r} column does not hold, so "
@@ -69,3 +105,33 @@ def check_tokens_spell_text(dataset: Any, tokenizer: Any, *, text_column: str, n
             "tokenizer (hush_hf.mark_secrets(tokenizer, secrets)), or tag the text the tokens were made from "
             "(hush_hf.secrets.tag_dataset) before tokenizing, or set secrets_text_column to it"
         )
+
+
+class _PassedChecks:
+    """The (dataset, tokenizer, columns) checks that passed in this process, so that trainers built again
+    on the same dataset object (a sweep's runs) do not decode it again. A ``datasets.Dataset`` cannot
+    change its rows in place, so the same object holds the same rows; the entries hold weak references,
+    and one whose dataset or tokenizer is gone (its id may be reused) never matches. The tokenizer's size
+    is part of the key (``add_tokens`` changes what its ids decode to)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[weakref.ref, weakref.ref]] = {}
+
+    @staticmethod
+    def key(dataset: Any, tokenizer: Any, text_column: str, tokens: str) -> tuple:
+        return (id(dataset), id(tokenizer), len(tokenizer), text_column, tokens)
+
+    def __contains__(self, key: tuple) -> bool:
+        refs = self._entries.get(key)
+        return refs is not None and refs[0]() is not None and refs[1]() is not None
+
+    def add(self, key: tuple, dataset: Any, tokenizer: Any) -> None:
+        try:
+            refs = (weakref.ref(dataset), weakref.ref(tokenizer))
+        except TypeError:  # an object without weak references: not remembered, checked every time
+            return
+        self._entries = {k: r for k, r in self._entries.items() if r[0]() is not None and r[1]() is not None}
+        self._entries[key] = refs
+
+
+_PASSED = _PassedChecks()
