@@ -180,6 +180,18 @@ def test_an_old_plan_without_the_field_loads_and_is_reported_as_unknown(tmp_path
     (folder / "hush_plan.json").write_text(json.dumps(redigested(data)))
     plan = ProtectionPlan.load(folder / "hush_plan.json")
     assert plan.training.dp_seed_source is None and plan.training.stated_seed_source == "unknown"
+    # Its card and report, as that hush_hf wrote them (certificate format 1, no source): refused, saying why.
+    card = folder / "README.md"
+    card.write_text(card.read_text().replace("  format_version: 2\n", "  format_version: 1\n")
+                    .replace("  dp_seed_source: drawn\n", ""))
+    report_file = folder / "privacy_report.json"
+    report = json.loads(report_file.read_text())
+    report["certificate"] = {**{k: v for k, v in report["certificate"].items() if k != "dp_seed_source"},
+                             "format_version": 1}
+    report_file.write_text(json.dumps(report))
+    code, out = verify(capsys, folder)
+    older = "format_version: found 1, expected 2 (a certificate of another hush_hf version"
+    assert code == 1 and f"metadata hush_hf.{older}" in out and f"certificate.{older}" in out, out
     with pytest.raises(ValueError, match="dp_seed_source='drawn' contradicts the plan's training record"):
         write_protection_artifacts(folder, plan, clip_norm=1.0, dp_seed_source="drawn")  # never upgraded
     write_protection_artifacts(folder, plan, clip_norm=1.0)  # re-certified: the card and report say unknown
