@@ -21,6 +21,7 @@ from hush_hf.audit.report import (
     check_noise_multiplier,
     crt_lines,
     guarantee_lines,
+    seed_warning,
     void_warning,
     write_privacy_report,
 )
@@ -88,6 +89,8 @@ def protection_section(report: Mapping[str, Any]) -> str:
         if not s["meets_targets"]:
             lines += [f"**WARNING: {s['num_over_target']} secret(s) have a certified bound above their "
                       "target; for those, only the (weaker) bound holds.**", ""]
+        if warning := seed_warning(t):
+            lines += [warning, ""]
         lines += [
             "**How.** Examples were weighted by a linear program and drawn by weighted Poisson sampling "
             f"(expected batch size B = {_fmt(t['expected_batch_size'])}, T = {t['steps']} DP steps"
@@ -97,13 +100,15 @@ def protection_section(report: Mapping[str, Any]) -> str:
             f"example's gradient was clipped to norm C = {_fmt(t['clip_norm'])} and Gaussian noise of "
             f"standard deviation sigma*C = {_fmt(t['noise_multiplier'])} * {_fmt(t['clip_norm'])} was "
             f"added to each step's summed gradient (DP-SGD). The bounds were computed with the "
-            f"`{t['accountant']}` accountant: {_accountant_words(t['accountant'])}.",
+            f"`{t['accountant']}` accountant: {_accountant_words(t['accountant'])}."
+            + _seed_sentence(t.get("dp_seed_source")),
             "",
             "**What is not guaranteed.** The guarantee covers a secret's occurrences in the examples tagged "
             "as containing it; it does not hide which examples contain secrets, or that an example was "
-            "trained on (membership is public under this definition); and it holds only if training "
-            "followed the plan (`hush_plan.json`) and its training record (the sigma and DP steps above) "
-            "exactly, for the weight files whose SHA-256 digests the plan records.",
+            "trained on (membership is public under this definition); it holds only against an attacker "
+            "who does not know the secret seed the batches and the noise were drawn from; and only if "
+            "training followed the plan (`hush_plan.json`) and its training record (the sigma and DP steps "
+            "above) exactly, for the weight files whose SHA-256 digests the plan records.",
             "",
             "### Numbers", "",
             *guarantee_lines(report),
@@ -123,12 +128,26 @@ def protection_section(report: Mapping[str, Any]) -> str:
                   "plan certifies, install hush_hf and run, in a download of this repository:", "",
                   "```bash", "pip install hush-hf", "hush verify .", "```", "",
                   "It prints each secret's target against its recomputed bound and exits with status 0 when "
-                  "every target holds and every check passes, 1 otherwise. With the training data and the "
+                  "every target holds and every check passes, 1 otherwise; a DP seed hush_hf did not draw "
+                  "(set by the user, or of unknown origin) is printed as a warning, and fails with "
+                  "`--require-drawn-seed`. With the training data and the "
                   "secrets file at hand, `hush verify . --dataset DATA --secrets SECRETS` also recomputes "
                   "which examples contain which secret and compares every secret's prior and target."]
     lines += ["", "Full report: `privacy_report.md` / `privacy_report.json`; plan: `hush_plan.json`.",
               SECTION_END, ""]
     return "\n".join(lines)
+
+
+def _seed_sentence(source: str | None) -> str:
+    """Where the batches' and the noise's seed came from, for the "How." paragraph."""
+    if source is None:
+        return ""
+    if source == "drawn":
+        return (" The batches and the noise were drawn from a secret seed that hush_hf drew from the "
+                "operating system at train start (128 bits) and wrote to no published file.")
+    origin = ("set by the user (`dp_seed`), not drawn by hush_hf" if source == "user" else
+              "whose origin the training record does not state")
+    return f" The batches and the noise were drawn from a seed {origin} (see the warning above)."
 
 
 def evaluation_line(evaluation: Mapping[str, Any]) -> str:
@@ -200,7 +219,7 @@ def build_model_card(report: Mapping[str, Any], *, model_name: str | None = None
 
 def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: float,
                                dp_steps: int | None = None, public_steps: int | None = None,
-                               noise_multiplier: float | None = None,
+                               noise_multiplier: float | None = None, dp_seed_source: str | None = None,
                                verification: Any = None, report: Mapping[str, Any] | None = None,
                                model_name: str | None = None,
                                crt: Mapping[str, Any] | None = None,
@@ -212,10 +231,12 @@ def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: 
     written carries the training record (:func:`hush_hf.audit.certificate.certify`): sigma
     (``noise_multiplier``, the sigma training used; below the plan's, the card says the bounds do NOT
     hold), ``dp_steps`` (the DP steps the saved weights went through), ``public_steps`` (CRT public
-    steps among the optimizer steps), ``clip_norm`` (the trainer's ``per_example_clip_norm``) and the
-    SHA-256 of every weight file in ``output_dir``. None takes sigma, ``dp_steps`` and ``public_steps``
-    from the plan's own record (a published plan: e.g. to add an audit to its card); a plan without
-    one needs ``dp_steps`` and defaults sigma to the plan's. Every bound
+    steps among the optimizer steps), ``clip_norm`` (the trainer's ``per_example_clip_norm``),
+    ``dp_seed_source`` (``"drawn"`` by hush_hf or set by the ``"user"``; None: unknown, and the card
+    warns) and the SHA-256 of every weight file in ``output_dir``. None takes sigma, ``dp_steps`` and
+    ``public_steps`` from the plan's own record (a published plan: e.g. to add an audit to its card;
+    with ``dp_steps`` None the seed's source is the record's too); a plan without one needs
+    ``dp_steps`` and defaults sigma to the plan's. Every bound
     written is recomputed at that sigma and ``dp_steps`` (``verification``: the trainer's bounds at
     train start, reused when made at the same sigma and steps). The report and the card's YAML
     metadata carry the certificate block (``hush verify`` compares them). ``report`` is a ``run_audit``
@@ -228,7 +249,8 @@ def write_protection_artifacts(output_dir: str | Path, plan: Any, *, clip_norm: 
     noise_multiplier = check_noise_multiplier(noise_multiplier)
     output_dir = Path(output_dir)
     plan, verification = certify(plan, output_dir, noise_multiplier=noise_multiplier, dp_steps=dp_steps,
-                                 clip_norm=clip_norm, public_steps=public_steps, verification=verification)
+                                 clip_norm=clip_norm, public_steps=public_steps,
+                                 dp_seed_source=dp_seed_source, verification=verification)
     plan_json = plan.to_json()
     block = certificate_block(plan, plan_json["digest"], verification)
     privacy_report = build_privacy_report(plan, clip_norm=clip_norm, attacks=attacks, model_name=model_name,

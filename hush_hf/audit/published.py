@@ -11,6 +11,9 @@ compared, so nothing can be added before, after or inside them:
   the markers, equal to :func:`~hush_hf.audit.card.protection_section` of that JSON, with nothing but
   white space after it, and no other text outside it (the YAML metadata aside) names "secret protection".
 
+A certificate block of another format (1: written before it stated the DP seed's source) is refused in
+one line that says so and how to write the card and report again.
+
 The parts no file lets verify recompute (the attacks' results, CRT's section, the evaluation note, the
 model name) are taken from privacy_report.json: the card and the Markdown must state what it states.
 Without privacy_report.json, the card's section is compared with the one the recomputation alone gives
@@ -65,6 +68,9 @@ def check_report(path: str | Path, recomputed: Mapping[str, Any], plan: Any) -> 
     problem = _unverified_parts_problem(written)
     if problem is not None:
         return Check(name, False, problem), basis
+    older = older_certificate(written.get("certificate"), recomputed.get("certificate"))
+    if older is not None:
+        return Check(name, False, f"certificate.{older}"), basis
     for key in RECOMPUTED_KEYS:
         difference = first_difference(written.get(key), recomputed.get(key), rtol=RTOL, path=key)
         if difference is not None:
@@ -119,6 +125,9 @@ def check_card(path: str | Path, block: Mapping[str, Any], report: Mapping[str, 
     stated = metadata.get(CARD_METADATA_KEY) if isinstance(metadata, Mapping) else None
     if stated is None:
         return Check(name, False, f"no '{CARD_METADATA_KEY}' block in its metadata: it states no certificate")
+    older = older_certificate(stated, block)
+    if older is not None:
+        return Check(name, False, f"metadata {CARD_METADATA_KEY}.{older}")
     difference = first_difference(stated, block, rtol=RTOL, path=CARD_METADATA_KEY)
     if difference is not None:
         return Check(name, False, f"metadata {difference}")
@@ -149,6 +158,19 @@ def check_card(path: str | Path, block: Mapping[str, Any], report: Mapping[str, 
         return Check(name, False, f"line {line} names 'secret protection' outside its generated section: a "
                                   "second statement of the guarantee, which nothing checks")
     return Check(name, True, "metadata and its whole Secret protection section agree with the recomputation")
+
+
+def older_certificate(stated: Any, block: Mapping[str, Any] | None) -> str | None:
+    """What to say of a certificate block of another format than this hush_hf writes (e.g. format 1,
+    which does not state the DP seed's source); None when the formats agree."""
+    if not isinstance(stated, Mapping) or block is None:
+        return None
+    found, expected = stated.get("format_version"), block["format_version"]
+    if found == expected:
+        return None
+    return (f"format_version: found {found!r}, expected {expected} (a certificate of another hush_hf "
+            "version, which this one cannot check: write the card and report again with "
+            "hush_hf.audit.write_protection_artifacts(folder, plan, clip_norm=the record's C))")
 
 
 def first_differing_line(found: str, expected: str) -> str:

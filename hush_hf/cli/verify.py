@@ -17,6 +17,12 @@ each secret's prior and target with the plan. `--dataset DATA` recomputes the me
 column tagged with --secrets, else its `secret_ids` column), compares them with the plan's exactly, and
 checks the LP constraints (Hush eq. 1) at the secrets file's priors and targets; a local plan file (with
 its keyed row digests) also checks that DATA holds exactly the rows it was made from.
+A training record whose DP seed was set by the user (`dp_seed`) or does not say where it came from (a
+record written before `dp_seed_source` existed) gets a WARNING line: the bounds then hold only against an
+attacker who does not know that seed, and hush_hf cannot tell how secret a chosen seed is. It does not
+change the exit status (a chosen seed kept secret is as good as a drawn one, and no file can prove either
+way that a seed stayed secret); `--require-drawn-seed` makes it a failure, for a gate that accepts only
+seeds hush_hf drew.
 Exit status 0 when every target holds and every check passes, 1 otherwise, 2 for bad input.
 """
 
@@ -43,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="secrets file: compare priors and targets (and tag --dataset's text with it)")
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--show", type=int, default=20, help="secrets listed (closest to their target first)")
+    parser.add_argument("--require-drawn-seed", action="store_true",
+                        help="fail (exit 1) unless the training record says hush_hf drew the DP seed (not "
+                             "set by the user with dp_seed, nor of unknown source)")
     parser.add_argument("--as-pushed", action="store_true",
                         help="check only the files push_to_hub() uploads from MODEL_DIR (a local output_dir: "
                              "its checkpoints, logs and training_args.bin are never uploaded); without it "
@@ -201,13 +210,21 @@ def run(args: argparse.Namespace) -> int:
                                    as_pushed=args.as_pushed)
     elif plan.training is not None:
         checks.append(Check("weights", None, "not compared with the record's digests: give MODEL_DIR"))
+    seed = seed_source_check(plan, args.require_drawn_seed)
+    if seed is not None:
+        checks.append(seed)
 
     print_result(plan_path, plan, verification, source, checks, args.show)
+    warning = seed_warning_line(plan)
+    if warning is not None:
+        print(warning)
     failed = [c for c in checks if c.passed is False]
     if verification.meets_targets and not failed:
         unchecked = sum(c.passed is None for c in checks)
         print(f"OK: all {plan.num_secrets} targets hold at what was trained, and every check passed"
-              + (f" ({unchecked} could not be made, see above)" if unchecked else ""))
+              + (f" ({unchecked} could not be made, see above)" if unchecked else "")
+              + ("; the bounds hold only against an attacker who does not know the DP seed (WARNING above)"
+                 if warning is not None else ""))
         return 0
     reasons = []
     if not verification.meets_targets:
@@ -219,7 +236,31 @@ def run(args: argparse.Namespace) -> int:
     return 1
 
 
+def seed_warning_line(plan: Any) -> str | None:
+    """The WARNING line for a training record whose DP seed hush_hf did not draw (user-set or unknown)."""
+    record = plan.training
+    if record is None or record.dp_seed_source == "drawn":
+        return None
+    origin = ("was set by the user (dp_seed), not drawn by hush_hf" if record.dp_seed_source == "user" else
+              "is of unknown origin (the training record does not say; it may have been set by the user)")
+    return (f"WARNING: the DP seed {origin}: every bound holds only against an attacker who does not know "
+            "that seed; anyone who knows or guesses it can reproduce the batches and subtract the noise")
+
+
+def seed_source_check(plan: Any, require_drawn: bool) -> Any:
+    """With ``--require-drawn-seed``: a check that the record says hush_hf drew the seed (None otherwise)."""
+    from hush_hf.planning.consistency import Check
+
+    if not require_drawn or plan.training is None:
+        return None
+    source = plan.training.stated_seed_source
+    return Check("DP seed", source == "drawn", f"the training record says the seed was {source!r}"
+                 + ("" if source == "drawn" else " (--require-drawn-seed accepts only 'drawn')"))
+
+
 def print_result(plan_path: Path, plan: Any, verification: Any, source: str, checks: list, show: int) -> None:
+    from hush_hf.audit.report import SEED_WORDS
+
     record = plan.training
     print(f"plan: {plan_path} ({plan.num_secrets} secrets, {plan.num_examples} examples; memberships from "
           f"{source})")
@@ -230,7 +271,8 @@ def print_result(plan_path: Path, plan: Any, verification: Any, source: str, che
         public = f" (+ {record.public_steps} CRT public steps)" if record.public_steps else ""
         print(f"trained (the plan's training record): noise multiplier {record.noise_multiplier:.6g} "
               f"(planned {plan.noise_multiplier:.6g}), {record.dp_steps} DP steps{public} of T={plan.steps}, "
-              f"C={record.clip_norm:g}, B={plan.expected_batch_size:g}, accountant {plan.accountant}")
+              f"C={record.clip_norm:g}, B={plan.expected_batch_size:g}, accountant {plan.accountant}, "
+              f"DP seed {SEED_WORDS[record.stated_seed_source]}")
     if show:
         print(verification.table(limit=show))
     width = max(len(c.status) for c in checks)

@@ -9,7 +9,14 @@ weights, so the plan published with them carries what those weights went through
   no noise, no tagged secret) are not DP steps and are counted apart in ``public_steps``;
 - ``clip_norm``: C (the bounds are in units of C and do not depend on it; the noise std is sigma * C);
 - ``weights``: the SHA-256 of every weight file saved (full, sharded with their index, adapters), so
-  that the certificate names the files it certifies.
+  that the certificate names the files it certifies;
+- ``dp_seed_source``: where the secret seed of the sampling and the noise came from: ``"drawn"`` (128
+  bits from the OS, drawn by hush_hf at train start) or ``"user"`` (``dp_seed=`` was given). Whoever
+  knows the seed reproduces every batch and noise draw and subtracts the noise, so the bounds hold only
+  against an attacker who does not know it, and a chosen seed may be guessable. ``None`` (written as no
+  field: records written before the field existed keep their digest) means unknown, stated as such and
+  never taken for ``"drawn"``. A resumed run keeps its first run's source (kept in the seed file,
+  :mod:`hush_hf.trainer.seed_store`).
 
 B, the accountant and the planned T are the plan's own fields (the trainer refuses to train a plan at
 another B or T), so they are not repeated here. The plan's digest covers the record.
@@ -38,6 +45,9 @@ WEIGHT_FILE_PATTERNS = (
 DIGEST_PREFIX = "sha256:"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _CHUNK = 1 << 20
+#: The values of ``TrainingRecord.dp_seed_source``; what a record without the field is stated as.
+DP_SEED_SOURCES = ("drawn", "user")
+UNKNOWN_SEED_SOURCE = "unknown"
 
 
 def is_weight_file(name: str) -> bool:
@@ -97,18 +107,28 @@ class TrainingRecord:
     clip_norm: float
     public_steps: int = 0
     weights: Mapping[str, str] = field(default_factory=dict)
+    dp_seed_source: str | None = None
 
     def __post_init__(self) -> None:
         _check_record(self.noise_multiplier, self.dp_steps, self.clip_norm, self.public_steps, self.weights)
+        check_seed_source(self.dp_seed_source, "training.dp_seed_source")
+
+    @property
+    def stated_seed_source(self) -> str:
+        """``dp_seed_source`` as cards and reports state it: ``"unknown"`` for a record without one."""
+        return self.dp_seed_source or UNKNOWN_SEED_SOURCE
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "noise_multiplier": float(self.noise_multiplier),
             "dp_steps": int(self.dp_steps),
             "public_steps": int(self.public_steps),
             "clip_norm": float(self.clip_norm),
             "weights": dict(sorted(self.weights.items())),
         }
+        if self.dp_seed_source is not None:
+            data["dp_seed_source"] = self.dp_seed_source
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> TrainingRecord:
@@ -119,13 +139,25 @@ class TrainingRecord:
                    if k not in data]
         if missing:
             raise ValueError(f"training: missing field {missing[0]!r}")
+        if "dp_seed_source" in data and data["dp_seed_source"] not in DP_SEED_SOURCES:  # null included
+            raise ValueError(f"training.dp_seed_source must be one of {list(DP_SEED_SOURCES)} (or absent: "
+                             f"unknown), got {data['dp_seed_source']!r}")
         return cls(
             noise_multiplier=data["noise_multiplier"],
             dp_steps=data["dp_steps"],
             clip_norm=data["clip_norm"],
             public_steps=data["public_steps"],
             weights=data["weights"],
+            dp_seed_source=data.get("dp_seed_source"),  # absent in records written before it: unknown
         )
+
+
+def check_seed_source(source: Any, where: str) -> str | None:
+    """``source`` if it is one of ``DP_SEED_SOURCES`` or None (unknown); a one-line ValueError otherwise."""
+    if source is not None and source not in DP_SEED_SOURCES:
+        raise ValueError(f"{where} must be one of {list(DP_SEED_SOURCES)} (or absent: unknown), got "
+                         f"{source!r}")
+    return source
 
 
 def _check_record(sigma: Any, dp_steps: Any, clip_norm: Any, public_steps: Any, weights: Any) -> None:

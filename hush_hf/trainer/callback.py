@@ -35,6 +35,7 @@ from hush_hf.trainer.distributed import (
     broadcast_object,
     check_process_group_matches_launch,
     destroy_process_group_at_exit,
+    on_rank_zero,
     rank_and_world_size,
 )
 from hush_hf.trainer.dp_history import check_not_trained_by_another_run, record_step
@@ -56,6 +57,7 @@ from hush_hf.trainer.routing import BATCH_STATISTICS, route_instance
 from hush_hf.trainer.run_state import RunState, load_run_state, same_sampling, save_run_state
 from hush_hf.trainer.seed_store import (
     load_dp_seed,
+    load_dp_seed_source,
     new_run_id,
     resolve_dp_state_dir,
     save_dp_seed,
@@ -110,7 +112,8 @@ class GhostClippingCallback(TrainerCallback):
     None uses the plan's calibrated sigma; a smaller value (0 = no noise, for baselines) is allowed
     with a loud warning that the certified targets do not hold. ``dp_seed``: the secret seed of the
     sampling and noise; None (recommended) draws 128 bits from the OS at train start. Anyone who
-    knows it can subtract the noise. ``dp_state_dir``: the private folder the seed is kept in for
+    knows it can subtract the noise; the training record, card and ``hush verify`` say a seed was set by
+    the user (``dp_seed_source``). ``dp_state_dir``: the private folder the seed is kept in for
     resuming (default ``$HUSH_HF_DP_STATE_DIR`` or ``~/.cache/hush_hf/dp_state``; never inside
     ``output_dir``; see :mod:`hush_hf.trainer.seed_store`).
     ``per_example_loss(model, inputs) -> Tensor[b]``: default mean token cross-entropy per example
@@ -158,11 +161,13 @@ class GhostClippingCallback(TrainerCallback):
         if self._configured_seed is not None:
             loud_warning(
                 "dp_seed was given explicitly: anyone who knows it can reproduce the batches and subtract "
-                "the noise, which removes all protection. Use it only for tests; leave it None in real runs."
+                "the noise, which removes all protection. Use it only for tests; leave it None in real runs. "
+                "The model card and `hush verify` will say the seed was set by the user."
             )
         self.dp_state_dir = dp_state_dir
         self._installed = False
         self._dp_seed: int | None = None
+        self._dp_seed_source: str | None = None  # "drawn", "user"; None: unknown (the training record's)
         self._run_id: str | None = None
         self._state_dir: Path | None = None  # dp_state_dir resolved against output_dir
         self._start_step = 0
@@ -239,6 +244,7 @@ class GhostClippingCallback(TrainerCallback):
             noise_multiplier=self.noise_multiplier,
             dp_steps=dp_steps,
             public_steps=public_steps,
+            dp_seed_source=self._dp_seed_source,
             verification=self.verification,
             **kwargs,
         )
@@ -432,13 +438,16 @@ class GhostClippingCallback(TrainerCallback):
                 )
             saved.check_continues(self._run_state(run_id=saved.run_id, step=saved.global_step))
             state_dir = self._state_dir
-            seed = on_rank_zero(lambda: load_dp_seed(state_dir, saved.run_id, checkpoint=checkpoint,
-                                                     commitment=saved.seed_digest))
+            seed, source = on_rank_zero(lambda: (
+                load_dp_seed(state_dir, saved.run_id, checkpoint=checkpoint, commitment=saved.seed_digest),
+                load_dp_seed_source(state_dir, saved.run_id)))
             if self._configured_seed is not None and self._configured_seed != seed:
                 raise ValueError(
                     "dp_seed was given but is not the seed the checkpoint's run was trained with (values not "
                     "shown); leave dp_seed unset to resume: the seed is read from dp_state_dir"
                 )
+            if source is None and self._configured_seed is not None:
+                source = "user"  # an older seed file: the user knew the seed, so it counts as set by them
             run_id, start = saved.run_id, saved.global_step
         else:
             if self._steps_run > 0:
@@ -448,8 +457,10 @@ class GhostClippingCallback(TrainerCallback):
                     "checkpoint (train(resume_from_checkpoint=...)) or start from a fresh model."
                 )
             seed = self._configured_seed if self._configured_seed is not None else draw_dp_seed()
+            source = "user" if self._configured_seed is not None else "drawn"
             run_id, start = new_run_id(), 0
-        self._dp_seed, self._run_id = broadcast_object((seed, run_id))  # rank 0's on every rank
+        # rank 0's on every rank
+        self._dp_seed, self._dp_seed_source, self._run_id = broadcast_object((seed, source, run_id))
         self._start_step = start
 
     def finish_run(self) -> None:
@@ -570,7 +581,7 @@ class GhostClippingCallback(TrainerCallback):
         """Write the seed into ``dp_state_dir`` (once per run), and the run id, step and plan into the
         checkpoint Trainer just saved (main process only)."""
         if args.should_save:
-            save_dp_seed(self._state_dir, self._run_id, self._dp_seed)
+            save_dp_seed(self._state_dir, self._run_id, self._dp_seed, source=self._dp_seed_source)
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             run_state = replace(self._run_state(run_id=self._run_id, step=state.global_step),
                                 seed_digest=seed_commitment(self._state_dir, self._run_id))
@@ -578,21 +589,6 @@ class GhostClippingCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.finish_run()
-
-
-def on_rank_zero(load: Any) -> Any:
-    """``load()`` run on rank 0 only, its result on every rank; its ValueError raised on every rank (a
-    rank that raised alone would leave the others waiting in the broadcast)."""
-    result, error = None, None
-    if rank_and_world_size()[0] == 0:
-        try:
-            result = load()
-        except ValueError as err:
-            error = str(err)
-    result, error = broadcast_object((result, error))
-    if error is not None:
-        raise ValueError(error)
-    return result
 
 
 def _as_list(values: Any) -> list[Any]:

@@ -42,7 +42,8 @@ class SecretProtectionConfig(TrainingArguments):
         dp_seed (`int` or `None`, *optional*, defaults to `None`):
             Seed of the sampling and noise randomness. `None` (recommended) draws 128 secret bits at
             train start; they are kept only in `dp_state_dir`, never in `output_dir`. Anyone who knows the
-            seed can remove the noise: set it only for reproducible tests. It is redacted from `to_dict()`,
+            seed can remove the noise: set it only for reproducible tests (the training record, model card
+            and `hush verify` then say the seed was set by the user). It is redacted from `to_dict()`,
             `repr()` and the pickled `training_args.bin` (so a pickled or deep-copied config has
             `dp_seed=None`).
         dp_state_dir (`str` or `None`, *optional*, defaults to `None`):

@@ -73,6 +73,21 @@ def broadcast_object(value: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def on_rank_zero(load: Any) -> Any:
+    """``load()`` run on rank 0 only, its result on every rank; its ValueError raised on every rank (a
+    rank that raised alone would leave the others waiting in the broadcast)."""
+    result, error = None, None
+    if rank_and_world_size()[0] == 0:
+        try:
+            result = load()
+        except ValueError as err:
+            error = str(err)
+    result, error = broadcast_object((result, error))
+    if error is not None:
+        raise ValueError(error)
+    return result
+
+
 def all_reduce_sum_(tensors: Sequence[torch.Tensor], bucket_numel: int = BUCKET_NUMEL) -> None:
     """In place: every tensor becomes the sum of its copies over all ranks.
 

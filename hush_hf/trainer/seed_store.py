@@ -35,6 +35,11 @@ HMAC-SHA256(key, run id, seed) (:func:`seed_commitment`); a resume recomputes it
 refuses one that differs. The key is secret like the seed and stays in the file, so the digest in a
 checkpoint (which may be uploaded) reveals nothing about the seed, even an explicit low-entropy
 ``dp_seed``; finding another (key, seed) pair with the same digest is finding an HMAC-SHA256 collision.
+
+The file also says where the seed came from (``dp_seed_source``: ``"drawn"`` by hush_hf or set by the
+``"user"``), so that a resumed run's training record states its first run's source
+(:class:`hush_hf.planning.record.TrainingRecord`); a file written before the field existed gives None
+(unknown), never ``"drawn"``.
 """
 
 from __future__ import annotations
@@ -47,13 +52,14 @@ import secrets
 from pathlib import Path
 
 from hush_hf.jsonfile import loads_json, read_text
+from hush_hf.planning.record import check_seed_source
 from hush_hf.sampling.seeds import check_dp_seed
 
 DP_STATE_DIR_ENV = "HUSH_HF_DP_STATE_DIR"
 SEED_FILE_VERSION = 2  # 1 held no digest key: its seed cannot be bound to the run
 RUN_ID_BYTES = 16
 DIGEST_KEY_BYTES = 32
-SEED_FILE_KEYS = ("format_version", "run_id", "dp_seed", "digest_key")
+SEED_FILE_KEYS = ("format_version", "run_id", "dp_seed", "digest_key", "dp_seed_source")
 COMMITMENT_PREFIX = "hmac-sha256:"
 _COMMITMENT = re.compile(re.escape(COMMITMENT_PREFIX) + "[0-9a-f]{64}")
 _DOMAIN = b"hush_hf dp seed commitment\0"
@@ -100,20 +106,23 @@ def seed_path(folder: str | Path, run_id: str) -> Path:
     return Path(folder) / f"{check_run_id(run_id, 'seed file')}.json"
 
 
-def save_dp_seed(folder: str | Path, run_id: str, dp_seed: int) -> Path:
-    """Write ``<folder>/<run_id>.json`` holding the seed and a fresh digest key (0600, folder 0700),
-    atomically; a file already there must hold the same seed (it is written once per run and never
-    changes, so its key, and the digest checkpoints record, stay the same)."""
+def save_dp_seed(folder: str | Path, run_id: str, dp_seed: int, *, source: str | None = None) -> Path:
+    """Write ``<folder>/<run_id>.json`` holding the seed, where it came from (``source``: ``"drawn"``,
+    ``"user"``; None writes none: unknown) and a fresh digest key (0600, folder 0700), atomically; a file
+    already there must hold the same seed (it is written once per run and never changes, so its key, the
+    digest checkpoints record, and the source stay the first run's)."""
     path = seed_path(folder, run_id)
     dp_seed = check_dp_seed(dp_seed)
+    source = check_seed_source(source, "dp_seed_source")
     if path.is_file():
         if _read_seed_file(path, run_id)[0] != dp_seed:
             raise RuntimeError(f"seed file {str(path)!r} holds another seed than this run's")
         return path
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = secrets.token_hex(DIGEST_KEY_BYTES)
+    recorded = f', "dp_seed_source": "{source}"' if source is not None else ""
     text = (f'{{"format_version": {SEED_FILE_VERSION}, "run_id": "{run_id}", "dp_seed": "{dp_seed}", '
-            f'"digest_key": "{key}"}}\n')
+            f'"digest_key": "{key}"{recorded}}}\n')
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -170,6 +179,20 @@ def load_dp_seed(folder: str | Path, run_id: str, *, checkpoint: str | Path | No
             "recorded); put that run's own seed file there, or start again from step 0 with a fresh model"
         )
     return seed
+
+
+def load_dp_seed_source(folder: str | Path, run_id: str) -> str | None:
+    """Where run ``run_id``'s seed came from, as its seed file says (``"drawn"``, ``"user"``; None: a file
+    written before the source was recorded). Read after :func:`load_dp_seed` found the file."""
+    path = seed_path(folder, run_id)
+    _read_seed_file(path, run_id)  # the file's other fields are checked as load_dp_seed checks them
+    data = loads_json(read_text(path, what="DP seed file"), source=f"DP seed file {str(path)!r}",
+                      shown_keys=SEED_FILE_KEYS)
+    try:
+        return check_seed_source(data.get("dp_seed_source"), f"DP seed file {str(path)!r} dp_seed_source")
+    except ValueError:
+        raise ValueError(f"DP seed file {str(path)!r}: dp_seed_source must be 'drawn' or 'user' (or absent: "
+                         "unknown)") from None
 
 
 def _read_seed_file(path: Path, run_id: str) -> tuple[int, bytes]:
