@@ -1,0 +1,82 @@
+"""FrozenEncoderTestLoss: the cached encoder states give exactly mean_token_loss's float (full forward),
+for the model they came from and for models whose head alone changed; any other model gets the full
+forward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hush_hf import experiments as ex
+from hush_hf.trainer.masked_positions import BertForMaskedPositionsLM, masked_positions_loss
+
+
+def tiny_bert(seed: int = 0) -> BertForMaskedPositionsLM:
+    from transformers import BertConfig
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32, hidden_dropout_prob=0.3,
+                        attention_probs_dropout_prob=0.3)  # dropout on: evaluation must switch it off
+    model = BertForMaskedPositionsLM(config)
+    head = {id(p) for p in model.cls.parameters()} - {id(model.bert.embeddings.word_embeddings.weight)}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in head)  # the recipe's trainable="head"
+    return model.train()
+
+
+def mlm_batches(seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Padded MLM batches as DataCollatorForLanguageModeling gives them (no position_ids)."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for b, length in ((4, 10), (3, 7), (1, 5)):
+        ids = torch.randint(5, 60, (b, length), generator=generator)
+        attention = torch.ones(b, length, dtype=torch.long)
+        attention[0, length - 3:] = 0
+        masked = torch.rand(b, length, generator=generator) < 0.4
+        labels = torch.where(masked, ids, torch.full_like(ids, -100))
+        labels[0, length - 3:] = -100
+        labels[-1, 1] = ids[-1, 1]  # at least one target per batch
+        batches.append({"input_ids": ids, "attention_mask": attention, "labels": labels})
+    return batches
+
+
+def full_forward(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
+    return ex.mean_token_loss(model, batches, masked_positions_loss, causal=False)
+
+
+def test_cached_loss_equals_the_full_forward_bit_for_bit_for_the_model_and_a_retrained_head():
+    model, batches = tiny_bert(), mlm_batches()
+    loss = ex.FrozenEncoderTestLoss(model, batches)
+    assert model.training  # left as it was
+    assert loss(model) == full_forward(model, batches)
+    trained = copy.deepcopy(model)  # what a run with trainable="head" changes: the head only
+    with torch.no_grad():
+        for p in trained.parameters():
+            if p.requires_grad:
+                p.add_(0.5 * torch.randn_like(p))
+    assert loss(trained) == full_forward(trained, batches) != full_forward(model, batches)
+    assert loss.cached == 2 and trained.training
+
+
+def test_a_changed_encoder_is_scored_by_the_full_forward_not_the_stale_states():
+    model, batches = tiny_bert(), mlm_batches(1)
+    loss = ex.FrozenEncoderTestLoss(model, batches)
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.bert.encoder.layer[1].output.dense.weight[0, 0] += 1e-3  # one encoder weight
+    stale = ex.FrozenEncoderTestLoss(model, batches)
+    stale.same_encoder = lambda _: True  # what the cache would give without the check
+    assert loss(changed) == full_forward(changed, batches) != stale(changed)
+    assert loss.cached == 0
+    other = tiny_bert(seed=1)  # another initialisation of the same class and config
+    assert not loss.same_encoder(other) and loss(other) == full_forward(other, batches)
+
+
+def test_only_a_masked_positions_bert_is_cached():
+    from transformers import BertForMaskedLM
+
+    with pytest.raises(ValueError, match="BertForMaskedPositionsLM"):
+        ex.FrozenEncoderTestLoss(BertForMaskedLM(tiny_bert().config), mlm_batches())
