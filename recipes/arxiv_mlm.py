@@ -178,8 +178,9 @@ def run(args: ArxivMLMArguments, config: Any, session: ex.Session) -> dict[str, 
         fixed = DataCollatorForLanguageModeling(tokenizer, args.mlm_probability, seed=args.secret_seed)
         test_batches = ex.collate_batches(test, fixed, args.eval_batch_size)  # the same masks for every model
 
-    def build_model() -> Any:
-        return ex.bert_masked_lm(name, trainable=args.trainable, seed=config.seed, lora_rank=LORA_RANK)
+    # Every run starts from the same model: built once, then copied with the random states the build left.
+    build_model = ex.copied_builds(
+        partial(ex.bert_masked_lm, name, trainable=args.trainable, seed=config.seed, lora_rank=LORA_RANK))
 
     def score(model: Any) -> dict[str, Any]:
         """Test loss, and canary exposure (the canaries' fill-in likelihood among random candidates)."""

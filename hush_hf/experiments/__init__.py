@@ -80,6 +80,7 @@ from hush_hf.experiments.models import (
     bert_masked_lm,
     causal_model,
     causal_tokenizer,
+    copied_builds,
     gemma2_model,
 )
 from hush_hf.experiments.planning import no_preprocessing_lp_c, plan_for_config, plan_many
@@ -140,6 +141,7 @@ __all__ = [
     "causal_lm_attacks",
     "causal_model",
     "causal_tokenizer",
+    "copied_builds",
     "check_choice",
     "check_int",
     "check_names",

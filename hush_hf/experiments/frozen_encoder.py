@@ -6,7 +6,7 @@ hidden states after every run; only the head differs. :class:`FrozenEncoderTestL
 states once, at the masked positions (all the head reads, ``BertForMaskedPositionsLM.hidden_at``), and
 runs only the head per model: the same operations on the same tensors as
 ``mean_token_loss(model, batches, masked_positions_loss, causal=False)``, so the same float, bit for bit
-(tests/test_frozen_encoder.py). A model whose encoder is not exactly the one the states came from (class,
+(tests/test_reused_work.py). A model whose encoder is not exactly the one the states came from (class,
 config, any parameter or buffer) is scored by the full forward instead. Training is untouched: its
 forwards run in training mode, with dropout, and are never cached.
 """

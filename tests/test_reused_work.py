@@ -1,6 +1,7 @@
-"""FrozenEncoderTestLoss: the cached encoder states give exactly mean_token_loss's float (full forward),
-for the model they came from and for models whose head alone changed; any other model gets the full
-forward."""
+"""Work the demo does once instead of per run, against doing it again: FrozenEncoderTestLoss (the cached
+encoder states give exactly mean_token_loss's float, for the model they came from and for models whose head
+alone changed; any other model gets the full forward) and copied_builds (the same weights and random states
+as building again)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,38 @@ def test_only_a_masked_positions_bert_is_cached():
 
     with pytest.raises(ValueError, match="BertForMaskedPositionsLM"):
         ex.FrozenEncoderTestLoss(BertForMaskedLM(tiny_bert().config), mlm_batches())
+
+
+
+def test_copied_builds_give_what_building_again_gives_weights_and_random_states():
+    import random
+
+    import numpy as np
+    from transformers import set_seed
+
+    def build() -> BertForMaskedPositionsLM:
+        set_seed(3)
+        return tiny_bert(seed=3)  # draws its initialisation from torch's generator
+
+    def after(model: torch.nn.Module) -> tuple:
+        """The weights, flags, tying, mode, and what each generator draws next."""
+        tied = model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+        return ({k: v.clone() for k, v in model.state_dict().items()},
+                [p.requires_grad for p in model.parameters()], tied, model.training,
+                random.random(), float(np.random.rand()), torch.rand(3).tolist())
+
+    def same(found: tuple, expected: tuple) -> bool:
+        return found[0].keys() == expected[0].keys() and all(
+            torch.equal(found[0][k], v) for k, v in expected[0].items()) and found[1:] == expected[1:]
+
+    expected = after(build())
+    assert same(after(build()), expected)  # the premise: build() seeds what it draws from
+    built = ex.copied_builds(build)
+    first = built()
+    assert same(after(first), expected)
+    with torch.no_grad():
+        first.cls.predictions.bias.add_(1.0)  # a run trains its model in place
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)  # and draws from every generator
+    for _ in range(2):
+        model = built()
+        assert model is not first and same(after(model), expected)
