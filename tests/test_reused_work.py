@@ -54,6 +54,7 @@ def test_cached_loss_equals_the_full_forward_bit_for_bit_for_the_model_and_a_ret
     assert model.training  # left as it was
     assert loss(model) == full_forward(model, batches)
     trained = copy.deepcopy(model)  # what a run with trainable="head" changes: the head only
+    trained.config.use_cache = False  # and transformers' Trainer sets this on the model it trains
     with torch.no_grad():
         for p in trained.parameters():
             if p.requires_grad:
@@ -72,6 +73,9 @@ def test_a_changed_encoder_is_scored_by_the_full_forward_not_the_stale_states():
     stale.same_encoder = lambda _: True  # what the cache would give without the check
     assert loss(changed) == full_forward(changed, batches) != stale(changed)
     assert loss.cached == 0
+    dropout = copy.deepcopy(model)
+    dropout.config.hidden_dropout_prob = 0.0  # a config field the encoder's forward reads: not the same model
+    assert not loss.same_encoder(dropout)
     other = tiny_bert(seed=1)  # another initialisation of the same class and config
     assert not loss.same_encoder(other) and loss(other) == full_forward(other, batches)
 

@@ -20,6 +20,14 @@ import torch
 
 from hush_hf.experiments.evaluation import mean_token_loss, targets, token_weighted_mean
 
+# Config fields that never change the encoder's hidden states: ``use_cache`` only says whether a decoder
+# returns its key/value cache, and transformers' Trainer sets it to False on the model it trains.
+OUTPUT_NEUTRAL_CONFIG = ("use_cache",)
+
+
+def _config(model: Any) -> dict[str, Any]:
+    return {k: v for k, v in model.config.to_dict().items() if k not in OUTPUT_NEUTRAL_CONFIG}
+
 
 class FrozenEncoderTestLoss:
     """``loss(model)`` = ``mean_token_loss(model, batches, masked_positions_loss, causal=False)`` for a
@@ -33,7 +41,7 @@ class FrozenEncoderTestLoss:
         if not isinstance(model, BertForMaskedPositionsLM):
             raise ValueError(f"model must be a BertForMaskedPositionsLM, got {type(model).__name__}")
         self.batches = batches
-        self.model_class, self.config = type(model), model.config.to_dict()
+        self.model_class, self.config = type(model), _config(model)
         self.encoder_state = {k: v.detach().clone() for k, v in model.bert.state_dict().items()}
         self.cached = 0  # models scored from the cached states (the others by the full forward)
         was_training = model.training
@@ -52,7 +60,7 @@ class FrozenEncoderTestLoss:
 
     def same_encoder(self, model: Any) -> bool:
         """Whether ``model``'s encoder is exactly the one the cached states came from."""
-        if type(model) is not self.model_class or model.config.to_dict() != self.config:
+        if type(model) is not self.model_class or _config(model) != self.config:
             return False
         state = model.bert.state_dict()
         return state.keys() == self.encoder_state.keys() and all(
