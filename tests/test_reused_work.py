@@ -78,6 +78,9 @@ def test_a_changed_encoder_is_scored_by_the_full_forward_not_the_stale_states():
     assert not loss.same_encoder(dropout)
     other = tiny_bert(seed=1)  # another initialisation of the same class and config
     assert not loss.same_encoder(other) and loss(other) == full_forward(other, batches)
+    assert loss.same_encoder(model)
+    loss.device = torch.device("meta")  # states from another device (a GPU's kernels round differently)
+    assert not loss.same_encoder(model) and loss(model) == full_forward(model, batches) and loss.cached == 0
 
 
 def test_only_a_masked_positions_bert_is_cached():

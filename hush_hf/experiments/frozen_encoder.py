@@ -46,7 +46,7 @@ class FrozenEncoderTestLoss:
         self.cached = 0  # models scored from the cached states (the others by the full forward)
         was_training = model.training
         model.eval()
-        device = next(model.parameters()).device
+        device = self.device = next(model.parameters()).device
         self.head_inputs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (hidden at positions, labels)
         try:
             with torch.no_grad():
@@ -59,13 +59,15 @@ class FrozenEncoderTestLoss:
             model.train(was_training)
 
     def same_encoder(self, model: Any) -> bool:
-        """Whether ``model``'s encoder is exactly the one the cached states came from."""
-        if type(model) is not self.model_class or _config(model) != self.config:
+        """Whether ``model``'s encoder is exactly the one the cached states came from, on the same device
+        (another device's kernels round differently: e.g. the trained copy of a model built on the CPU)."""
+        same_place = next(model.parameters()).device == self.device
+        if type(model) is not self.model_class or _config(model) != self.config or not same_place:
             return False
         state = model.bert.state_dict()
         return state.keys() == self.encoder_state.keys() and all(
-            state[k].dtype == v.dtype and state[k].shape == v.shape
-            and torch.equal(state[k], v.to(state[k].device))
+            (state[k].dtype, state[k].shape, state[k].device) == (v.dtype, v.shape, v.device)
+            and torch.equal(state[k], v)
             for k, v in self.encoder_state.items()
         )
 
