@@ -178,22 +178,31 @@ def run(args: ArxivMLMArguments, config: Any, session: ex.Session) -> dict[str, 
         fixed = DataCollatorForLanguageModeling(tokenizer, args.mlm_probability, seed=args.secret_seed)
         test_batches = ex.collate_batches(test, fixed, args.eval_batch_size)  # the same masks for every model
 
-    def build_model() -> Any:
-        return ex.bert_masked_lm(name, trainable=args.trainable, seed=config.seed, lora_rank=LORA_RANK)
+    # Every run starts from the same model: built once, then copied with the random states the build left.
+    build_model = ex.copied_builds(
+        partial(ex.bert_masked_lm, name, trainable=args.trainable, seed=config.seed, lora_rank=LORA_RANK))
 
     def score(model: Any) -> dict[str, Any]:
         """Test loss, and canary exposure (the canaries' fill-in likelihood among random candidates)."""
         found = ex.exposure(model, tokenizer, canaries, kind="masked", samples=args.exposure_samples,
                             batch_size=args.eval_batch_size, seed=args.secret_seed) if canaries else {}
-        loss = ex.mean_token_loss(model, test_batches, masked_positions_loss, causal=False)
+        loss = test_loss(model)
         return {"test_loss": loss, "exposure_mean": None, "exposure_max": None, **found}
 
     with watch("training"):
         initial = build_model()
+        # trainable=head: every run's encoder is the initial one, frozen; its evaluation-mode outputs on
+        # the test batches are computed once and each model's head scored on them (the same loss, bit
+        # for bit; a model whose encoder differs is scored by the full forward).
+        test_loss = (ex.FrozenEncoderTestLoss(initial, test_batches) if args.trainable == "head" else partial(
+            ex.mean_token_loss, batches=test_batches, per_example_loss=masked_positions_loss, causal=False))
         init = score(initial)
         runs = ex.train_sweep(rows, plans, build_model=build_model, score=score, config=config, train=train,
                               collator=collator, output_dir=output_dir, trainer_class=MaskedPositionsTrainer,
                               save_models=args.save_models)
+        if isinstance(test_loss, ex.FrozenEncoderTestLoss):
+            logger.info("test loss: %d of %d models scored on the frozen encoder's states computed once",
+                        test_loss.cached, len(runs) + 1)
     arms = ex.sweep_arms(ARMS, rows, runs, smallest_c=min(args.train_c_exponents or [0]))
     results = {
         "recipe": RECIPE, "certified_for_this_run": warning is None, "warning": warning,

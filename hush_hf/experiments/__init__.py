@@ -8,7 +8,8 @@ validates, logs to ``run.log`` and runs it, and :class:`Session` writes ``result
 parsing), ``checks`` (one-line refusals), ``launch`` (launches the DP step cannot run), ``logs``
 (logging, stopwatch), ``data`` (corpora, held-out split, tokenizing, secrets per example),
 ``canaries`` (planting, exposure), ``models`` (causal LMs, BERT masked LMs), ``training`` (one run,
-private or not), ``evaluation`` (token loss), ``attacks`` (exposure, membership, reconstruction),
+private or not), ``evaluation`` (token loss), ``frozen_encoder`` (a frozen encoder's
+test outputs computed once), ``attacks`` (exposure, membership, reconstruction),
 ``planning`` (plans at the run's B and T, in parallel), ``sweep`` (the LP constant of Hush Fig. 1),
 ``crt_arms`` (CRT Fig. 3's redacted arms), ``fingerprints`` (keyed names), ``results``
 (``results.json``, ``results.md``, tables) and ``figures`` (PNG plots). Secrets are referred to by
@@ -71,6 +72,7 @@ from hush_hf.experiments.figures import (
     series_by,
 )
 from hush_hf.experiments.fingerprints import keyed_fingerprints
+from hush_hf.experiments.frozen_encoder import FrozenEncoderTestLoss
 from hush_hf.experiments.launch import refuse_unsupported_launch
 from hush_hf.experiments.logs import Stopwatch, experiment_logger, experiment_logging, loud
 from hush_hf.experiments.models import (
@@ -78,6 +80,7 @@ from hush_hf.experiments.models import (
     bert_masked_lm,
     causal_model,
     causal_tokenizer,
+    copied_builds,
     gemma2_model,
 )
 from hush_hf.experiments.planning import no_preprocessing_lp_c, plan_for_config, plan_many
@@ -120,6 +123,7 @@ __all__ = [
     "ByteTokens",
     "Experiment",
     "ExperimentArguments",
+    "FrozenEncoderTestLoss",
     "FIG1_SETTINGS",
     "MASKED_LM_TRAINABLE",
     "NO_LP",
@@ -137,6 +141,7 @@ __all__ = [
     "causal_lm_attacks",
     "causal_model",
     "causal_tokenizer",
+    "copied_builds",
     "check_choice",
     "check_int",
     "check_names",

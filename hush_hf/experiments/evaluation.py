@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -41,17 +41,28 @@ def mean_token_loss(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    total, tokens = 0.0, 0
     try:
-        for batch in batches:
-            labels = batch["labels"]
-            targets = labels[:, 1:] if causal else labels
-            n = (targets != -100).sum(dim=1)
-            losses = per_example_loss(model, model_inputs(model, batch, device))
-            total += float((losses.double().cpu() * n.double()).sum())
-            tokens += int(n.sum())
+        return token_weighted_mean(
+            (per_example_loss(model, model_inputs(model, batch, device)), targets(batch["labels"], causal))
+            for batch in batches
+        )
     finally:
         model.train(was_training)
+
+
+def targets(labels: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The labels a loss scores: ``labels[:, 1:]`` for a causal LM (token t+1 from position t), else all."""
+    return labels[:, 1:] if causal else labels
+
+
+def token_weighted_mean(losses_and_labels: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """sum_i n_i loss_i / sum_i n_i over (per-example losses, their :func:`targets`) of every batch; n_i:
+    example i's targets other than -100; sums in float64."""
+    total, tokens = 0.0, 0
+    for losses, targets in losses_and_labels:
+        n = (targets != -100).sum(dim=1)
+        total += float((losses.double().cpu() * n.double()).sum())
+        tokens += int(n.sum())
     if tokens == 0:
         raise ValueError("the evaluation set has no target tokens")
     return total / tokens

@@ -3,6 +3,7 @@ BERT masked LM with a choice of what trains."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -90,3 +91,38 @@ def gemma2_model(
             attn_implementation="eager",
         )
     return Gemma2ForCausalLM(config)
+
+
+def copied_builds(build: Callable[[], Any]) -> Callable[[], Any]:
+    """``build`` repeated by copying: the first call builds (and keeps a pristine deep copy and the global
+    random states the build left: Python's, NumPy's, torch's CPU and CUDA); every later call restores
+    those states and returns a deep copy of the kept model. Exactly ``build()`` again when ``build`` seeds
+    every generator it draws from before drawing (``bert_masked_lm`` and ``causal_model`` call
+    ``set_seed``), so each call returns the same weights and leaves the same states; what it saves is
+    the construction (the demo's MiniLM: ~0.55 s a run against ~0.06 s for the copy)."""
+    import copy
+    import random
+
+    import numpy as np
+    import torch
+
+    kept: list[Any] = []
+
+    def states() -> tuple[Any, ...]:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+    def built() -> Any:
+        if not kept:
+            model = build()
+            kept.extend([copy.deepcopy(model), states()])
+            return model
+        template, (python_state, numpy_state, torch_state, cuda_state) = kept
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(torch_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+        return copy.deepcopy(template)
+
+    return built

@@ -54,6 +54,30 @@ class BertForMaskedPositionsLM(BertForMaskedLM):
     with ``labelled_positions(labels)[1]``. With neither, every position is scored (plain BERT).
     """
 
+    def hidden_at(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        prediction_positions: Tensor | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
+        """The encoder's last hidden states at ``prediction_positions`` (b, K, hidden), or at every
+        position when None: all the MLM head (``self.cls``) reads."""
+        hidden = self.bert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            return_dict=True,
+            **kwargs,
+        ).last_hidden_state
+        if prediction_positions is not None:
+            index = prediction_positions.to(hidden.device)[..., None].expand(-1, -1, hidden.shape[-1])
+            hidden = torch.gather(hidden, 1, index)
+        return hidden
+
     def forward(  # type: ignore[override]
         self,
         input_ids: Tensor | None = None,
@@ -67,17 +91,14 @@ class BertForMaskedPositionsLM(BertForMaskedLM):
         selected_labels = None
         if prediction_positions is None and labels is not None:
             prediction_positions, selected_labels = labelled_positions(labels)
-        hidden = self.bert(
+        hidden = self.hidden_at(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
-            return_dict=True,
+            prediction_positions=prediction_positions,
             **kwargs,
-        ).last_hidden_state
-        if prediction_positions is not None:
-            index = prediction_positions.to(hidden.device)[..., None].expand(-1, -1, hidden.shape[-1])
-            hidden = torch.gather(hidden, 1, index)
+        )
         logits = self.cls(hidden)
         loss = None
         if selected_labels is not None:
