@@ -48,6 +48,8 @@ def train_model(
             args=run_config(config, run_dir, **overrides),
             train_dataset=train,
             data_collator=collator,
+            # the collator's tokenizer: the trainer checks that the rows' tokens spell their tagged text
+            processing_class=getattr(collator, "tokenizer", None),
             plan=plan.bound_to(train),  # planned from train's secret_ids
         )
     start, cpu_start = time.perf_counter(), time.process_time()

@@ -135,7 +135,7 @@ class SecretProtectionTrainer(Trainer):
         if plan is not None or args.plan_file is not None:
             resolved = load_plan(plan if plan is not None else args.plan_file)
             check_expected_batch_size(resolved, args.expected_batch_size)  # rows and T: in install()
-            return resolved, prepare_secret_ids(train_dataset, plan=resolved)
+            return resolved, prepare_secret_ids(train_dataset, plan=resolved, tokenizer=tokenizer)
         world_size = args.world_size  # also joins the process group of a distributed launch
         batch = args.expected_batch_size
         if batch is None:
