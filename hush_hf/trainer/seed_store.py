@@ -50,9 +50,10 @@ import os
 import re
 import secrets
 from pathlib import Path
+from typing import NamedTuple
 
 from hush_hf.jsonfile import loads_json, read_text
-from hush_hf.planning.record import check_seed_source
+from hush_hf.planning.record import DP_SEED_SOURCES, check_seed_source
 from hush_hf.sampling.seeds import check_dp_seed
 
 DP_STATE_DIR_ENV = "HUSH_HF_DP_STATE_DIR"
@@ -115,7 +116,7 @@ def save_dp_seed(folder: str | Path, run_id: str, dp_seed: int, *, source: str |
     dp_seed = check_dp_seed(dp_seed)
     source = check_seed_source(source, "dp_seed_source")
     if path.is_file():
-        if _read_seed_file(path, run_id)[0] != dp_seed:
+        if _read_seed_file(path, run_id).seed != dp_seed:
             raise RuntimeError(f"seed file {str(path)!r} holds another seed than this run's")
         return path
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -140,7 +141,8 @@ def seed_commitment(folder: str | Path, run_id: str) -> str:
     """``hmac-sha256:<hex>``: HMAC-SHA256 keyed with the seed file's key over the run id and the seed
     (16 bytes, big-endian); what a checkpoint records so that a resume can tell the run's own seed file."""
     path = seed_path(folder, run_id)
-    return _commitment(*_read_seed_file(path, run_id), run_id)
+    file = _read_seed_file(path, run_id)
+    return _commitment(file.seed, file.key, run_id)
 
 
 def check_commitment(commitment: object, where: str) -> str:
@@ -171,7 +173,7 @@ def load_dp_seed(folder: str | Path, run_id: str, *, checkpoint: str | Path | No
             "continue soundly (fresh randomness would redo steps whose results may have been released; see "
             "hush_hf.trainer.seed_store): start again from step 0 with a fresh model"
         )
-    seed, key = _read_seed_file(path, run_id)
+    seed, key, _ = _read_seed_file(path, run_id)
     if commitment is not None and not hmac.compare_digest(_commitment(seed, key, run_id), commitment):
         raise ValueError(
             f"cannot resume {what}: DP seed file {str(path)!r} has the run id {run_id} but not the seed of "
@@ -184,19 +186,18 @@ def load_dp_seed(folder: str | Path, run_id: str, *, checkpoint: str | Path | No
 def load_dp_seed_source(folder: str | Path, run_id: str) -> str | None:
     """Where run ``run_id``'s seed came from, as its seed file says (``"drawn"``, ``"user"``; None: a file
     written before the source was recorded). Read after :func:`load_dp_seed` found the file."""
-    path = seed_path(folder, run_id)
-    _read_seed_file(path, run_id)  # the file's other fields are checked as load_dp_seed checks them
-    data = loads_json(read_text(path, what="DP seed file"), source=f"DP seed file {str(path)!r}",
-                      shown_keys=SEED_FILE_KEYS)
-    try:
-        return check_seed_source(data.get("dp_seed_source"), f"DP seed file {str(path)!r} dp_seed_source")
-    except ValueError:
-        raise ValueError(f"DP seed file {str(path)!r}: dp_seed_source must be 'drawn' or 'user' (or absent: "
-                         "unknown)") from None
+    return _read_seed_file(seed_path(folder, run_id), run_id).source
 
 
-def _read_seed_file(path: Path, run_id: str) -> tuple[int, bytes]:
-    """(seed, digest key) of a seed file; a one-line ValueError naming the file (never the values)."""
+class _SeedFile(NamedTuple):
+    seed: int
+    key: bytes
+    source: str | None  # None: written before the source was recorded (unknown)
+
+
+def _read_seed_file(path: Path, run_id: str) -> _SeedFile:
+    """The seed, digest key and seed source of a seed file, read and checked once; a one-line ValueError
+    naming the file (never the values)."""
     data = loads_json(read_text(path, what="DP seed file"), source=f"DP seed file {str(path)!r}",
                       shown_keys=SEED_FILE_KEYS)
     if isinstance(data, dict) and data.get("format_version") == 1:
@@ -213,4 +214,9 @@ def _read_seed_file(path: Path, run_id: str) -> tuple[int, bytes]:
     if not isinstance(key, str) or not re.fullmatch(f"[0-9a-f]{{{2 * DIGEST_KEY_BYTES}}}", key):
         raise ValueError(f"DP seed file {str(path)!r}: digest_key must be {2 * DIGEST_KEY_BYTES} lowercase "
                          "hex digits (value not shown)")
-    return check_dp_seed(int(seed), f"DP seed file {str(path)!r} dp_seed"), bytes.fromhex(key)
+    source = data.get("dp_seed_source")
+    if source is not None and source not in DP_SEED_SOURCES:
+        raise ValueError(f"DP seed file {str(path)!r}: dp_seed_source must be 'drawn' or 'user' (or absent: "
+                         "unknown)")
+    seed = check_dp_seed(int(seed), f"DP seed file {str(path)!r} dp_seed")
+    return _SeedFile(seed, bytes.fromhex(key), source)
