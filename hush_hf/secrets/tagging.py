@@ -36,6 +36,13 @@ def is_text_digest_column(name: str) -> bool:
     return TEXT_DIGEST_MARK in name
 
 
+def tagged_text_columns(names: list[str], column: str) -> list[str]:
+    """The text columns ``column``'s ids were tagged from, as their digest columns among ``names`` record
+    (:func:`text_digest_column`)."""
+    prefix = column + TEXT_DIGEST_MARK
+    return [name[len(prefix) :] for name in names if name.startswith(prefix)]
+
+
 def text_digests(texts: Any, text_column: str) -> np.ndarray:
     """int64 per row: the first 8 bytes of the row digest (:mod:`hush_hf.digests`) of its text.
 
@@ -245,10 +252,10 @@ def check_secret_ids_current(
     Returns None when the ids were checked, else one sentence saying what is trusted unchecked.
     """
     names = dataset.column_names
-    recorded = [c for c in names if c.startswith(column + TEXT_DIGEST_MARK)]
+    recorded = tagged_text_columns(names, column)
     n = len(dataset)
-    for digest_column in recorded:
-        source = digest_column[len(column + TEXT_DIGEST_MARK) :]
+    for source in recorded:
+        digest_column = text_digest_column(column, source)
         if source not in names:
             return (
                 f"{what}'s '{column}' cannot be checked against the text they were tagged from (column "

@@ -152,10 +152,9 @@ def prepare_secret_ids(
         if unchecked:
             loud_warning(unchecked)
         elif isinstance(dataset, datasets.Dataset):
-            from hush_hf.secrets.tagging import TEXT_DIGEST_MARK
+            from hush_hf.secrets.tagging import tagged_text_columns
 
-            mark = SECRET_IDS_COLUMN + TEXT_DIGEST_MARK
-            sources = [c[len(mark):] for c in names if c.startswith(mark)] or [text_column]
+            sources = tagged_text_columns(names, SECRET_IDS_COLUMN) or [text_column]
             for source in sources:  # ids checked against a text: the tokens must be that text's too
                 _check_tokens_of(dataset, source, tokenizer=tokenizer, name=name)
         return dataset
