@@ -354,6 +354,32 @@ def test_changing_trainable_parameters_after_construction_is_refused() -> None:
             clipper.clipped_backward(model(torch.randn(2, 3))[:, 0])
 
 
+@pytest.mark.parametrize("change", ["toggle", "replace"])
+def test_changing_trainable_parameters_between_forward_and_backward_is_refused(change: str) -> None:
+    """The backward's check reads the parameters of the modules the forward walked (one walk per micro-batch)
+    at backward time: a parameter toggled or replaced after the forward is still seen."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    model[0].requires_grad_(False)
+    with GhostClipper(model, 1.0) as clipper:
+        loss = model(torch.randn(2, 3))[:, 0]
+        if change == "toggle":
+            model[0].requires_grad_(True)
+        else:
+            model[1].weight = nn.Parameter(model[1].weight.detach().clone())
+        with pytest.raises(RuntimeError, match="trainable parameters of the model changed"):
+            clipper.clipped_backward(loss)
+
+
+def test_a_module_swapped_in_after_the_forward_is_refused_at_the_next_micro_batch() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    with GhostClipper(model, 1.0) as clipper:
+        loss = model(torch.randn(2, 3))[:, 0]
+        model[0] = nn.Linear(3, 3)  # ran in no forward yet: this backward reaches only the old one
+        clipper.clipped_backward(loss)
+        with pytest.raises(RuntimeError, match="trainable parameters of the model changed"):
+            clipper.clipped_backward(model(torch.randn(2, 3))[:, 0])
+
+
 def test_empty_batch_is_a_no_op() -> None:
     model = nn.Linear(3, 1)
     with GhostClipper(model, 1.0) as clipper:

@@ -8,7 +8,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from hush_hf.clipping.layer_calls import _is_fsdp, _Pass, _walk_graph
 from hush_hf.clipping.recompute import NormPass, SumPass, keep_budget, run_pass
@@ -24,13 +24,13 @@ class CheckpointedStep:
     _segment_bytes: list[int]
     _bottom_bytes: int
     _pass: Any
+    _forward_modules: list[nn.Module]
 
     def _two_pass(self, per_example_loss: Tensor, *, apply: bool) -> Tensor:
         """The step under gradient checkpointing (see ``recompute``): pass 1 takes the norms call by call
         while autograd's own gradient of sum_i loss_i is kept for the self-check; pass 2 (``apply``)
         adds sum_i c_i G_i of every call to the parameter's clipped sum."""
         _, forwards, expected = self._take_calls()
-        self._check_usable()
         if _is_fsdp(self._model):
             raise UnsupportedLayerError(
                 "gradient checkpointing is not supported under FSDP: its two backward passes per micro-batch "

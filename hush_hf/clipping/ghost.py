@@ -173,6 +173,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         self._tapping = False  # this forward runs under gradient checkpointing: calls are tapped
         self._in_forward = False  # between the root module's forward pre-hook and its forward hook
         self._expected: Counter[str] = Counter()  # tapped forward: calls per parameter
+        self._forward_modules: list[nn.Module] = []  # the last forward's walk of the modules
         # Tapped forward: each call's leaf (``recompute.Tap``) and factor bytes; per checkpointed segment
         # and below the segments, the bytes of the calls made there (``recompute.keep_budget``).
         self._anchors, self._call_bytes, self._segment_bytes, self._bottom_bytes = [], [], [], 0
@@ -217,10 +218,11 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
     def _check_usable(self) -> None:
         if self._removed:
             raise RuntimeError("this GhostClipper was removed; build a new one")
-        # One walk of the modules per call (this runs for every micro-batch): the trainable parameters in
-        # ``named_parameters`` order, by identity. FSDP2 swaps parameter objects (sharded / unsharded) by
-        # design: compare names there.
-        modules = modules_in_order(self._model)
+        # The trainable parameters in ``named_parameters`` order, by identity, read now from the modules
+        # the forward walked (one walk per micro-batch, see ``CallRecorder._on_forward``; a parameter
+        # replaced or toggled since then is seen, a module added since then ran in no forward and is seen
+        # at the next). FSDP2 swaps parameter objects (sharded / unsharded) by design: compare names there.
+        modules = self._forward_modules or modules_in_order(self._model)
         if any(isinstance(m, FSDPModule) for m in modules):
             same = [n for n, _ in _trainable(self._model)] == [n for n, _ in self._params]
         else:
@@ -251,10 +253,14 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         return per_example_loss
 
     def _take_calls(self) -> tuple[list[_Call], int, Counter[str]]:
-        """The calls, root forwards and (tapped) expected uses recorded since the last use; the record is
-        reset at once, so a failed call never leaks into the next one."""
+        """The calls, root forwards and (tapped) expected uses recorded since the last use, after checking
+        that the model is still usable; the record is reset at once, so a failed call never leaks into the
+        next one."""
         taken = self._calls, self._forwards, self._expected
-        self.reset()
+        try:
+            self._check_usable()
+        finally:
+            self.reset()
         return taken
 
     @staticmethod
@@ -283,6 +289,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         self._calls = []
         self._forwards = 0
         self._expected = Counter()
+        self._forward_modules = []
 
     # ----------------------------------------------------------------------------- norms
     def _first_pass(self, loss: Tensor, calls: list[_Call], *, retain_graph: bool = True) -> _Pass:
@@ -408,7 +415,6 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
     def _start(self, per_example_loss: Tensor) -> tuple[list[_Call], Tensor, set[str]]:
         """The recorded calls, the checked loss, and the parameters this call's self-check covers."""
         calls, forwards, _ = self._take_calls()
-        self._check_usable()
         loss = self._check_loss(per_example_loss)
         self._check_calls(calls, forwards, loss.shape[0])
         check = self._names_to_check(loss) if loss.shape[0] else set()

@@ -56,7 +56,6 @@ import torch
 from torch import Tensor, nn
 
 from hush_hf.clipping.factors import PerExampleGrad, combine_uses, squared_norm_of_sum, weighted_sum
-from hush_hf.clipping.module_walk import modules_in_order
 
 _ABSENT = object()
 
@@ -78,13 +77,11 @@ def _checkpointing_flag(module: nn.Module) -> bool:
     return value is True
 
 
-def recomputes(model: nn.Module) -> bool:
-    """Whether some module of ``model`` may re-run its forward inside the backward pass: transformers'
-    ``gradient_checkpointing`` flag (set on its layers by ``gradient_checkpointing_enable()``) or
-    torch's ``checkpoint_wrapper``. Read at every forward, so one walk of the modules, kept cheap."""
-    return any(
-        _checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper" for m in modules_in_order(model)
-    )
+def recomputes(modules: list[nn.Module]) -> bool:
+    """Whether some module of a model (``modules``: all of them, ``module_walk.modules_in_order``) may re-run
+    its forward inside the backward pass: transformers' ``gradient_checkpointing`` flag (set on its layers
+    by ``gradient_checkpointing_enable()``) or torch's ``checkpoint_wrapper``. Read at every forward."""
+    return any(_checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper" for m in modules)
 
 
 def checkpointed_segments(model: nn.Module) -> list[nn.Module]:
