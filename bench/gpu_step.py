@@ -1,9 +1,10 @@
 """The DP step on a GPU: plain / hush_hf / Opacus ghost x fp32 / TF32 / bf16, CUDA time and peak memory.
 
-    .venv/bin/python bench/gpu_step.py [--models gpt2 gpt2-tied llama-1b llama-1b-lora]
+    .venv/bin/python bench/gpu_step.py [--models gpt2 gpt2-tied llama-1b llama-1b-lora llama-1b-lora-ckpt]
         [--precisions fp32 tf32 bf16] [--contenders plain hush opacus-ghost] [--steps 6] [--warmup 2]
 
-The harness of issue 28, as one prepared script (the default set runs in about 5 minutes on one H100).
+The harness of issue 28, as one prepared script (with ``bench/gpu_trainer.py``: ``bench/gpu_session.sh``,
+meant to fit 8 minutes on one H100 or H200; not yet timed on one).
 Every (model, precision, contender) runs in a fresh process on the same model (same seed, built on
 the GPU) and the same random batch; a full step is forward, backward pass(es), clipping, noise and
 ``torch.optim.AdamW`` (fused off, foreach on, as its CUDA default), written out here for every
@@ -41,36 +42,61 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# name: (family, tied, batch, seq, lora)
+# name: (family, tied, batch, seq, lora, gradient checkpointing (non-reentrant))
 MODELS = {
-    "gpt2": ("gpt2", False, 32, 512, False),  # GPT-2 124M untied
-    "gpt2-tied": ("gpt2", True, 32, 512, False),
-    "llama-1b": ("llama-1b", False, 8, 1024, False),  # 16 layers x 2048 (TinyLlama-sized)
-    "llama-1b-lora": ("llama-1b", False, 8, 1024, True),  # LoRA r = 16 on all projections
+    "gpt2": ("gpt2", False, 32, 512, False, False),  # GPT-2 124M untied
+    "gpt2-tied": ("gpt2", True, 32, 512, False, False),
+    "llama-1b": ("llama-1b", False, 8, 1024, False, False),  # 16 layers x 2048 (TinyLlama-sized)
+    "llama-1b-lora": ("llama-1b", False, 8, 1024, True, False),  # LoRA r = 16 on all projections
+    "llama-1b-lora-ckpt": ("llama-1b", False, 8, 1024, True, True),
 }
-DEFAULT_ROWS = [("gpt2", "fp32"), ("gpt2", "tf32"), ("gpt2-tied", "bf16"), ("llama-1b", "bf16")]
+DEFAULT_ROWS = [
+    ("gpt2", "fp32"),
+    ("gpt2", "tf32"),
+    ("gpt2-tied", "bf16"),
+    ("llama-1b", "bf16"),
+    ("llama-1b-lora", "bf16"),
+    ("llama-1b-lora-ckpt", "bf16"),
+]
 CONTENDERS = ("plain", "hush", "opacus-ghost")
 PRECISIONS = ("fp32", "tf32", "bf16")
 
 
-def build_model(family: str, tied: bool, seq: int, lora: bool, device: str = "cuda"):
-    """Random-init model, built on ``device`` (no Hub): (model, causal)."""
+SMOKE = {
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 2, "vocab_size": 256},
+    "llama-1b": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+    },
+}
+"""Config changes that shrink each family for a CPU smoke run of the harness (``tests/test_bench_gpu.py``)."""
+
+
+def build_model(family: str, tied: bool, seq: int, lora: bool, device: str = "cuda", smoke: bool = False):
+    """Random-init model, built on ``device`` (no Hub): (model, causal). ``smoke``: the family shrunk."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+    shrink = SMOKE[family] if smoke else {}
     with torch.device(device):
         if family == "gpt2":
-            model = GPT2LMHeadModel(GPT2Config(n_positions=max(1024, seq), tie_word_embeddings=tied))
+            config = GPT2Config(n_positions=max(1024, seq), tie_word_embeddings=tied, **shrink)
+            model = GPT2LMHeadModel(config)
         else:
-            config = LlamaConfig(
+            sizes = dict(
                 vocab_size=32000,
                 hidden_size=2048,
                 intermediate_size=5632,
                 num_hidden_layers=16,
                 num_attention_heads=32,
                 num_key_value_heads=4,
-                max_position_embeddings=max(2048, seq),
-                tie_word_embeddings=tied,
+            )
+            config = LlamaConfig(
+                **{**sizes, **shrink}, max_position_embeddings=max(2048, seq), tie_word_embeddings=tied
             )
             model = LlamaForCausalLM(config)
     if lora:
@@ -81,18 +107,31 @@ def build_model(family: str, tied: bool, seq: int, lora: bool, device: str = "cu
     return model, True
 
 
-def measure(name: str, precision: str, contender: str, steps: int, warmup: int, device: str = "cuda") -> dict:
+def measure(
+    name: str,
+    precision: str,
+    contender: str,
+    steps: int,
+    warmup: int,
+    device: str = "cuda",
+    smoke: bool = False,
+) -> dict:
     """CUDA-synchronised seconds per full step and peak allocated memory, in this (fresh) process
-    (``device="cpu"``: a smoke run of the same steps, wall time, no memory figure)."""
+    (``device="cpu"``, ``smoke``: a smoke run of the same steps on a shrunk model and batch, wall time,
+    no memory figure)."""
     import time
 
     import peer_overhead as po
     import torch
 
-    family, tied, batch, seq, lora = MODELS[name]
+    family, tied, batch, seq, lora, checkpointing = MODELS[name]
+    if smoke:
+        batch, seq = 2, 16
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     torch.manual_seed(0)
-    model, causal = build_model(family, tied, seq, lora, device)
+    model, causal = build_model(family, tied, seq, lora, device, smoke)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     cuda = device == "cuda"
     if precision == "bf16":
         model = model.to(torch.bfloat16)
@@ -175,16 +214,24 @@ def measure(name: str, precision: str, contender: str, steps: int, warmup: int, 
 def run_isolated(name: str, precision: str, contender: str, args: argparse.Namespace) -> dict:
     """``measure`` in a fresh interpreter; a failure becomes a ``refused`` / ``error`` / ``missing`` cell."""
     spec = {"model": name, "precision": precision, "contender": contender}
-    spec = json.dumps({**spec, "steps": args.steps, "warmup": args.warmup})
+    return isolated(__file__, {**spec, "steps": args.steps, "warmup": args.warmup}, args.timeout)
+
+
+def isolated(script: str, spec: dict, timeout: float) -> dict:
+    """``script --_measure SPEC`` in a fresh interpreter: the JSON its last line prints, or a ``refused`` /
+    ``error`` / ``missing`` cell with the last line of its error."""
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, __file__, "--_measure", spec],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": path},
-        timeout=args.timeout,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, script, "--_measure", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"failed": "error", "message": f"ran past --timeout {timeout} s"}
     lines = result.stdout.strip().splitlines()
     if result.returncode == 0 and lines:
         return json.loads(lines[-1])
@@ -243,7 +290,7 @@ def main() -> None:
     for name, precision in rows:
         found = {c: run_isolated(name, precision, c, args) for c in args.contenders}
         plain = found.get("plain")
-        _, _, batch, seq, _ = MODELS[name]
+        batch, seq = MODELS[name][2:4]
         cells = " | ".join(cell(found[c], plain if c != "plain" else None) for c in args.contenders)
         print(f"| {name}, {batch}x{seq} | {precision} | {cells} |", flush=True)
 
