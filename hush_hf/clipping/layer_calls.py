@@ -9,7 +9,7 @@ checks of a recorded call's batch layout.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -77,9 +77,9 @@ class _HookedLayer:
         return f"layer '{self.path or '<root>'}' ({type(self.module).__name__})"
 
 
-@dataclass(frozen=True)
-class _Call:
-    """What one call of a hooked layer saw in the forward pass."""
+class _Call(NamedTuple):
+    """What one call of a hooked layer saw in the forward pass. (A named tuple: one is built per hooked
+    call, and a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``.)"""
 
     layer: _HookedLayer
     x: Tensor | RecordedCall  # input as the layer's op used it (detached), or the whole call

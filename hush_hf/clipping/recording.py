@@ -68,7 +68,8 @@ def _parameters_of(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, .
     found = []
     for n in names:
         param = own.get(n)
-        if not isinstance(param, nn.Parameter) or _shadowed(type(module), n):
+        # (``type(...) is`` first: ``isinstance`` of ``nn.Parameter`` runs its metaclass's Python check)
+        if not (type(param) is nn.Parameter or isinstance(param, nn.Parameter)) or _shadowed(type(module), n):
             param = module.get_parameter(n)
         found.append(param)
     return tuple(found)
@@ -131,7 +132,7 @@ class CallRecorder:
             return None
         if layer.rule.records_call:
             return self._record_call(layer, args, kwargs, output)
-        inputs = [*args, *kwargs.values()]
+        inputs = args if not kwargs else (*args, *kwargs.values())
         if len(inputs) != 1 or not isinstance(inputs[0], Tensor) or not isinstance(output, Tensor):
             raise ValueError(f"{layer.label} must be called with one tensor and return one tensor")
         if not output.requires_grad:
@@ -156,14 +157,10 @@ class CallRecorder:
     @staticmethod
     def _autocast_dtype(layer: _HookedLayer, x: Tensor) -> torch.dtype | None:
         """The dtype the layer's op casts its input to under autocast (matmul-like rules), or None."""
-        device_type = x.device.type
-        if (
-            layer.rule.casts_input_under_autocast
-            and x.is_floating_point()
-            and torch.is_autocast_enabled(device_type)
-        ):
-            return torch.get_autocast_dtype(device_type)
-        return None
+        if not layer.rule.casts_input_under_autocast or not x.is_floating_point():
+            return None
+        device_type = "cuda" if x.is_cuda else x.device.type  # (``x.device`` builds a device object)
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
     @staticmethod
     def _shared_output(output: Tensor, primary: Tensor) -> Tensor | None:
