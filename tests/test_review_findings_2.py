@@ -1,0 +1,69 @@
+"""Silent or confusing failures of SecretProtectionTrainer a review found (second batch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.test_trainer import build
+from tests.test_trainer_helpers import (  # noqa: F401  (single_thread: autouse fixture)
+    parameters,
+    single_thread,
+    tiny_bert,
+    tiny_gemma2,
+    tiny_gpt2,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
+
+
+# ----------------------------------------------------------------------------- buffers the forward writes
+class RunningMean(nn.Module):
+    """A LayerNorm that keeps a running mean of its inputs in a buffer, written the way ``mode`` says."""
+
+    def __init__(self, inner: nn.LayerNorm, mode: str) -> None:
+        super().__init__()
+        self.inner, self.mode = inner, mode
+        self.register_buffer("running_mean", torch.zeros(inner.normalized_shape[0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and (self.mode != "with_grad_only" or torch.is_grad_enabled()):
+            mean = x.detach().mean((0, 1))
+            if self.mode in ("in_place", "with_grad_only"):
+                self.running_mean.mul_(0.9).add_(0.1 * mean)
+            elif self.mode == "through_data":  # .data: the buffer's version counter does not move
+                self.running_mean.data.copy_(0.9 * self.running_mean.data + 0.1 * mean)
+            else:  # "replaced": a new tensor assigned to the buffer's name
+                self.running_mean = 0.9 * self.running_mean + 0.1 * mean
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("mode", ["in_place", "through_data", "replaced", "with_grad_only"])
+def test_a_buffer_the_training_forward_writes_is_refused_before_any_optimizer_step(tmp_path, mode):
+    # The running mean is a statistic of the drawn rows, neither clipped nor noised, and state_dict saves it
+    # with the weights: it trained (and would have been published) without an error before.
+    model = tiny_gpt2()
+    model.transformer.ln_f = RunningMean(model.transformer.ln_f, mode)
+    before = parameters(model)
+    trainer = build(tmp_path, model=model)
+    with pytest.raises(ValueError, match=r"^layer 'transformer\.ln_f' \(RunningMean\) writes its buffer "
+                                         r"'running_mean' in the training forward: .*GroupNorm or LayerNorm"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    if mode != "with_grad_only":  # refused by the first step's check, which puts the buffers back
+        assert torch.equal(model.transformer.ln_f.running_mean, torch.zeros(16))
+
+
+@pytest.mark.parametrize("make", [tiny_gpt2, tiny_bert, tiny_gemma2], ids=lambda f: f.__name__)
+def test_models_whose_buffers_no_forward_writes_still_train(tmp_path, make):
+    # BERT's position_ids and token_type_ids, Gemma-2's rotary inv_freq (GPT-2 registers no buffer in
+    # transformers 5): read by the forward, never written, so they pass and stay as they were.
+    model = make()
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    assert make is tiny_gpt2 or buffers
+    trainer = build(tmp_path, model=model)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert all(torch.equal(b, buffers[name]) for name, b in model.named_buffers())
