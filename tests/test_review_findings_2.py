@@ -67,3 +67,49 @@ def test_models_whose_buffers_no_forward_writes_still_train(tmp_path, make):
     trainer.train()
     assert trainer.state.global_step == 2
     assert all(torch.equal(b, buffers[name]) for name, b in model.named_buffers())
+
+
+# ----------------------------------------------------------------------------- methods the DP step never runs
+def test_an_overridden_compute_loss_is_refused_when_the_trainer_is_built(tmp_path):
+    # The DP step computes its own per-example loss: a subclass's compute_loss (a weighted loss, an auxiliary
+    # term) was never called, and the run trained the default loss without a word.
+    from transformers import Trainer
+
+    from hush_hf.trainer import GhostClippingCallback, SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, token_dataset
+
+    calls = []
+
+    class WeightedLoss(SecretProtectionTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            calls.append(1)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    with pytest.raises(ValueError, match=r"^WeightedLoss\.compute_loss overrides Trainer\.compute_loss "
+                                         r"\(WeightedLoss\): not supported with DP training: the loss "
+                                         r"must be per example .*override compute_per_example_loss"):
+        WeightedLoss(model=tiny_gpt2(), args=dp_config(tmp_path), train_dataset=token_dataset(8),
+                     plan=tmp_path / "never_read.json")  # refused before the plan is even loaded
+
+    class PlainWeightedLoss(Trainer):
+        compute_loss = WeightedLoss.compute_loss
+
+    rows = token_dataset(8)
+    plan = make_plan([0.5] * 8, steps=2, noise_multiplier=1.0, rows=rows)
+    plain = PlainWeightedLoss(model=tiny_gpt2(), args=dp_config(tmp_path / "plain"),
+                              train_dataset=plan.attach(rows), data_collator=pad_collate)
+    with pytest.raises(ValueError, match=r"^PlainWeightedLoss\.compute_loss overrides Trainer\.compute_loss"):
+        GhostClippingCallback.attach(plain, plan)
+    plain.compute_loss = lambda *args, **kwargs: None  # a loss set on the instance is not called either
+    with pytest.raises(ValueError, match=r"^PlainWeightedLoss\.compute_loss is set on the instance"):
+        GhostClippingCallback.attach(plain, plan)
+    assert calls == []
+
+    class OwnPerExampleLoss(SecretProtectionTrainer):  # the supported way: still trains
+        def compute_per_example_loss(self, model, inputs):
+            return 2.0 * super().compute_per_example_loss(model, inputs)
+
+    own = OwnPerExampleLoss(model=tiny_gpt2(), args=dp_config(tmp_path / "own"),
+                            train_dataset=plan.attach(rows), data_collator=pad_collate, plan=plan)
+    own.train()
+    assert own.state.global_step == 2

@@ -43,6 +43,7 @@ from hush_hf.trainer.engine import DPStep
 from hush_hf.trainer.evaluation import EvaluationCoverage, check_no_metric_feedback
 from hush_hf.trainer.fsdp import check_fsdp_plugin, is_sharded
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss
+from hush_hf.trainer.overrides import check_no_ignored_overrides
 from hush_hf.trainer.plan_setup import (
     SECRET_IDS_COLUMN,
     check_plan_fits,
@@ -299,6 +300,7 @@ class GhostClippingCallback(TrainerCallback):
         if self._installed:
             raise ValueError("this GhostClippingCallback is already installed on a trainer")
         check_trainer_api(trainer)
+        check_no_ignored_overrides(trainer)
         args = trainer.args
         check_dp_training_arguments(args)
         check_single_process_devices(args)
@@ -520,7 +522,6 @@ class GhostClippingCallback(TrainerCallback):
         """One optimizer step's clipped per-example backward passes (:meth:`DPStep.run`)."""
         public = self.crt is not None and self.crt.is_public(trainer.state.global_step)
         return self.step.run(trainer, model, inputs, public=public)
-
 
     def add_log_fields(self, logs: dict[str, float]) -> dict[str, float]:
         """Training logs get sigma and the mean drawn batch size since the last log; never a grad norm."""
