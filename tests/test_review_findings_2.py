@@ -113,3 +113,35 @@ def test_an_overridden_compute_loss_is_refused_when_the_trainer_is_built(tmp_pat
                             train_dataset=plan.attach(rows), data_collator=pad_collate, plan=plan)
     own.train()
     assert own.state.global_step == 2
+
+
+def test_an_overridden_get_train_dataloader_is_refused_when_the_trainer_is_built(tmp_path):
+    # The DP trainer draws its own Poisson batches; a subclass's loader failed inside train() with "the DP
+    # data loader is built inside train(); call trainer.train()", which says nothing of the override.
+    from torch.utils.data import DataLoader
+    from transformers import Trainer
+
+    from hush_hf.trainer import GhostClippingCallback, SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, token_dataset
+
+    class ShuffledBatches(SecretProtectionTrainer):
+        def get_train_dataloader(self):
+            return DataLoader(self.train_dataset, batch_size=4, shuffle=True, collate_fn=self.data_collator)
+
+    expected = (r"^ShuffledBatches\.get_train_dataloader overrides Trainer\.get_train_dataloader "
+                r"\(ShuffledBatches\): not supported with DP training: the DP trainer builds its own "
+                r"Poisson-sampled dataloader .*an overridden get_train_dataloader is not supported")
+    with pytest.raises(ValueError, match=expected):
+        ShuffledBatches(model=tiny_gpt2(), args=dp_config(tmp_path), train_dataset=token_dataset(8),
+                        plan=tmp_path / "never_read.json")  # refused before the plan is even loaded
+
+    class PlainShuffledBatches(Trainer):  # attach replaced the override on the instance, silently
+        get_train_dataloader = ShuffledBatches.get_train_dataloader
+
+    rows = token_dataset(8)
+    plan = make_plan([0.5] * 8, steps=2, noise_multiplier=1.0, rows=rows)
+    plain = PlainShuffledBatches(model=tiny_gpt2(), args=dp_config(tmp_path / "plain"),
+                                 train_dataset=plan.attach(rows), data_collator=pad_collate)
+    with pytest.raises(ValueError, match=r"^PlainShuffledBatches\.get_train_dataloader overrides Trainer\."
+                                         r"get_train_dataloader \(PlainShuffledBatches\): not supported"):
+        GhostClippingCallback.attach(plain, plan)

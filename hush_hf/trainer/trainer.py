@@ -69,7 +69,7 @@ class SecretProtectionTrainer(Trainer):
         secrets: Any = None,
         plan: ProtectionPlan | str | Path | None = None,
     ) -> None:
-        check_no_ignored_overrides(self)  # before any work: e.g. an overridden compute_loss
+        check_no_ignored_overrides(self)  # before any work: compute_loss, get_train_dataloader
         args = as_secret_protection_config(args)
         check_dp_training_arguments(args)  # before the (possibly long) planning: e.g. max_steps unset
         if model is not None:
