@@ -145,3 +145,38 @@ def test_an_overridden_get_train_dataloader_is_refused_when_the_trainer_is_built
     with pytest.raises(ValueError, match=r"^PlainShuffledBatches\.get_train_dataloader overrides Trainer\."
                                          r"get_train_dataloader \(PlainShuffledBatches\): not supported"):
         GhostClippingCallback.attach(plain, plan)
+
+
+# ----------------------------------------------------------------------------- a compiled model
+def test_a_compiled_model_is_refused_like_torch_compile_in_args(tmp_path):
+    # torch.compile(model) as the model failed at train() with "GPT2LMHeadModel does not support len()"; the
+    # clipping hooks are not verified under torch.compile (torch_compile=True in args is refused already).
+    from transformers import Trainer
+
+    from hush_hf.trainer import GhostClippingCallback, SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, token_dataset
+
+    refused = (r"^the model is compiled with torch\.compile \(OptimizedModule\): not supported with DP "
+               r"training: the clipping hooks are not verified under torch\.compile; pass the uncompiled "
+               r"model")
+    with pytest.raises(ValueError, match=refused):
+        SecretProtectionTrainer(model=torch.compile(tiny_gpt2()), args=dp_config(tmp_path),
+                                train_dataset=token_dataset(8), plan=tmp_path / "never_read.json")
+    in_place = tiny_gpt2()
+    in_place.transformer.h[1].compile()  # nn.Module.compile: the module compiles its own call
+    with pytest.raises(ValueError, match=r"^its module 'transformer\.h\.1' is compiled with torch\.compile "
+                                         r"\(GPT2Block\): not supported"):
+        SecretProtectionTrainer(model=in_place, args=dp_config(tmp_path), train_dataset=token_dataset(8),
+                                plan=tmp_path / "never_read.json")
+
+    rows = token_dataset(8)
+    plan = make_plan([0.5] * 8, steps=2, noise_multiplier=1.0, rows=rows)
+    plain = Trainer(model=torch.compile(tiny_gpt2()), args=dp_config(tmp_path / "plain"),
+                    train_dataset=plan.attach(rows), data_collator=pad_collate)
+    with pytest.raises(ValueError, match=refused):
+        GhostClippingCallback.attach(plain, plan)
+    late = build(tmp_path / "late", model=tiny_gpt2())
+    late.model = torch.compile(late.model)  # set after the trainer was built (train() calls model_init again)
+    with pytest.raises(ValueError, match=refused):
+        late.train()
+    assert late.state.global_step == 0

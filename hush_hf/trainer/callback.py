@@ -67,6 +67,7 @@ from hush_hf.trainer.seed_store import (
 from hush_hf.trainer.transformers_api import check_trainer_api
 from hush_hf.trainer.validation import (
     check_dp_training_arguments,
+    check_model_not_compiled,
     check_model_not_tensor_parallel,
     check_noise_multiplier,
     check_positive,
@@ -80,7 +81,9 @@ LOG_BATCH_SIZE = "dp_batch_size"
 
 
 def check_clippable(model: nn.Module, clip_norm: float) -> None:
-    """UnsupportedLayerError now, not mid-training, if a trainable layer has no ghost-norm rule."""
+    """Now, not mid-training: ValueError for a compiled model, UnsupportedLayerError if a trainable layer
+    has no ghost-norm rule."""
+    check_model_not_compiled(model)
     GhostClipper(model, clip_norm).remove()
 
 

@@ -58,6 +58,7 @@ from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
 from hush_hf.trainer.noise import privatize_gradients_
 from hush_hf.trainer.padding import right_align
 from hush_hf.trainer.plan_setup import is_plan_column
+from hush_hf.trainer.validation import check_model_not_compiled
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class DPStep:
 
     def begin(self, model: nn.Module, params: list[nn.Parameter]) -> None:
         """Hook the model: the clipping engine records every layer call of the steps to come."""
+        check_model_not_compiled(model)  # e.g. made by model_init, after the trainer was built
         self.end()
         self.sharded = is_sharded(model)
         self.clipper = GhostClipper(model, self.clip_norm)
