@@ -180,3 +180,46 @@ def test_a_compiled_model_is_refused_like_torch_compile_in_args(tmp_path):
     with pytest.raises(ValueError, match=refused):
         late.train()
     assert late.state.global_step == 0
+
+
+# ----------------------------------------------------------------------------- eval rows scored on labels
+def test_an_eval_secret_only_in_the_labels_is_not_counted_as_clean(caplog):
+    # A seq2seq eval set: 'text' is the source the input_ids were made from, the labels are the target the
+    # model is scored on. Tagging 'text' found no secret and the card said nothing, though the eval loss of
+    # row 1 is computed from its target's secret; its rows are now "could not be checked" (None).
+    import logging
+
+    import datasets
+
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+    from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+    from hush_hf.trainer.evaluation import EvaluationCoverage, secret_rows
+
+    tokenizer = gpt2_tokenizer()
+    secrets = SecretSet.from_records([{"id": "s0", "prior": 1e-3, "target": 0.2, "terms": ["nightjar"]}])
+    sources = ["summarise: the meeting moved", "summarise: the code name changed", "summarise: lunch"]
+    targets = ["meeting moved", "the code name is nightjar", "soup"]
+    seq2seq = datasets.Dataset.from_dict({"text": sources, **tokenizer(sources, text_target=targets)})
+    assert "nightjar" not in " ".join(sources) and seq2seq["labels"] != seq2seq["input_ids"]
+    with caplog.at_level(logging.WARNING, logger="hush_hf.trainer.evaluation"):
+        assert secret_rows(seq2seq, secrets=secrets, tokenizer=tokenizer) is None
+        assert secret_rows(seq2seq, secrets=secrets) is None  # no tokenizer: labels not input_ids, unchecked
+        assert secret_rows(seq2seq.with_format("torch"), secrets=secrets, tokenizer=tokenizer) is None
+    assert "eval row 1: its labels spell text its 'text' column does not hold" in caplog.text
+    assert "eval row 0: its labels are not its input_ids" in caplog.text and "nightjar" not in caplog.text
+    tagged = tag_dataset(datasets.Dataset.from_dict({"text": sources}), tagger_for(secrets), num_secrets=1)
+    for key in ("input_ids", "attention_mask", "labels"):  # ids tagged from the source, before tokenizing
+        tagged = tagged.add_column(key, seq2seq[key])
+    assert secret_rows(tagged, secrets=secrets, tokenizer=tokenizer) is None
+
+    coverage = EvaluationCoverage(secrets, tokenizer=tokenizer)
+    coverage.register(seq2seq)
+    coverage.evaluating(None, "eval", seq2seq)
+    assert coverage.card_section() == {"evaluations": ["eval"], "rows_with_secrets": 0, "unchecked": ["eval"]}
+
+    # The secret in the source as well (labels a copy of the input with the prompt masked): counted exactly.
+    whole = [f"{s} {t}" for s, t in zip(sources, targets, strict=True)]
+    causal = datasets.Dataset.from_dict({"text": whole, **tokenizer(whole)})
+    causal = causal.map(lambda row: {"labels": [-100] * 3 + row["input_ids"][3:]})
+    assert secret_rows(causal, secrets=secrets, tokenizer=tokenizer) == 1
+    assert secret_rows(causal, secrets=secrets) == 1
