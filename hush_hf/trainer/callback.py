@@ -81,8 +81,7 @@ LOG_BATCH_SIZE = "dp_batch_size"
 
 
 def check_clippable(model: nn.Module, clip_norm: float) -> None:
-    """Now, not mid-training: ValueError for a compiled model, UnsupportedLayerError if a trainable layer
-    has no ghost-norm rule."""
+    """Now, not mid-training: ValueError if compiled, UnsupportedLayerError if a layer has no rule."""
     check_model_not_compiled(model)
     GhostClipper(model, clip_norm).remove()
 
