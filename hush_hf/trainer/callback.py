@@ -43,6 +43,7 @@ from hush_hf.trainer.engine import DPStep
 from hush_hf.trainer.evaluation import EvaluationCoverage, check_no_metric_feedback
 from hush_hf.trainer.fsdp import check_fsdp_plugin, is_sharded
 from hush_hf.trainer.losses import PerExampleLoss, lm_per_example_loss
+from hush_hf.trainer.overrides import check_no_ignored_overrides
 from hush_hf.trainer.plan_setup import (
     SECRET_IDS_COLUMN,
     check_plan_fits,
@@ -66,6 +67,7 @@ from hush_hf.trainer.seed_store import (
 from hush_hf.trainer.transformers_api import check_trainer_api
 from hush_hf.trainer.validation import (
     check_dp_training_arguments,
+    check_model_not_compiled,
     check_model_not_tensor_parallel,
     check_noise_multiplier,
     check_positive,
@@ -79,7 +81,8 @@ LOG_BATCH_SIZE = "dp_batch_size"
 
 
 def check_clippable(model: nn.Module, clip_norm: float) -> None:
-    """UnsupportedLayerError now, not mid-training, if a trainable layer has no ghost-norm rule."""
+    """Now, not mid-training: ValueError if compiled, UnsupportedLayerError if a layer has no rule."""
+    check_model_not_compiled(model)
     GhostClipper(model, clip_norm).remove()
 
 
@@ -299,6 +302,7 @@ class GhostClippingCallback(TrainerCallback):
         if self._installed:
             raise ValueError("this GhostClippingCallback is already installed on a trainer")
         check_trainer_api(trainer)
+        check_no_ignored_overrides(trainer)
         args = trainer.args
         check_dp_training_arguments(args)
         check_single_process_devices(args)
@@ -520,7 +524,6 @@ class GhostClippingCallback(TrainerCallback):
         """One optimizer step's clipped per-example backward passes (:meth:`DPStep.run`)."""
         public = self.crt is not None and self.crt.is_public(trainer.state.global_step)
         return self.step.run(trainer, model, inputs, public=public)
-
 
     def add_log_fields(self, logs: dict[str, float]) -> dict[str, float]:
         """Training logs get sigma and the mean drawn batch size since the last log; never a grad norm."""

@@ -6,7 +6,8 @@
 2. **micro-batches** (:meth:`DPStep.run`): the share cut into ``per_device_train_batch_size`` rows
    (:mod:`hush_hf.trainer.micro_batches`); under FSDP2 every rank runs as many as the busiest one.
 3. **per-example losses**: ``loss_i`` of each row (:mod:`hush_hf.trainer.losses`); the first step of a run
-   checks that each depends on its example alone (:mod:`hush_hf.trainer.independence`).
+   checks that each depends on its example alone (:mod:`hush_hf.trainer.independence`), and every step that
+   its forwards write no buffer (:mod:`hush_hf.trainer.buffer_writes`).
 4. **clipped sums**: ``sum_i min(1, C/||g_i||) g_i`` by ghost clipping
    (:class:`hush_hf.clipping.GhostClipper`), accumulated beside each parameter (float32 for bf16/fp16,
    :mod:`hush_hf.clipping.clipped_sums`).
@@ -39,6 +40,7 @@ from transformers.trainer_utils import seed_worker
 from hush_hf.clipping import GhostClipper, clipped_sums
 from hush_hf.clipping.padding_readers import padded_batch_problem, padded_dataset_problem, padding_readers
 from hush_hf.trainer import transformers_api
+from hush_hf.trainer.buffer_writes import buffer_state, buffer_write_error, restore_buffers_, written_buffers
 from hush_hf.trainer.distributed import all_reduce_sum_, check_replicas_agree, rank_and_world_size, replicated
 from hush_hf.trainer.example_rows import ExampleRowsCollator, pad_token_id
 from hush_hf.trainer.fsdp import filler_micro_batches, is_sharded, max_across_ranks
@@ -56,6 +58,7 @@ from hush_hf.trainer.micro_batches import batch_size, split_micro_batches
 from hush_hf.trainer.noise import privatize_gradients_
 from hush_hf.trainer.padding import right_align
 from hush_hf.trainer.plan_setup import is_plan_column
+from hush_hf.trainer.validation import check_model_not_compiled
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +124,7 @@ class DPStep:
 
     def begin(self, model: nn.Module, params: list[nn.Parameter]) -> None:
         """Hook the model: the clipping engine records every layer call of the steps to come."""
+        check_model_not_compiled(model)  # e.g. made by model_init, after the trainer was built
         self.end()
         self.sharded = is_sharded(model)
         self.clipper = GhostClipper(model, self.clip_norm)
@@ -152,8 +156,10 @@ class DPStep:
         self.clipper.reset()
         if not self._independence_checked:
             self._check_padding_readers(trainer)
+            self._check_buffers_unwritten(trainer)
             self._check_independence(trainer)
             self._independence_checked = True
+        buffers = buffer_state(module, values=False)  # no layer may write one in the forwards below
         inputs = self._right_aligned({k: v for k, v in inputs.items() if not is_plan_column(k)})
         for name in self.dropped_columns:
             inputs.pop(name, None)
@@ -181,6 +187,9 @@ class DPStep:
                     self.clipper.clipped_backward(losses)
                 loss_sum += losses.detach().sum().to(torch.float64)
                 count += losses.shape[0]
+        written = written_buffers(module, buffers)
+        if written:  # before the optimizer step: the step's gradients are discarded with the run
+            raise ValueError(buffer_write_error(module, written))
         self.pending = (trainer.state.global_step, count, public)
         nan = torch.tensor(math.nan, dtype=torch.float64, device=trainer.args.device)
         return (loss_sum / count if count else nan).to(torch.float32)
@@ -287,6 +296,30 @@ class DPStep:
             problem = padded_dataset_problem(self._padding_readers, self._source[0], size)
             if problem is not None:
                 raise ValueError(problem)
+
+    def _check_buffers_unwritten(self, trainer: Trainer) -> None:
+        """ValueError before any gradient if a training-mode forward writes a buffer of the model.
+
+        See :mod:`hush_hf.trainer.buffer_writes`: one forward in train mode (no gradient, dropout's draws
+        undone) of the first micro-batch of the independence check's rows, the same on every rank, and
+        every rank raises if any rank found a buffer written; the buffers are restored either way.
+        """
+        if self._source is None:
+            raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
+        dataset, _ = self._source
+        rows = [dataset[i] for i in check_rows(dataset)]
+        module = self.model
+        before = buffer_state(module, values=True)
+        with preserved_random_state(trainer.args.device):
+            seed_random_states(0)
+            micro = split_micro_batches(self._collated(rows), trainer.args.per_device_train_batch_size)[0]
+            module.train()
+            with torch.no_grad():
+                self.losses(trainer, micro)
+        written = written_buffers(module, before)
+        restore_buffers_(module, before)
+        if max_across_ranks(int(bool(written)), trainer.args.device):
+            raise ValueError(buffer_write_error(module, written))
 
     def _check_independence(self, trainer: Trainer) -> None:
         """ValueError unless each check row's per-example loss is the same inside a batch and alone.

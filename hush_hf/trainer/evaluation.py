@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
+
 from hush_hf.trainer.plan_setup import SECRET_IDS_COLUMN, column, column_names, load_secrets, loud_warning
 
 logger = logging.getLogger(__name__)
@@ -29,9 +31,10 @@ def secret_rows(
     dataset: Any, *, secrets: Any = None, text_column: str = "text", tokenizer: Any = None
 ) -> int | None:
     """How many rows of ``dataset`` hold a secret; None when it cannot be told (no marks, no
-    ``secret_ids``, and no text column with the run's ``secrets``: a SecretSet or a secrets file; or,
-    given ``tokenizer``, a text column whose rows' ``input_ids`` spell other text, see
-    :mod:`hush_hf.trainer.text_tokens`)."""
+    ``secret_ids``, and no text column with the run's ``secrets``: a SecretSet or a secrets file; or
+    tokens the text column may not hold: given ``tokenizer``, rows whose ``input_ids`` or ``labels`` spell
+    other text, see :mod:`hush_hf.trainer.text_tokens`; without one, ``labels`` other than the rows'
+    ``input_ids``, such as a seq2seq target)."""
     import datasets
 
     from hush_hf.secrets.marks import find_marks_column, secret_ids_from_marks
@@ -43,24 +46,62 @@ def secret_rows(
     if marks is not None:
         return _non_empty(secret_ids_from_marks(column(dataset, marks)))
     if SECRET_IDS_COLUMN in names and _current_ids(dataset, secrets, text_column):
+        if isinstance(dataset, datasets.Dataset):
+            from hush_hf.secrets.tagging import tagged_text_columns
+
+            sources = tagged_text_columns(names, SECRET_IDS_COLUMN) or [text_column]
+            if any(_tokens_not_of(dataset, source, tokenizer) for source in sources if source in names):
+                return None
         return _non_empty(column(dataset, SECRET_IDS_COLUMN))
     if secrets is None or not isinstance(dataset, datasets.Dataset) or text_column not in names:
         return None
     from hush_hf.secrets import tag_dataset, tagger_for
 
-    if tokenizer is not None and "input_ids" in names:
-        from hush_hf.trainer.text_tokens import first_row_not_spelled
-
-        row = first_row_not_spelled(dataset[text_column], dataset["input_ids"], tokenizer)
-        if row is not None:
-            logger.warning("eval row %d: input_ids spell text its %r column does not hold", row, text_column)
-            return None
+    if _tokens_not_of(dataset, text_column, tokenizer):
+        return None
     secret_set = load_secrets(secrets)
     tagged = tag_dataset(
         dataset.select_columns([text_column]), tagger_for(secret_set), text_column=text_column,
         num_secrets=len(secret_set),
     )
     return _non_empty(column(tagged, SECRET_IDS_COLUMN))
+
+
+def _tokens_not_of(dataset: Any, text_column: str, tokenizer: Any) -> bool:
+    """Whether the rows' tokens may hold text ``text_column`` does not, so that its tags may miss a secret
+    the model reads or is scored on (warned): with ``tokenizer``, a row whose ``input_ids`` or ``labels``
+    spell other text (a seq2seq target beside a source-only column: :mod:`hush_hf.trainer.text_tokens`);
+    without one, ``labels`` that are not the row's own ``input_ids`` (-100 aside), which nothing checks."""
+    from hush_hf.trainer.text_tokens import TOKEN_COLUMNS, first_row_not_spelled
+
+    names = column_names(dataset)
+    token_lists = {c: _values(column(dataset, c)) for c in TOKEN_COLUMNS if c in names}
+    token_lists = {c: rows for c, rows in token_lists.items() if rows and isinstance(rows[0], list)}
+    if tokenizer is not None:
+        texts = _values(column(dataset, text_column))
+        for tokens, rows in token_lists.items():
+            row = first_row_not_spelled(texts, rows, tokenizer)
+            if row is not None:
+                logger.warning("eval row %d: its %s spell text its %r column does not hold", row, tokens,
+                               text_column)
+                return True
+        return False
+    if "labels" in token_lists and "input_ids" in token_lists:
+        pairs = zip(token_lists["input_ids"], token_lists["labels"], strict=True)
+        for row, (ids, labels) in enumerate(pairs):
+            ids, labels = np.asarray(ids), np.asarray(labels)
+            if ids.shape != labels.shape or not bool(np.all((labels == ids) | (labels < 0))):
+                logger.warning(
+                    "eval row %d: its labels are not its input_ids, and there is no tokenizer to check that "
+                    "they spell its %r column; its rows are counted as unknown", row, text_column,
+                )
+                return True
+    return False
+
+
+def _values(values: Any) -> list[Any]:
+    """A column as Python lists, whatever the dataset's format (Arrow arrays from ``column``)."""
+    return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
 
 
 def _current_ids(dataset: Any, secrets: Any, text_column: str) -> bool:

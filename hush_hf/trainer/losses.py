@@ -3,7 +3,7 @@
 Both follow what the model itself computes, never its class name:
 
 - the loss: the token cross-entropy of the model's own loss, split per example. Which tokens are
-  scored against which logits is read from the model under any wrapper (PEFT, DDP, torch.compile):
+  scored against which logits is read from the model under any wrapper (PEFT, DDP):
   encoder-decoder models score decoder position t against label t (decoder inputs are the labels
   shifted right, built by the model); other models use the loss their forward calls
   (transformers' ``loss_type``: causal LMs predict token t+1 at position t, masked LMs position t).

@@ -15,6 +15,7 @@ from hush_hf.trainer.config import SecretProtectionConfig, as_secret_protection_
 from hush_hf.trainer.distributed import broadcast_object, rank_and_world_size
 from hush_hf.trainer.evaluation import EvaluationCoverage
 from hush_hf.trainer.losses import lm_per_example_loss
+from hush_hf.trainer.overrides import check_no_ignored_overrides
 from hush_hf.trainer.plan_setup import (
     check_expected_batch_size,
     drop_marks,
@@ -45,7 +46,8 @@ class SecretProtectionTrainer(Trainer):
     The plan columns (``secret_ids``, ``hush_weight``, ``hush_sampling_prob``) and the marks never reach
     the model.
     ``trainer.plan`` is the plan in use and ``trainer.dp`` the :class:`GhostClippingCallback` applying
-    it. Override :meth:`compute_per_example_loss` for a loss other than the per-example LM loss.
+    it. Override :meth:`compute_per_example_loss` for a loss other than the per-example LM loss (an
+    overridden ``compute_loss`` is refused: the DP step never calls it).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class SecretProtectionTrainer(Trainer):
         secrets: Any = None,
         plan: ProtectionPlan | str | Path | None = None,
     ) -> None:
+        check_no_ignored_overrides(self)  # before any work: compute_loss, get_train_dataloader
         args = as_secret_protection_config(args)
         check_dp_training_arguments(args)  # before the (possibly long) planning: e.g. max_steps unset
         if model is not None:

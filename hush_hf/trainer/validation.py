@@ -7,6 +7,7 @@ import numbers
 import os
 from typing import Any
 
+from torch import nn
 from transformers import TrainingArguments
 
 
@@ -162,6 +163,26 @@ def check_model_not_tensor_parallel(model: Any) -> None:
             f"the model is tensor-parallel (tp_size={size}, loaded with tp_plan): not supported with DP "
             f"training: {PARALLEL_AXES['tp']}; load it without tp_plan and use DDP or FSDP2"
         )
+
+
+def check_model_not_compiled(model: Any) -> None:
+    """A model compiled with ``torch.compile`` (an ``OptimizedModule``, at the top or inside, or compiled in
+    place by ``nn.Module.compile``): refused like ``torch_compile=True``, since the clipping hooks are not
+    verified under torch.compile (it failed later, with an error that did not say so)."""
+    import sys
+
+    if not isinstance(model, nn.Module):
+        return
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # never imported: nothing was compiled by it
+    optimized = getattr(eval_frame, "OptimizedModule", ())
+    for path, module in model.named_modules():
+        if isinstance(module, optimized) or getattr(module, "_compiled_call_impl", None) is not None:
+            where = "the model" if not path else f"its module '{path}'"
+            raise ValueError(
+                f"{where} is compiled with torch.compile ({type(module).__name__}): not supported with DP "
+                "training: the clipping hooks are not verified under torch.compile; pass the uncompiled "
+                "model (torch.compile(model)._orig_mod is the original)"
+            )
 
 
 WANDB_WATCH_GRADIENTS = ("gradients", "all")
