@@ -153,7 +153,6 @@ def measure(
         from hush_hf.clipping import GhostClipper, example_cross_entropy
         from hush_hf.trainer.noise import privatize_gradients_
 
-        po.register_llama_rms_norm()
         clipper = GhostClipper(model, 1.0)
 
         def step(k: int) -> None:

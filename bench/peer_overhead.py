@@ -15,8 +15,8 @@ backward pass(es), clipping, noise and ``torch.optim.AdamW``.
 - ``opacus-per-sample``: the same with ``grad_sample_mode="hooks"`` (materialised per-sample grads).
 
 GPT-2's ``Conv1D`` gets Opacus grad and norm samplers registered below (Opacus has none; without
-them it falls back to functorch), so Opacus runs its fastest path; likewise Llama's RMSNorm gets a
-direct hush_hf rule through ``register_norm_rule`` (without it, hush_hf's generic torch.func path).
+them it falls back to functorch), so Opacus runs its fastest path; hush_hf runs its own rules (Llama's
+RMSNorm has a built-in one, ``hush_hf.clipping.rules_rms_norm``).
 A contender that raises is reported as ``refused`` (it declines the model, e.g. Opacus on tied
 weights) or ``error`` (it crashes), with the last line of the message printed; ``skipped`` when
 per-sample gradients would take more than half the machine's available memory. Untied BERT-MLM's
@@ -155,23 +155,6 @@ def register_opacus_conv1d() -> None:
         return out
 
 
-def register_llama_rms_norm() -> None:
-    """hush_hf rule for LlamaRMSNorm through the public extension point (else the generic path):
-    y = w * (x / rms(x)), normalised in float32 and cast back, so grad w_i = sum_t xhat_{i,t} g_{i,t}."""
-    import torch
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    from hush_hf.clipping import register_norm_rule
-    from hush_hf.clipping.factors import Materialized
-
-    @register_norm_rule(LlamaRMSNorm)
-    def llama_rms_norm_grads(layer, x, g):
-        xf = x.reshape(x.shape[0], -1, x.shape[-1]).float()
-        xhat = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + layer.variance_epsilon)).to(x.dtype)
-        g = g.reshape(g.shape[0], -1, g.shape[-1])
-        return {"weight": Materialized((xhat.float() * g.float()).sum(dim=1))}
-
-
 def measure(name: str, contender: str, steps: int, warmup: int) -> dict:
     """Process CPU seconds per full step of ``contender`` on model ``name``, in this (fresh) process."""
     import time
@@ -209,7 +192,6 @@ def measure(name: str, contender: str, steps: int, warmup: int) -> dict:
         from hush_hf.clipping import GhostClipper, example_cross_entropy
         from hush_hf.trainer.noise import privatize_gradients_
 
-        register_llama_rms_norm()
         clipper = GhostClipper(model, 1.0)
         params = [p for p in model.parameters() if p.requires_grad]
 

@@ -76,7 +76,6 @@ def measure(name: str, contender: str, steps: int) -> dict:
         ]:
             wrap(ghost, attr, label)
         wrap(torch.autograd, "grad", "autograd.grad")
-        po.register_llama_rms_norm()
         clipper = GhostClipper(model, 1.0)
         params = [p for p in model.parameters() if p.requires_grad]
 
