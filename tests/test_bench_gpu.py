@@ -19,6 +19,18 @@ import gpu_step  # noqa: E402
 import gpu_trainer  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def process_state_kept():
+    """The scripts set process-wide state for their fresh processes (the float32 matmul precision, the
+    random seed): put it back for the tests that share this worker."""
+    import torch
+
+    precision, rng = torch.get_float32_matmul_precision(), torch.random.get_rng_state()
+    yield
+    torch.set_float32_matmul_precision(precision)
+    torch.random.set_rng_state(rng)
+
+
 @pytest.mark.parametrize(
     ("name", "precision", "contender"),
     [
