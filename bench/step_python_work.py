@@ -12,7 +12,8 @@ ghost clipping, noise), both training the same GPT-2 (``--hidden``, ``--layers``
 sequences of 32) for the same steps. Counted inside ``Trainer.training_step`` for plain, ``DPStep.run``
 and ``DPStep.privatize`` for hush_hf (the step's forward, backward, clipping and noise; the optimizer
 and data loading left out of both). Also printed: CPU seconds of a whole optimizer step (one step's end
-to the next's: data, step, optimizer, callbacks; median), in a second run without the profiler. With a
+to the next's: data, step, optimizer, callbacks; median and fastest), in a second run without the
+profiler. With a
 small ``--hidden`` (8) the arithmetic is negligible and this is a host-bound proxy; on a shared CPU it is
 for orientation only.
 """
@@ -112,7 +113,7 @@ def run(
     trainer.train()
     shutil.rmtree(common["output_dir"], ignore_errors=True)  # nothing was saved in it
     if timed:
-        return {"seconds": statistics.median(seconds)}
+        return {"seconds": statistics.median(seconds), "fastest": min(seconds)}
     stats = pstats.Stats(profile)
     if dump:
         stats.dump_stats(f"{dump}.{contender}")
@@ -145,10 +146,16 @@ def main() -> None:
     print(f"GPT-2 {args.layers} x {args.hidden}, B = {B} (micro-batches of {MICRO}), {precision}")
     print("| per optimizer step | plain Trainer | SecretProtectionTrainer | ratio |")
     print("|---|---|---|---|")
-    rows = (("calls", "Python function calls"), ("to", "Tensor.to calls"), ("seconds", "CPU s, whole step"))
+    rows = (
+        ("calls", "Python function calls"),
+        ("to", "Tensor.to calls"),
+        ("seconds", "CPU s, whole step (median)"),
+        ("fastest", "CPU s, whole step (fastest)"),
+    )
     for key, label in rows:
         plain, hush = found["plain"][key], found["hush"][key]
-        shown = (f"{plain:.3f}", f"{hush:.3f}") if key == "seconds" else (f"{plain:.0f}", f"{hush:.0f}")
+        timed = key in ("seconds", "fastest")
+        shown = (f"{plain:.3f}", f"{hush:.3f}") if timed else (f"{plain:.0f}", f"{hush:.0f}")
         print(f"| {label} | {shown[0]} | {shown[1]} | {hush / plain:.2f}x |")
 
 
