@@ -65,16 +65,17 @@ def measure(name: str, contender: str, steps: int) -> dict:
             timed("adamw", adamw)
 
     else:
-        from hush_hf.clipping import GhostClipper, example_cross_entropy, ghost
+        from hush_hf.clipping import GhostClipper, example_cross_entropy, ghost, gram_batches, sum_batches
         from hush_hf.trainer.noise import privatize_gradients_
 
-        for attr, label in [
-            ("drop_zero_steps", "drop_zero"),
-            ("combine_uses", "combine"),
-            ("squared_norm_of_sum", "norms"),
-            ("weighted_sum", "clipped_sums"),
+        for owner, attr, label in [
+            (ghost, "drop_zero_steps_all", "drop_zero"),
+            (ghost, "combine_uses", "combine"),
+            (gram_batches, "squared_norms", "norms"),
+            (ghost, "weighted_sum", "clipped_sums"),
+            (sum_batches, "weighted_sums", "clipped_sums"),
         ]:
-            wrap(ghost, attr, label)
+            wrap(owner, attr, label)
         wrap(torch.autograd, "grad", "autograd.grad")
         clipper = GhostClipper(model, 1.0)
         params = [p for p in model.parameters() if p.requires_grad]

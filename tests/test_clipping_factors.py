@@ -16,8 +16,6 @@ from hush_hf.clipping.factors import (
     OneHotFactor,
     OuterSum,
     combine_uses,
-    drop_zero_steps,
-    drop_zero_steps_all,
     gram,
     inner,
     norm_strategy,
@@ -27,6 +25,7 @@ from hush_hf.clipping.factors import (
 )
 from hush_hf.clipping.factors import materialize as materialize_use
 from hush_hf.clipping.float32_products import bf16_pieces, bf16_pieces_side_by_side, bmm_float32
+from hush_hf.clipping.zero_steps import drop_zero_steps, drop_zero_steps_all
 
 B, ROWS, COLS = 3, 7, 5
 

@@ -55,7 +55,6 @@ from hush_hf.clipping.factor_memo import FactorMemo, sum_requests
 from hush_hf.clipping.factors import (
     PerExampleGrad,
     combine_uses,
-    drop_zero_steps_all,
     pack_small,
     weighted_sum,
 )
@@ -85,6 +84,7 @@ from hush_hf.clipping.registry import RecordedCall
 from hush_hf.clipping.rule_batches import HeldCalls
 from hush_hf.clipping.self_check import SelfCheck
 from hush_hf.clipping.tensor_views import as_shape
+from hush_hf.clipping.zero_steps import drop_zero_steps_all
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,6 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from hush_hf.clipping.experts_capture import TAPPED, ExpertsCapture
-from hush_hf.clipping.factors import (
-    drop_zero_steps,
-)
 from hush_hf.clipping.layer_calls import (
     _SAVED,
     _autocast_state,
@@ -39,6 +36,7 @@ from hush_hf.clipping.rules_generic import (
     replaying,
 )
 from hush_hf.clipping.rules_moe import captured_grads
+from hush_hf.clipping.zero_steps import drop_zero_steps
 
 
 def _answer_once(module: nn.Module, method: str, value: Tensor) -> None:
