@@ -3,6 +3,7 @@
 # the step table (bench/gpu_step.py: plain / hush_hf / Opacus ghost, fresh processes), then the
 # trainer row (bench/gpu_trainer.py: SecretProtectionTrainer against Trainer at the same B).
 # Meant to fit 8 minutes on one H100 or H200. Usage: bash bench/gpu_session.sh [OUTPUT_DIR]
+# On the lent machine, first carry the packages its image lacks: see bench/gpu_wheels.sh.
 set -euo pipefail
 out="${1:-.}"
 python="${PYTHON:-python}"
