@@ -253,25 +253,38 @@ def cell(found: dict, plain: dict | None) -> str:
     return text
 
 
+def parse_measurement_arguments(parser: argparse.ArgumentParser, steps: int) -> argparse.Namespace:
+    """The arguments both GPU scripts take (timed steps, warm-up, a process's timeout, the inner
+    ``--_measure``), parsed."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per contender process")
+    parser.add_argument("--_measure", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def require_cuda(script: str, instead: str) -> None:
+    """Exit with status 2 and a message when no CUDA GPU is visible."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(
+            f"bench/{script} needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); "
+            f"on a CPU machine run {instead} instead",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, help="default: the issue's four rows")
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS)
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--timeout", type=int, default=240, help="seconds per contender process")
-    parser.add_argument("--_measure", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_measurement_arguments(parser, steps=6)
+    require_cuda("gpu_step.py", "bench/op_census.py and bench/peer_overhead.py")
     import torch
 
-    if not torch.cuda.is_available():
-        print(
-            "bench/gpu_step.py needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); "
-            "on a CPU machine run bench/op_census.py and bench/peer_overhead.py instead",
-            file=sys.stderr,
-        )
-        sys.exit(2)
     if args._measure:
         spec = json.loads(args._measure)
         warnings.filterwarnings("ignore")

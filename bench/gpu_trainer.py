@@ -42,9 +42,8 @@ def measure(contender: str, precision: str, steps: int, warmup: int, smoke: bool
     ``smoke``: the shrunk sizes on the CPU, wall time, no memory figure."""
     import step_overhead
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
-    from hush_hf.trainer import SecretProtectionConfig, SecretProtectionTrainer
 
     size = SMOKE if smoke else SIZES
     cuda = not smoke
@@ -76,26 +75,9 @@ def measure(contender: str, precision: str, steps: int, warmup: int, smoke: bool
     common = step_overhead.timed_run_arguments(
         "gpu_trainer_", total, size["micro"], bf16=precision == "bf16", use_cpu=not cuda
     )
-    if contender == "plain":
-        args = TrainingArguments(**common, gradient_accumulation_steps=size["batch"] // size["micro"])
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=dataset,
-            data_collator=step_overhead.collate,
-            callbacks=[Clock()],
-        )
-    else:
-        plan = step_overhead.uniform_plan(dataset, rows, float(size["batch"]), total)
-        trainer = SecretProtectionTrainer(
-            model=model,
-            # sigma set (not certified) and the seed fixed: every run draws the same batches
-            args=SecretProtectionConfig(**common, noise_multiplier=1.0, dp_seed=0),
-            train_dataset=plan.attach(dataset),
-            data_collator=step_overhead.collate,
-            plan=plan,
-            callbacks=[Clock()],
-        )
+    trainer = step_overhead.same_b_trainer(
+        contender, model, dataset, size["batch"], size["micro"], total, common, [Clock()]
+    )
     trainer.train()
     shutil.rmtree(common["output_dir"], ignore_errors=True)  # nothing was saved in it
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
@@ -105,20 +87,10 @@ def measure(contender: str, precision: str, steps: int, warmup: int, smoke: bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--timeout", type=int, default=240, help="seconds per contender process")
-    parser.add_argument("--_measure", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = gpu_step.parse_measurement_arguments(parser, steps=20)
+    gpu_step.require_cuda("gpu_trainer.py", "bench/step_python_work.py")
     import torch
 
-    if not torch.cuda.is_available():
-        print(
-            "bench/gpu_trainer.py needs a CUDA GPU and none is visible (torch.cuda.is_available() is "
-            "False); on a CPU machine run bench/step_python_work.py instead",
-            file=sys.stderr,
-        )
-        sys.exit(2)
     if args._measure:
         spec = json.loads(args._measure)
         warnings.filterwarnings("ignore")

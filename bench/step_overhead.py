@@ -229,6 +229,33 @@ def uniform_plan(dataset, rows: int, expected_batch: float, steps: int):
     ).bound_to(dataset)
 
 
+def same_b_trainer(
+    contender: str, model, dataset, batch: int, micro: int, steps: int, common: dict, callbacks: list
+):
+    """A plain ``Trainer`` taking B = ``batch`` rows a step by accumulating micro-batches of ``micro``
+    (``contender == "plain"``), or a ``SecretProtectionTrainer`` drawing B in expectation (Poisson, every
+    row with probability B / rows) in micro-batches of ``micro``: sigma set (not certified) and the
+    seed fixed, so every run draws the same batches. ``common``: ``timed_run_arguments``'s."""
+    from transformers import Trainer, TrainingArguments
+
+    from hush_hf.trainer import SecretProtectionConfig, SecretProtectionTrainer
+
+    if contender == "plain":
+        args = TrainingArguments(**common, gradient_accumulation_steps=batch // micro)
+        return Trainer(
+            model=model, args=args, train_dataset=dataset, data_collator=collate, callbacks=callbacks
+        )
+    plan = uniform_plan(dataset, len(dataset), float(batch), steps)
+    return SecretProtectionTrainer(
+        model=model,
+        args=SecretProtectionConfig(**common, noise_multiplier=1.0, dp_seed=0),
+        train_dataset=plan.attach(dataset),
+        data_collator=collate,
+        plan=plan,
+        callbacks=callbacks,
+    )
+
+
 def timed_run_arguments(prefix: str, steps: int, batch: int, **extra: object) -> dict:
     """The training arguments the benches share for a timed run (both contenders take the same ones):
     ``steps`` steps of ``batch`` rows, no logging, saving, reporting or progress bars, AdamW at 1e-4, and

@@ -60,9 +60,8 @@ def run(
     """Counts (``timed`` False) or times (True) one contender's steps after the warm-up."""
     import step_overhead
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback
 
-    from hush_hf.trainer import SecretProtectionConfig, SecretProtectionTrainer
     from hush_hf.trainer.engine import DPStep
 
     torch.set_num_threads(1)
@@ -88,28 +87,9 @@ def run(
             self.last = time.process_time()
 
     common = step_overhead.timed_run_arguments("step_python_work_", total, MICRO, bf16=bf16, use_cpu=True)
-    if contender == "plain":
-        targets = [(Trainer, "training_step")]
-        args = TrainingArguments(**common, gradient_accumulation_steps=B // MICRO)
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=dataset,
-            data_collator=step_overhead.collate,
-            callbacks=[Clock()],
-        )
-    else:
-        targets = [(DPStep, "run"), (DPStep, "privatize")]
-        plan = step_overhead.uniform_plan(dataset, rows, float(B), total)
-        trainer = SecretProtectionTrainer(
-            model=model,
-            # sigma set (not certified) and the seed fixed: every run draws the same batches
-            args=SecretProtectionConfig(**common, noise_multiplier=1.0, dp_seed=0),
-            train_dataset=plan.attach(dataset),
-            data_collator=step_overhead.collate,
-            plan=plan,
-            callbacks=[Clock()],
-        )
+    plain = contender == "plain"
+    targets = [(Trainer, "training_step")] if plain else [(DPStep, "run"), (DPStep, "privatize")]
+    trainer = step_overhead.same_b_trainer(contender, model, dataset, B, MICRO, total, common, [Clock()])
     trainer.train()
     shutil.rmtree(common["output_dir"], ignore_errors=True)  # nothing was saved in it
     if timed:
