@@ -64,6 +64,7 @@ from hush_hf.trainer.seed_store import (
     save_dp_seed,
     seed_commitment,
 )
+from hush_hf.trainer.trained_weights import TrainedWeights, remember
 from hush_hf.trainer.transformers_api import check_trainer_api
 from hush_hf.trainer.validation import (
     check_dp_training_arguments,
@@ -219,6 +220,8 @@ class GhostClippingCallback(TrainerCallback):
     #: Each secret's rows and unique occurrences for the report's CRT section (CRT Prop. 7), e.g.
     #: ``callback.crt_occurrences = hush_hf.crt.occurrence_counts(text_dataset, secret_set)``.
     crt_occurrences: Any = None
+    #: The weights as the last run left them: a final save of other weights is refused (trained_weights.py).
+    trained_weights: TrainedWeights | None = None
 
     def write_protection_artifacts(
         self, output_dir: str | Path, *, global_step: int, **kwargs: Any
@@ -345,14 +348,9 @@ class GhostClippingCallback(TrainerCallback):
         callbacks = trainer.callback_handler.callbacks
         callbacks.insert(0, callbacks.pop(callbacks.index(self)))
         self._installed = True
-        logger.info(
-            "DP training: B=%g, T=%d, C=%g, noise multiplier %.6g, %d examples",
-            self.plan.expected_batch_size,
-            self.plan.steps,
-            self.clip_norm,
-            self.noise_multiplier,
-            self.plan.num_examples,
-        )
+        logger.info("DP training: B=%g, T=%d, C=%g, noise multiplier %.6g, %d examples",
+                    self.plan.expected_batch_size, self.plan.steps, self.clip_norm, self.noise_multiplier,
+                    self.plan.num_examples)
 
     def _setup_crt(self, dataset: Any, secret_ids: Any) -> None:
         """The public rows (verified to hold no tagged secret) and the CRT step schedule."""
@@ -592,6 +590,7 @@ class GhostClippingCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.finish_run()
+        self.trained_weights = remember(kwargs.get("model"))  # first in line: before other callbacks'
 
 
 def _as_list(values: Any) -> list[Any]:

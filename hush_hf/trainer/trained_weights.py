@@ -1,0 +1,118 @@
+"""The weights a DP run left, remembered so that weights changed after it are never published as trained.
+
+The card and the plan's training record state the sigma and DP steps of the run, and the SHA-256 of the
+files the save writes. Those digests bind the card to the files, not the files to the run: weights changed
+between the last DP step and ``save_model``/``push_to_hub`` (other weights loaded with ``load_state_dict``, a
+few plain optimizer steps on the private data, a callback's ``on_train_end`` editing them, an adapter merged
+into its base, new embedding rows) would be hashed and certified as if DP training had produced them.
+
+So when a run ends (its ``on_train_end``, before any other callback's; or where it raised) every tensor of the
+model's ``state_dict`` is remembered by identity, version counter (every in-place write moves it) and a
+float64 sum and absolute sum of its values (writes through ``.data`` leave the version counter alone).
+A final save compares. The sums are compared to a relative 1e-9 of the absolute sum, so the same values
+summed in another order (the model moved to another device) still agree, while any optimizer step moves the
+absolute sum of a tensor by far more. Under FSDP2 each rank compares its own shard.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+SUM_RTOL = 1e-9
+_CHUNK = 1 << 24  # elements summed at once: a float64 copy of at most 128 MiB
+
+
+@dataclass(frozen=True)
+class TensorMark:
+    """What is remembered of one tensor (never the values themselves)."""
+
+    ref: weakref.ref
+    version: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    total: float
+    absolute: float
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """This rank's shard of a DTensor (FSDP2), the tensor itself otherwise."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+@torch.no_grad()
+def value_sums(tensor: Tensor) -> tuple[float, float]:
+    """(sum x, sum |x|) in float64, in chunks of ``_CHUNK`` elements."""
+    flat = _local(tensor).detach().reshape(-1)
+    total = absolute = 0.0
+    for chunk in flat.split(_CHUNK):
+        wide = chunk.to(torch.float64)
+        total += float(wide.sum())
+        absolute += float(wide.abs().sum())
+    return total, absolute
+
+
+def _mark(tensor: Tensor) -> TensorMark:
+    total, absolute = value_sums(tensor)
+    shape = tuple(tensor.shape)
+    return TensorMark(weakref.ref(tensor), tensor._version, shape, tensor.dtype, total, absolute)
+
+
+def _same_sum(a: float, b: float, scale: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or abs(a - b) <= SUM_RTOL * scale
+
+
+@dataclass(frozen=True)
+class TrainedWeights:
+    """The model's state_dict tensors as a DP run left them (:meth:`of`), and :meth:`check` against them."""
+
+    marks: dict[str, TensorMark]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> TrainedWeights:
+        return cls({name: _mark(t) for name, t in model.state_dict(keep_vars=True).items()})
+
+    def first_change(self, model: nn.Module) -> str | None:
+        """The first state_dict entry of ``model`` not as the run left it, and how (None: all are)."""
+        now = model.state_dict(keep_vars=True)
+        for name in sorted(set(self.marks) - set(now)):
+            return f"'{name}' was removed"
+        for name in sorted(set(now) - set(self.marks)):
+            return f"'{name}' was added"
+        for name, tensor in now.items():
+            mark = self.marks[name]
+            if mark.ref() is not tensor:
+                return f"'{name}' was replaced by another tensor"
+            if (tuple(tensor.shape), tensor.dtype) != (mark.shape, mark.dtype):
+                return f"'{name}' changed shape or dtype"
+            if tensor._version != mark.version:
+                return f"'{name}' was written in place"
+            total, absolute = value_sums(tensor)
+            scale = max(absolute, mark.absolute)
+            if not (_same_sum(total, mark.total, scale) and _same_sum(absolute, mark.absolute, scale)):
+                return f"'{name}' holds other values"
+        return None
+
+    def check(self, model: nn.Module, what: str) -> None:
+        """ValueError (one line) if ``model`` is not as the run left it; ``what``: the publishing call."""
+        change = self.first_change(model)
+        if change is not None:
+            raise ValueError(
+                f"{what}: the model's weights changed after DP training ended (state_dict entry {change}), "
+                "so the card and the plan's training record would certify weights the DP run did not "
+                "produce; save or push the weights exactly as training left them (before merging adapters, "
+                "resizing embeddings, loading other weights or training further), or train them in a DP run"
+            )
+
+
+def remember(model: Any) -> TrainedWeights | None:
+    """:meth:`TrainedWeights.of` ``model`` (None for no model)."""
+    return TrainedWeights.of(model) if isinstance(model, nn.Module) else None

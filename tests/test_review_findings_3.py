@@ -1,0 +1,120 @@
+"""The publication chain a review found untrue (third batch): what the card and ``hush verify`` certify."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from hush_hf.cli import main as hush
+from hush_hf.trainer import SecretProtectionTrainer
+from tests.test_trainer import build
+from tests.test_trainer_helpers import (  # noqa: F401  (single_thread: autouse fixture)
+    dp_config,
+    make_plan,
+    pad_collate,
+    single_thread,
+    tiny_gpt2,
+    token_dataset,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
+
+CHANGED = r"^{what}: the model's weights changed after DP training ended \(state_dict entry '[^']+' {how}\)"
+
+
+# ----------------------------------------------------------------------------- weights changed after training
+def _load_other_weights(model):
+    model.load_state_dict(tiny_gpt2(seed=5).state_dict())
+
+
+def _plain_step(model):  # a few "quick" non-DP steps on the private rows
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.tensor(token_dataset(4)["input_ids"][0]).unsqueeze(0)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+
+
+def _through_data(model):  # .data leaves the version counter alone
+    model.transformer.h[0].mlp.c_fc.weight.data.add_(1e-3)
+
+
+def _resize_embeddings(model):
+    model.resize_token_embeddings(80)
+
+
+CHANGES = {
+    "load_state_dict": (_load_other_weights, "was written in place"),
+    "plain optimizer step": (_plain_step, "was written in place"),
+    "write through .data": (_through_data, "holds other values"),
+    "resize_token_embeddings": (_resize_embeddings, "changed shape or dtype"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_weights_changed_after_training_are_never_certified(tmp_path, change):
+    # The certificate hashes the files save_model writes, so any weights saved after training got the card,
+    # the run's sigma and steps, and passed `hush verify`: another model loaded with load_state_dict did too.
+    edit, how = CHANGES[change]
+    trainer = build(tmp_path)
+    trainer.train()
+    edit(trainer.model)
+    with pytest.raises(ValueError, match=CHANGED.format(what="save_model", how=how)):
+        trainer.save_model()
+    with pytest.raises(ValueError, match=CHANGED.format(what="push_to_hub", how=how)):
+        trainer.push_to_hub()  # refused before any repository is created or any file written
+    assert not (tmp_path / "hush_plan.json").exists() and not (tmp_path / "model.safetensors").exists()
+
+
+class EditAtTrainEnd(TrainerCallback):
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        with torch.no_grad():
+            model.lm_head.weight.mul_(1.5)  # tied with the embeddings: 'transformer.wte.weight'
+
+
+def test_a_callback_editing_the_weights_at_train_end_is_refused(tmp_path):
+    trainer = build(tmp_path)
+    trainer.add_callback(EditAtTrainEnd())  # after the DP callback: it runs once the run has ended
+    trainer.train()
+    with pytest.raises(ValueError, match=CHANGED.format(what="save_model", how="was written in place")):
+        trainer.save_model()
+
+
+def test_a_run_that_raised_remembers_the_weights_it_left(tmp_path):
+    class Stop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            raise KeyboardInterrupt
+
+    trainer = build(tmp_path)
+    trainer.add_callback(Stop())
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert trainer.state.global_step == 1
+    _through_data(trainer.model)
+    with pytest.raises(ValueError, match=CHANGED.format(what="save_model", how="holds other values")):
+        trainer.save_model()
+
+
+def test_weights_as_training_left_them_still_save_and_verify(tmp_path, capsys):
+    # Evaluating, saving twice and moving the model (same values summed again) change nothing.
+    trainer = build(tmp_path, eval_dataset=token_dataset(4, seed=3))
+    trainer.train()
+    trainer.evaluate()
+    trainer.save_model()
+    trainer.model.to("cpu")
+    trainer.save_model()
+    assert hush(["verify", str(tmp_path), "--as-pushed"]) == 0
+
+
+def test_a_merged_lora_adapter_is_refused(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_gpt2(), LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True))
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8))
+    trainer = SecretProtectionTrainer(model=model, args=dp_config(tmp_path), data_collator=pad_collate,
+                                      train_dataset=plan.attach(token_dataset(8)), plan=plan)
+    trainer.train()
+    trainer.model.merge_and_unload()  # the trainer's PeftModel loses its adapters: an empty adapter was saved
+    with pytest.raises(ValueError, match=CHANGED.format(what="save_model", how="was removed")):
+        trainer.save_model()
