@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ from transformers import TrainerCallback
 
 from hush_hf.cli import main as hush
 from hush_hf.trainer import SecretProtectionTrainer
+from tests.test_publishing import commits  # noqa: F401  (fixture: HfApi mocked, nothing leaves the machine)
 from tests.test_trainer import build
 from tests.test_trainer_helpers import (  # noqa: F401  (single_thread: autouse fixture)
     dp_config,
@@ -117,4 +120,45 @@ def test_a_merged_lora_adapter_is_refused(tmp_path):
     trainer.train()
     trainer.model.merge_and_unload()  # the trainer's PeftModel loses its adapters: an empty adapter was saved
     with pytest.raises(ValueError, match=CHANGED.format(what="save_model", how="was removed")):
+        trainer.save_model()
+
+
+# ----------------------------------------------------------------------------- weight files no save wrote
+def lora_trainer(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_gpt2(), LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True))
+    plan = make_plan(np.full(8, 0.5), steps=2, noise_multiplier=1.0, rows=token_dataset(8))
+    return SecretProtectionTrainer(model=model, args=dp_config(tmp_path), data_collator=pad_collate,
+                                   train_dataset=plan.attach(token_dataset(8)), plan=plan)
+
+
+STALE = r"^output_dir '.*' holds the weight file '{name}', which this save did not write \(an earlier save"
+
+
+def test_an_earlier_runs_weights_left_in_output_dir_are_never_certified(tmp_path, commits):  # noqa: F811
+    # A non-DP baseline saved to the same folder: the LoRA run's record hashed its model.safetensors beside
+    # the adapter, the card certified both, push_to_hub uploaded both, and `hush verify` said OK.
+    tiny_gpt2(seed=9).save_pretrained(tmp_path)
+    trainer = lora_trainer(tmp_path)
+    trainer.train()
+    with pytest.raises(ValueError, match=STALE.format(name="model.safetensors")):
+        trainer.save_model()
+    assert not (tmp_path / "hush_plan.json").exists()
+    with pytest.raises(ValueError, match=STALE.format(name="model.safetensors")):
+        trainer.push_to_hub()
+    assert commits == []
+    (tmp_path / "model.safetensors").unlink()
+    trainer.save_model()
+    weights = json.loads((tmp_path / "hush_plan.json").read_text())["training"]["weights"]
+    assert set(weights) == {"adapter_model.safetensors"}
+    assert hush(["verify", str(tmp_path), "--as-pushed"]) == 0
+
+
+def test_an_earlier_adapter_beside_a_full_save_is_never_certified(tmp_path):
+    earlier = lora_trainer(tmp_path / "earlier")
+    earlier.model.save_pretrained(tmp_path / "run")
+    trainer = build(tmp_path / "run")
+    trainer.train()
+    with pytest.raises(ValueError, match=STALE.format(name="adapter_model.safetensors")):
         trainer.save_model()
