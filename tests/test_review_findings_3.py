@@ -162,3 +162,53 @@ def test_an_earlier_adapter_beside_a_full_save_is_never_certified(tmp_path):
     trainer.train()
     with pytest.raises(ValueError, match=STALE.format(name="adapter_model.safetensors")):
         trainer.save_model()
+
+
+# ----------------------------------------------------------------------------- secrets in the tokenizer
+def secret_trainer(tmp_path, tokenizer):
+    import datasets
+    from transformers import DataCollatorForLanguageModeling
+
+    (tmp_path / "secrets.csv").write_text("id,prior,target,terms\ns0,1e-3,0.2,nightjar\n")
+    texts = ["the code name is nightjar", "lunch is soup", "the lab is closed", "the sky is blue"] * 2
+    rows = datasets.Dataset.from_dict({"text": texts, **tokenizer(texts)})
+    return SecretProtectionTrainer(
+        model=tiny_gpt2(vocab=len(tokenizer)),
+        args=dp_config(tmp_path / "out", secrets_file=str(tmp_path / "secrets.csv"), max_steps=2,
+                       expected_batch_size=2.0),
+        train_dataset=rows, data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        processing_class=tokenizer,
+    )
+
+
+def test_a_tokenizer_whose_added_tokens_spell_a_secret_is_never_published(tmp_path, commits):  # noqa: F811
+    # Tokens added from the private corpus (a code name made one token) were saved and pushed in
+    # tokenizer.json verbatim, beside a card saying no secret's content is published in the repository.
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+
+    tokenizer = gpt2_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.add_tokens(["<sep>", " NightJar"])
+    trainer = secret_trainer(tmp_path, tokenizer)
+    trainer.train()
+    refused = (r"^save_model: the tokenizer's added token id 50258 holds protected secret 0, and the "
+               r"tokenizer files saved beside the weights would publish it verbatim")
+    with pytest.raises(ValueError, match=refused) as error:
+        trainer.save_model()
+    assert "ightjar" not in str(error.value).lower()
+    with pytest.raises(ValueError, match=refused.replace("save_model", "push_to_hub")):
+        trainer.push_to_hub()
+    assert commits == [] and not (tmp_path / "out" / "tokenizer.json").exists()
+
+
+def test_added_tokens_holding_no_secret_are_published(tmp_path):
+    from hush_hf.assets.tokenizer_assets import gpt2_tokenizer
+
+    tokenizer = gpt2_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.add_tokens(["<sep>", "night", "jars"])  # parts of other words are not the secret
+    trainer = secret_trainer(tmp_path, tokenizer)
+    trainer.train()
+    trainer.save_model()
+    assert '"<sep>"' in (tmp_path / "out" / "tokenizer.json").read_text()
+    assert hush(["verify", str(tmp_path / "out"), "--as-pushed"]) == 0
