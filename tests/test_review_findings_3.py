@@ -212,3 +212,41 @@ def test_added_tokens_holding_no_secret_are_published(tmp_path):
     trainer.save_model()
     assert '"<sep>"' in (tmp_path / "out" / "tokenizer.json").read_text()
     assert hush(["verify", str(tmp_path / "out"), "--as-pushed"]) == 0
+
+
+# ----------------------------------------------------------------------------- writes between DP steps
+class NudgeAtStepEnd(TrainerCallback):
+    """A callback that moves the weights outside the DP step (a plain update, an average) at ``step``."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.transformer.h[0].attn.c_attn.weight.add_(1e-3)
+
+
+WRITTEN = (r"^{what}trainable parameter 'transformer\.h\.0\.attn\.c_attn\.weight' was written in place after "
+           r"DP step {step} and before the next \(by a callback, outside the DP step\)")
+
+
+def test_a_write_between_dp_steps_stops_the_run_and_is_never_published(tmp_path):
+    # A callback's update between steps went into the weights with no clipping or noise; the card still
+    # stated the run's sigma and 2 DP steps, and `hush verify` agreed.
+    trainer = build(tmp_path)
+    trainer.add_callback(NudgeAtStepEnd(1))
+    with pytest.raises(ValueError, match=WRITTEN.format(what="", step=1)):
+        trainer.train()
+    assert trainer.state.global_step == 1
+    with pytest.raises(ValueError, match=WRITTEN.format(what="save_model: ", step=1)):
+        trainer.save_model()
+
+
+def test_a_write_after_the_last_dp_step_is_never_published(tmp_path):
+    trainer = build(tmp_path)
+    trainer.add_callback(NudgeAtStepEnd(2))  # after the last step: training ends without an error
+    trainer.train()
+    with pytest.raises(ValueError, match=WRITTEN.format(what="save_model: ", step=2)):
+        trainer.save_model()
+    assert not (tmp_path / "hush_plan.json").exists()

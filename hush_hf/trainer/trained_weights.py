@@ -12,6 +12,10 @@ float64 sum and absolute sum of its values (writes through ``.data`` leave the v
 A final save compares. The sums are compared to a relative 1e-9 of the absolute sum, so the same values
 summed in another order (the model moved to another device) still agree, while any optimizer step moves the
 absolute sum of a tensor by far more. Under FSDP2 each rank compares its own shard.
+
+Within a run, the trainable parameters' version counters are read right after each optimizer step (the
+callback's ``on_optimizer_step``, first in line) and compared at the next DP step and when the run ends: a
+write between steps (a callback's plain update) stops the run, and its weights are never published.
 """
 
 from __future__ import annotations
@@ -72,9 +76,11 @@ def _same_sum(a: float, b: float, scale: float) -> bool:
 
 @dataclass(frozen=True)
 class TrainedWeights:
-    """The model's state_dict tensors as a DP run left them (:meth:`of`), and :meth:`check` against them."""
+    """The model's state_dict tensors as a DP run left them (:meth:`of`), and :meth:`check` against them;
+    ``refusal``: why the run's weights cannot be published at all (:func:`written_between_steps`)."""
 
     marks: dict[str, TensorMark]
+    refusal: str | None = None
 
     @classmethod
     def of(cls, model: nn.Module) -> TrainedWeights:
@@ -103,6 +109,8 @@ class TrainedWeights:
 
     def check(self, model: nn.Module, what: str) -> None:
         """ValueError (one line) if ``model`` is not as the run left it; ``what``: the publishing call."""
+        if self.refusal is not None:
+            raise ValueError(f"{what}: {self.refusal}")
         change = self.first_change(model)
         if change is not None:
             raise ValueError(
@@ -116,3 +124,28 @@ class TrainedWeights:
 def remember(model: Any) -> TrainedWeights | None:
     """:meth:`TrainedWeights.of` ``model`` (None for no model)."""
     return TrainedWeights.of(model) if isinstance(model, nn.Module) else None
+
+
+# ----------------------------------------------------------------------------- writes between DP steps
+def versions(params: list[Tensor]) -> list[int]:
+    """The version counters of ``params`` (each in-place write, the optimizer's included, moves one)."""
+    return [p._version for p in params]
+
+
+def written_between_steps(model: nn.Module, params: list[Tensor], recorded: list[int] | None,
+                          step: int) -> str | None:
+    """Why ``model`` cannot be published if a trainable parameter was written in place since ``recorded``
+    (:func:`versions` right after DP step ``step``'s optimizer step, before any other callback ran): by a
+    callback's ``on_optimizer_step``/``on_step_end``/``on_step_begin``, outside the DP step, so the training
+    record (sigma, DP steps) would not describe the weights. None when nothing was written (or nothing
+    recorded yet)."""
+    if recorded is None:
+        return None
+    moved = [p for p, version in zip(params, recorded, strict=True) if p._version != version]
+    if not moved:
+        return None
+    names = {id(p): name for name, p in model.named_parameters()}
+    name = names.get(id(moved[0]), "(unnamed)")
+    return (f"trainable parameter '{name}' was written in place after DP step {step} and before the next "
+            "(by a callback, outside the DP step), so the training record would not describe the weights; "
+            "only the DP step may change them: remove that write, or run it after saving")
