@@ -250,3 +250,38 @@ def test_a_write_after_the_last_dp_step_is_never_published(tmp_path):
     with pytest.raises(ValueError, match=WRITTEN.format(what="save_model: ", step=2)):
         trainer.save_model()
     assert not (tmp_path / "hush_plan.json").exists()
+
+
+# ----------------------------------------------------------------------------- cards written without a save
+UNSAVED = (r"^create_model_card: output_dir '.*' holds the weight file 'model\.safetensors', which no "
+           r"save_model or push_to_hub of this trainer wrote")
+
+
+def test_a_card_beside_weights_no_save_of_the_trainer_wrote_is_refused(tmp_path, capsys):
+    # create_model_card hashed whatever weight file output_dir held: an earlier run's model got this
+    # run's card.
+    tiny_gpt2(seed=9).save_pretrained(tmp_path)
+    trainer = build(tmp_path)
+    trainer.train()
+    with pytest.raises(ValueError, match=UNSAVED):
+        trainer.create_model_card()
+    assert not (tmp_path / "hush_plan.json").exists()
+    (tmp_path / "model.safetensors").unlink()
+    trainer.save_model()
+    trainer.create_model_card()  # beside the weights its own save wrote: certified as before
+    assert hush(["verify", str(tmp_path), "--as-pushed"]) == 0, capsys.readouterr().out
+
+
+def test_trl_checkpoints_never_certify_an_earlier_runs_weights(tmp_path):
+    from hush_hf.trainer import GhostClippingCallback
+    from tests.test_trl import sft_trainer
+
+    trainer = sft_trainer(tmp_path, save_strategy="steps", save_steps=1)
+    tiny_gpt2(seed=9).save_pretrained(tmp_path)  # SFTTrainer writes its card there at each checkpoint
+    plan = make_plan(np.ones(len(trainer.train_dataset)), steps=1, noise_multiplier=1.0,
+                     rows=trainer.train_dataset)
+    trainer.train_dataset = plan.attach(trainer.train_dataset)
+    GhostClippingCallback.attach(trainer, plan, clip_norm=1.0, dp_seed=3)
+    with pytest.raises(ValueError, match=UNSAVED):
+        trainer.train()
+    assert not (tmp_path / "hush_plan.json").exists()

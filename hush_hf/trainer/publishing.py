@@ -17,6 +17,7 @@ every weight file in the folder, so a save that leaves one it did not write (an 
 from __future__ import annotations
 
 import fnmatch
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,12 +126,31 @@ def check_all_written(folder: str | Path, before: dict[str, tuple[int, ...]]) ->
         )
 
 
+_SAVED: weakref.WeakKeyDictionary[Any, dict[str, dict[str, tuple[int, ...]]]] = weakref.WeakKeyDictionary()
+"""trainer -> folder -> :func:`weight_file_stats` right after the trainer's last checked save there."""
+
+
 def save_weights_checked(save: Callable[[], None], trainer: Any, folder: str | Path) -> None:
     """``save()``, then :func:`check_all_written` on ``folder`` (on the process that writes files)."""
     before = weight_file_stats(folder) if trainer.args.should_save else {}
     save()
     if trainer.args.should_save:
         check_all_written(folder, before)
+        _SAVED.setdefault(trainer, {})[str(Path(folder).resolve())] = weight_file_stats(folder)
+
+
+def check_saved_by(trainer: Any, folder: str | Path, what: str) -> None:
+    """ValueError if a weight file in ``folder`` is not as one of ``trainer``'s checked saves left it:
+    the card and record written there would certify it (e.g. TRL's checkpoints write the card into
+    ``output_dir`` beside an earlier run's weights, before any save of this one)."""
+    saved = _SAVED.get(trainer, {}).get(str(Path(folder).resolve()), {})
+    for name, stat in sorted(weight_file_stats(folder).items()):
+        if saved.get(name) != stat:
+            raise ValueError(
+                f"{what}: output_dir {str(folder)!r} holds the weight file {name!r}, which no save_model or "
+                "push_to_hub of this trainer wrote (or it changed since): the card would certify it as "
+                "trained by this DP run; save the weights with trainer.save_model() first, or move it out"
+            )
 
 
 def sharded_state_dict(trainer: Any) -> bool:
@@ -179,7 +199,10 @@ def create_model_card(
     trainer: Any, *args: Any, write_card: Callable[..., None], write_artifacts: WriteArtifacts, **kwargs: Any
 ) -> None:
     """The trainer's own README.md (Trainer's, or TRL's), then the Secret protection section added back
-    with the plan and report: every rewrite of the card (push_to_hub, TRL's checkpoints) keeps it."""
+    with the plan and report: every rewrite of the card (push_to_hub, TRL's checkpoints) keeps it. Weight
+    files there that no checked save of this trainer wrote are refused (:func:`check_saved_by`)."""
+    if trainer.is_world_process_zero():
+        check_saved_by(trainer, trainer.args.output_dir, "create_model_card")
     write_card(*args, **kwargs)
     if trainer.is_world_process_zero():
         write_artifacts(trainer.args.output_dir, model_name=kwargs.get("model_name"))
