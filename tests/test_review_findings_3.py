@@ -285,3 +285,13 @@ def test_trl_checkpoints_never_certify_an_earlier_runs_weights(tmp_path):
     with pytest.raises(ValueError, match=UNSAVED):
         trainer.train()
     assert not (tmp_path / "hush_plan.json").exists()
+
+
+def test_a_plain_trainer_given_attach_refuses_changed_weights_too(tmp_path):
+    from tests.test_publishing import attached
+
+    trainer = attached(tmp_path)
+    trainer.train()
+    _load_other_weights(trainer.model)
+    with pytest.raises(ValueError, match=CHANGED.format(what="save_model", how="was written in place")):
+        trainer.save_model()
