@@ -295,3 +295,29 @@ def test_a_plain_trainer_given_attach_refuses_changed_weights_too(tmp_path):
     _load_other_weights(trainer.model)
     with pytest.raises(ValueError, match=CHANGED.format(what="save_model", how="was written in place")):
         trainer.save_model()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64, torch.int64, torch.bool])
+def test_bit_sums_are_the_exact_sums_of_the_words_in_any_chunking(monkeypatch, dtype):
+    from hush_hf.trainer import trained_weights
+
+    monkeypatch.setattr(trained_weights, "_CHUNK", 7)  # several chunks and a short last one
+    values = torch.randn(10, 5, generator=torch.Generator().manual_seed(0))
+    values = values > 0 if dtype == torch.bool else (values * 1e3).to(dtype)
+    raw = values.numpy().tobytes() if dtype != torch.bfloat16 else values.view(torch.int16).numpy().tobytes()
+    width = {1: np.int8, 2: np.int16}.get(values.element_size(), np.int32)
+    words = [int(w) for w in np.frombuffer(raw, dtype=width)]  # Python integers: no overflow, any order
+    expected = (sum(words), sum(w * (i % 251 + 1) for i, w in enumerate(words)))
+    assert trained_weights.bit_sums(values) == expected
+    assert trained_weights.bit_sums(values.t()) != expected  # the same values elsewhere: a move is seen
+
+
+def test_a_one_element_write_through_data_is_seen_however_small():
+    from hush_hf.trainer.trained_weights import TrainedWeights
+
+    layer = torch.nn.Linear(300, 300)
+    left = TrainedWeights.of(layer)
+    assert left.first_change(layer) is None
+    layer.weight.data[3, 4] += 1e-6  # one element, an lr-sized step, through .data
+    assert layer.weight._version == left.marks["weight"].version
+    assert left.first_change(layer) == "'weight' holds other values"

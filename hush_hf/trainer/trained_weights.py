@@ -8,10 +8,11 @@ into its base, new embedding rows) would be hashed and certified as if DP traini
 
 So when a run ends (its ``on_train_end``, before any other callback's; or where it raised) every tensor of the
 model's ``state_dict`` is remembered by identity, version counter (every in-place write moves it) and a
-float64 sum and absolute sum of its values (writes through ``.data`` leave the version counter alone).
-A final save compares. The sums are compared to a relative 1e-9 of the absolute sum, so the same values
-summed in another order (the model moved to another device) still agree, while any optimizer step moves the
-absolute sum of a tensor by far more. Under FSDP2 each rank compares its own shard.
+fingerprint of its bytes (writes through ``.data`` leave the version counter alone): read as 8-, 16- or 32-bit
+integer words b_i, the exact integer sums of b_i and of b_i * (i mod 251 + 1) (:func:`bit_sums`). Integer sums
+are exact and independent of the order they are added in, so the same values on another device give the same
+fingerprint, while any changed word changes the first sum and most moves of values change the second. A final
+save compares. Under FSDP2 each rank compares its own shard.
 
 Within a run, the trainable parameters' version counters are read right after each optimizer step (the
 callback's ``on_optimizer_step``, first in line) and compared at the next DP step and when the run ends: a
@@ -20,7 +21,6 @@ write between steps (a callback's plain update) stops the run, and its weights a
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-SUM_RTOL = 1e-9
-_CHUNK = 1 << 24  # elements summed at once: a float64 copy of at most 128 MiB
+POSITION_PERIOD = 251  # the word weights i mod 251 + 1 (a prime: a row or column move rarely keeps them)
+_CHUNK = 1 << 22  # words summed at once: each sum of b_i * weight stays below 2^31 * 2^8 * 2^22 < 2^63
+_WORDS = {1: torch.int8, 2: torch.int16}  # other element sizes are read as 32-bit words
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,7 @@ class TensorMark:
     version: int
     shape: tuple[int, ...]
     dtype: torch.dtype
-    total: float
-    absolute: float
+    sums: tuple[int, int]
 
 
 def _local(tensor: Tensor) -> Tensor:
@@ -51,27 +51,25 @@ def _local(tensor: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def value_sums(tensor: Tensor) -> tuple[float, float]:
-    """(sum x, sum |x|) in float64, in chunks of ``_CHUNK`` elements."""
-    flat = _local(tensor).detach().reshape(-1)
-    total = absolute = 0.0
-    for chunk in flat.split(_CHUNK):
-        wide = chunk.to(torch.float64)
-        total += float(wide.sum())
-        absolute += float(wide.abs().sum())
-    return total, absolute
+def bit_sums(tensor: Tensor) -> tuple[int, int]:
+    """(sum b_i, sum b_i * (i mod 251 + 1)) over the tensor's bytes read as signed integer words b_i, exact
+    (int64 per chunk of ``_CHUNK`` words, chunks added as Python integers); (0, 0) for a meta tensor."""
+    local = _local(tensor).detach()
+    if local.device.type == "meta" or local.numel() == 0:
+        return 0, 0
+    words = local.contiguous().reshape(-1).view(_WORDS.get(local.element_size(), torch.int32))
+    plain = positional = 0
+    for start in range(0, words.numel(), _CHUNK):
+        chunk = words[start:start + _CHUNK].to(torch.int64)
+        weight = (torch.arange(start, start + chunk.numel(), device=chunk.device) % POSITION_PERIOD) + 1
+        plain += int(chunk.sum())
+        positional += int((chunk * weight).sum())
+    return plain, positional
 
 
 def _mark(tensor: Tensor) -> TensorMark:
-    total, absolute = value_sums(tensor)
     shape = tuple(tensor.shape)
-    return TensorMark(weakref.ref(tensor), tensor._version, shape, tensor.dtype, total, absolute)
-
-
-def _same_sum(a: float, b: float, scale: float) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return a == b or abs(a - b) <= SUM_RTOL * scale
+    return TensorMark(weakref.ref(tensor), tensor._version, shape, tensor.dtype, bit_sums(tensor))
 
 
 @dataclass(frozen=True)
@@ -101,9 +99,7 @@ class TrainedWeights:
                 return f"'{name}' changed shape or dtype"
             if tensor._version != mark.version:
                 return f"'{name}' was written in place"
-            total, absolute = value_sums(tensor)
-            scale = max(absolute, mark.absolute)
-            if not (_same_sum(total, mark.total, scale) and _same_sum(absolute, mark.absolute, scale)):
+            if bit_sums(tensor) != mark.sums:
                 return f"'{name}' holds other values"
         return None
 
