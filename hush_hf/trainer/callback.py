@@ -64,12 +64,14 @@ from hush_hf.trainer.seed_store import (
     save_dp_seed,
     seed_commitment,
 )
+from hush_hf.trainer.trained_weights import TrainedWeights, remember, versions, written_between_steps
 from hush_hf.trainer.transformers_api import check_trainer_api
 from hush_hf.trainer.validation import (
     check_dp_training_arguments,
     check_model_not_compiled,
     check_model_not_tensor_parallel,
     check_noise_multiplier,
+    check_optimizer_params,
     check_positive,
     check_single_process_devices,
 )
@@ -84,27 +86,6 @@ def check_clippable(model: nn.Module, clip_norm: float) -> None:
     """Now, not mid-training: ValueError if compiled, UnsupportedLayerError if a layer has no rule."""
     check_model_not_compiled(model)
     GhostClipper(model, clip_norm).remove()
-
-
-def check_optimizer_params(optimizer: Any, model_param_ids: set[int]) -> None:
-    """ValueError if the optimizer steps a trainable parameter that is not one of the model's.
-
-    The DP step clips and noises the gradients of the model's trainable parameters only; any other
-    parameter the optimizer holds (e.g. a temperature used by an overridden per-example loss) would
-    be updated with its raw, unclipped and noise-free gradient. Matched by identity.
-    """
-    if optimizer is None:
-        return
-    for g, group in enumerate(optimizer.param_groups):
-        for k, param in enumerate(group["params"]):
-            if param.requires_grad and id(param) not in model_param_ids:
-                raise ValueError(
-                    f"optimizer param_groups[{g}]['params'][{k}] (shape {tuple(param.shape)}) is trainable "
-                    "but is not one of the model's trainable parameters: the DP step clips and noises only "
-                    "the model's gradients, so it would be updated without clipping or noise. Make it a "
-                    "parameter of the model (in a layer ghost clipping supports), freeze it "
-                    "(requires_grad=False) or leave it out of the optimizer"
-                )
 
 
 class GhostClippingCallback(TrainerCallback):
@@ -219,6 +200,9 @@ class GhostClippingCallback(TrainerCallback):
     #: Each secret's rows and unique occurrences for the report's CRT section (CRT Prop. 7), e.g.
     #: ``callback.crt_occurrences = hush_hf.crt.occurrence_counts(text_dataset, secret_set)``.
     crt_occurrences: Any = None
+    #: The weights as the last run left them: a final save of other weights is refused (trained_weights.py).
+    trained_weights: TrainedWeights | None = None
+    _step_versions: list[int] | None = None  # the trainable parameters' versions after the last step
 
     def write_protection_artifacts(
         self, output_dir: str | Path, *, global_step: int, **kwargs: Any
@@ -345,14 +329,9 @@ class GhostClippingCallback(TrainerCallback):
         callbacks = trainer.callback_handler.callbacks
         callbacks.insert(0, callbacks.pop(callbacks.index(self)))
         self._installed = True
-        logger.info(
-            "DP training: B=%g, T=%d, C=%g, noise multiplier %.6g, %d examples",
-            self.plan.expected_batch_size,
-            self.plan.steps,
-            self.clip_norm,
-            self.noise_multiplier,
-            self.plan.num_examples,
-        )
+        logger.info("DP training: B=%g, T=%d, C=%g, noise multiplier %.6g, %d examples",
+                    self.plan.expected_batch_size, self.plan.steps, self.clip_norm, self.noise_multiplier,
+                    self.plan.num_examples)
 
     def _setup_crt(self, dataset: Any, secret_ids: Any) -> None:
         """The public rows (verified to hold no tagged secret) and the CRT step schedule."""
@@ -522,8 +501,18 @@ class GhostClippingCallback(TrainerCallback):
 
     def training_step(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
         """One optimizer step's clipped per-example backward passes (:meth:`DPStep.run`)."""
+        self._refuse_writes_between_steps(model, trainer.state.global_step)
         public = self.crt is not None and self.crt.is_public(trainer.state.global_step)
         return self.step.run(trainer, model, inputs, public=public)
+
+    def _refuse_writes_between_steps(self, model: nn.Module, step: int, *, raise_now: bool = True) -> None:
+        """A trainable parameter written since the last optimizer step: its weights are never published
+        (``trained_weights`` refuses them), and, mid-run, the run stops here."""
+        refusal = written_between_steps(model, self.step.params, self._step_versions, step)
+        if refusal is not None:
+            self.trained_weights = TrainedWeights({}, refusal=refusal)
+            if raise_now:
+                raise ValueError(refusal)
 
     def add_log_fields(self, logs: dict[str, float]) -> dict[str, float]:
         """Training logs get sigma and the mean drawn batch size since the last log; never a grad norm."""
@@ -562,7 +551,7 @@ class GhostClippingCallback(TrainerCallback):
                 "plain backward, which FSDP would average over ranks; use DDP for CRT mode"
             )
         self.step.begin(model, params)
-        self._drawn_since_log = []
+        self._drawn_since_log, self._step_versions = [], None
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """Sum the clipped gradients over ranks, add N(0, sigma^2 C^2 I) once, divide by B."""
@@ -590,8 +579,13 @@ class GhostClippingCallback(TrainerCallback):
                                 seed_digest=seed_commitment(self._state_dir, self._run_id))
             save_run_state(folder, run_state, self.plan)
 
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self._step_versions = versions(self.step.params)  # first in line: before other callbacks'
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.finish_run()
+        self.trained_weights = remember(kwargs.get("model"))  # first in line: before other callbacks'
+        self._refuse_writes_between_steps(kwargs.get("model"), state.global_step, raise_now=False)
 
 
 def _as_list(values: Any) -> list[Any]:

@@ -9,12 +9,15 @@ model card, the plan and the privacy report; anything else only when named expli
 
 The steps that write and upload (``save_model``, ``create_model_card``, ``push_to_hub``, the pushes
 during training) are here too, once, for ``SecretProtectionTrainer`` and for any ``Trainer`` (TRL's
-``SFTTrainer`` included) made private with ``GhostClippingCallback.attach``.
+``SFTTrainer`` included) made private with ``GhostClippingCallback.attach``. The training record hashes
+every weight file in the folder, so a save that leaves one it did not write (an earlier run's
+``model.safetensors`` beside this run's adapter) is refused (:func:`check_all_written`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,6 +101,58 @@ SaveWeights = Callable[..., None]
 WriteArtifacts = Callable[..., dict]
 
 
+def weight_file_stats(folder: str | Path) -> dict[str, tuple[int, ...]]:
+    """Top-level weight file name -> (inode, size, mtime, ctime in ns) of each one in ``folder``."""
+    from hush_hf.planning.record import is_weight_file
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return {}
+    stats = {p.name: p.stat() for p in folder.iterdir() if p.is_file() and is_weight_file(p.name)}
+    return {name: (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for name, st in stats.items()}
+
+
+def check_all_written(folder: str | Path, before: dict[str, tuple[int, ...]]) -> None:
+    """ValueError if a weight file in ``folder`` is as it was ``before`` a save: the save did not write it,
+    yet the training record would hash and certify it with the weights the run trained (e.g. an earlier
+    run's ``model.safetensors`` beside a DP run's ``adapter_model.safetensors``)."""
+    stale = sorted(name for name, stat in weight_file_stats(folder).items() if before.get(name) == stat)
+    if stale:
+        raise ValueError(
+            f"output_dir {str(folder)!r} holds the weight file {stale[0]!r}, which this save did not write "
+            "(an earlier save left it): the training record would certify it as trained by this DP run, and "
+            "push_to_hub would upload it; move it out of the folder (or save into an empty one) and save "
+            "again"
+        )
+
+
+_SAVED: weakref.WeakKeyDictionary[Any, dict[str, dict[str, tuple[int, ...]]]] = weakref.WeakKeyDictionary()
+"""trainer -> folder -> :func:`weight_file_stats` right after the trainer's last checked save there."""
+
+
+def save_weights_checked(save: Callable[[], None], trainer: Any, folder: str | Path) -> None:
+    """``save()``, then :func:`check_all_written` on ``folder`` (on the process that writes files)."""
+    before = weight_file_stats(folder) if trainer.args.should_save else {}
+    save()
+    if trainer.args.should_save:
+        check_all_written(folder, before)
+        _SAVED.setdefault(trainer, {})[str(Path(folder).resolve())] = weight_file_stats(folder)
+
+
+def check_saved_by(trainer: Any, folder: str | Path, what: str) -> None:
+    """ValueError if a weight file in ``folder`` is not as one of ``trainer``'s checked saves left it:
+    the card and record written there would certify it (e.g. TRL's checkpoints write the card into
+    ``output_dir`` beside an earlier run's weights, before any save of this one)."""
+    saved = _SAVED.get(trainer, {}).get(str(Path(folder).resolve()), {})
+    for name, stat in sorted(weight_file_stats(folder).items()):
+        if saved.get(name) != stat:
+            raise ValueError(
+                f"{what}: output_dir {str(folder)!r} holds the weight file {name!r}, which no save_model or "
+                "push_to_hub of this trainer wrote (or it changed since): the card would certify it as "
+                "trained by this DP run; save the weights with trainer.save_model() first, or move it out"
+            )
+
+
 def sharded_state_dict(trainer: Any) -> bool:
     """FSDP with a state dict type other than FULL_STATE_DICT (Trainer.save_model saves no weights)."""
     if not trainer.is_fsdp_enabled:
@@ -122,21 +177,32 @@ def save_model(
     and saved.
     """
     final = output_dir is None or not internal_call
-    if final and sharded_state_dict(trainer):
-        state_dict = trainer.accelerator.get_state_dict(trainer.model)  # a collective: all ranks
-        if trainer.args.should_save:
-            transformers_api.save_weights(trainer, output_dir or trainer.args.output_dir, state_dict)
-    else:
+    folder = output_dir or trainer.args.output_dir
+    if not final:
         save_weights(output_dir, internal_call)
-    if trainer.args.should_save and final:
-        write_artifacts(output_dir or trainer.args.output_dir)
+        return
+
+    def save() -> None:
+        if sharded_state_dict(trainer):
+            state_dict = trainer.accelerator.get_state_dict(trainer.model)  # a collective: all ranks
+            if trainer.args.should_save:
+                transformers_api.save_weights(trainer, folder, state_dict)
+        else:
+            save_weights(output_dir, internal_call)
+
+    save_weights_checked(save, trainer, folder)
+    if trainer.args.should_save:
+        write_artifacts(folder)
 
 
 def create_model_card(
     trainer: Any, *args: Any, write_card: Callable[..., None], write_artifacts: WriteArtifacts, **kwargs: Any
 ) -> None:
     """The trainer's own README.md (Trainer's, or TRL's), then the Secret protection section added back
-    with the plan and report: every rewrite of the card (push_to_hub, TRL's checkpoints) keeps it."""
+    with the plan and report: every rewrite of the card (push_to_hub, TRL's checkpoints) keeps it. Weight
+    files there that no checked save of this trainer wrote are refused (:func:`check_saved_by`)."""
+    if trainer.is_world_process_zero():
+        check_saved_by(trainer, trainer.args.output_dir, "create_model_card")
     write_card(*args, **kwargs)
     if trainer.is_world_process_zero():
         write_artifacts(trainer.args.output_dir, model_name=kwargs.get("model_name"))
@@ -170,7 +236,7 @@ def push_to_hub(
     token = token if token is not None else args.hub_token
     if trainer.hub_model_id is None:
         trainer.init_hf_repo(token=token, private=private)
-    save_weights(None, True)  # the weights; create_model_card writes the artifacts
+    save_weights_checked(lambda: save_weights(None, True), trainer, args.output_dir)  # the artifacts: below
     if not trainer.is_world_process_zero():
         return None
     publishable_files(args.output_dir, extra_files)  # a missing extra file fails before the card
@@ -211,7 +277,7 @@ def push_from_checkpoint(
             and not trainer.push_in_progress.is_done():
         return
     trainer.callback_handler.on_push_begin(args, trainer.state, trainer.control)
-    save_weights(args.output_dir, True)  # internal: no push from there
+    save_weights_checked(lambda: save_weights(args.output_dir, True), trainer, args.output_dir)  # no push
     write_artifacts(args.output_dir)
     if trainer.processing_class is not None:
         trainer.processing_class.save_pretrained(args.output_dir)

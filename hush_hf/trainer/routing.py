@@ -25,6 +25,8 @@ from typing import Any
 from torch import nn
 
 from hush_hf.trainer import publishing
+from hush_hf.trainer.tokenizer_secrets import check_added_tokens
+from hush_hf.trainer.trained_weights import remember
 from hush_hf.trainer.transformers_api import GRAD_NORM, NUM_ITEMS, PUSH_FROM_CHECKPOINT, check_trainer_api
 
 #: Trainer's statistics of the drawn batches: total_flos is 6 x parameters x tokens actually drawn.
@@ -63,13 +65,28 @@ def train(
     *args: Any,
     **kwargs: Any,
 ) -> Any:
-    """Set up the secret seed (fresh, or the checkpoint's run's), train, take the hooks off."""
+    """Set up the secret seed (fresh, or the checkpoint's run's), train, take the hooks off. The weights as
+    the run left them are remembered (at its ``on_train_end``, or here where it raised): a final save of
+    weights changed since is refused (:mod:`hush_hf.trainer.trained_weights`)."""
     dp.prepare_run(trainer, resume_from_checkpoint, trial)
+    dp.trained_weights = None
     try:
         output = originals["train"](resume_from_checkpoint, trial, *args, **kwargs)
+    except BaseException:
+        if dp.trained_weights is None:  # raised before on_train_end: the weights as the error left them
+            dp.trained_weights = remember(trainer.model)
+        raise
     finally:
         dp.finish_run()
     return without_batch_statistics(output)
+
+
+def check_publishable(dp: Any, trainer: Any, what: str, *, weights: bool = True) -> None:
+    """ValueError if the weights changed since the last run ended (nothing to compare before any run), or
+    if the tokenizer saved with them spells one of the trainer's secrets in an added token."""
+    if weights and dp.trained_weights is not None:
+        dp.trained_weights.check(trainer.model, what)
+    check_added_tokens(trainer.processing_class, dp.evaluation.secrets, what)  # the trainer's secrets
 
 
 def get_train_dataloader(dp: Any, trainer: Any, originals: Originals) -> Any:
@@ -159,8 +176,11 @@ def save_model(
 
     Checkpoints (``_internal_call`` with a folder) get only the weights and the DP state;
     ``save_model()`` and ``push_to_hub()`` get the full protection artifacts (FSDP2 with a sharded
-    state dict: the full state dict is gathered and saved; see :func:`publishing.save_model`).
+    state dict: the full state dict is gathered and saved; see :func:`publishing.save_model`). A final
+    save of weights changed since DP training ended is refused (:func:`check_publishable`).
     """
+    if output_dir is None or not _internal_call:
+        check_publishable(dp, trainer, "save_model")
     publishing.save_model(
         trainer,
         output_dir,
@@ -199,8 +219,10 @@ def push_to_hub(
     Same steps as ``Trainer.push_to_hub`` (save, model card, one commit), but the commit holds only
     the files :func:`hush_hf.trainer.publishing.publishable_files` allows: never trainer_state.json,
     ``*_results.json``, ``runs/``, training_args.bin or checkpoints, unless listed in ``extra_files``
-    (paths relative to ``output_dir``).
+    (paths relative to ``output_dir``). Weights changed since DP training ended are refused, and so is a
+    tokenizer that spells a secret (:func:`check_publishable`).
     """
+    check_publishable(dp, trainer, "push_to_hub")
     return publishing.push_to_hub(
         trainer,
         commit_message,
@@ -216,7 +238,8 @@ def push_to_hub(
 
 def push_from_checkpoint(dp: Any, trainer: Any, originals: Originals, checkpoint_folder: str) -> None:
     """``hub_strategy="every_save"``: push the current model with its artifacts, through the allow-list
-    (Trainer's version uploads all of ``output_dir``)."""
+    (Trainer's version uploads all of ``output_dir``); never a tokenizer that spells a secret."""
+    check_publishable(dp, trainer, "push_to_hub (hub_strategy='every_save')", weights=False)  # mid-run
     publishing.push_from_checkpoint(
         trainer,
         checkpoint_folder,

@@ -222,3 +222,24 @@ def check_single_process_devices(args: TrainingArguments) -> None:
             f"n_gpu={args.n_gpu}: several GPUs in one process (DataParallel) are not supported; "
             "use `accelerate launch` or `torchrun` with one process per GPU"
         )
+
+
+def check_optimizer_params(optimizer: Any, model_param_ids: set[int]) -> None:
+    """ValueError if the optimizer steps a trainable parameter that is not one of the model's.
+
+    The DP step clips and noises the gradients of the model's trainable parameters only; any other
+    parameter the optimizer holds (e.g. a temperature used by an overridden per-example loss) would
+    be updated with its raw, unclipped and noise-free gradient. Matched by identity.
+    """
+    if optimizer is None:
+        return
+    for g, group in enumerate(optimizer.param_groups):
+        for k, param in enumerate(group["params"]):
+            if param.requires_grad and id(param) not in model_param_ids:
+                raise ValueError(
+                    f"optimizer param_groups[{g}]['params'][{k}] (shape {tuple(param.shape)}) is trainable "
+                    "but is not one of the model's trainable parameters: the DP step clips and noises only "
+                    "the model's gradients, so it would be updated without clipping or noise. Make it a "
+                    "parameter of the model (in a layer ghost clipping supports), freeze it "
+                    "(requires_grad=False) or leave it out of the optimizer"
+                )
