@@ -74,3 +74,18 @@ def test_a_passed_check_is_not_repeated_for_the_same_dataset_object(monkeypatch)
     tokenizer.add_tokens(["nightjar"])  # the ids may decode to other text now
     text_tokens.check_tokens_spell_text(rows, tokenizer, text_column="text", name="train_dataset")
     assert len(calls) == 3
+
+
+def test_a_class_label_per_row_is_no_token_column_and_a_torch_format_is_read_as_lists() -> None:
+    # A sequence classifier's labels (one class per row) spell no text: skipped, where they used to reach
+    # the decoder as ints (a TypeError). A torch-formatted set is read as lists, as the eval check did.
+    tokenizer = gpt2_tokenizer()
+    ids = tokenizer(TEXTS, padding=False)["input_ids"]
+    classes = datasets.Dataset.from_dict({"text": TEXTS, "input_ids": ids, "labels": [0, 1, 1]})
+    text_tokens.check_tokens_spell_text(classes, tokenizer, text_column="text", name="train_dataset")
+    assert list(text_tokens.token_columns(classes)) == ["input_ids"]
+    wrong = datasets.Dataset.from_dict({"text": TEXTS, "input_ids": ids, "labels": [ids[0], ids[0], ids[2]]})
+    wrong = wrong.with_format("torch")
+    assert text_tokens.first_unspelled(wrong, tokenizer, text_column="text") == ("labels", 1)
+    with pytest.raises(ValueError, match="^train_dataset row 1: its labels spell text"):
+        text_tokens.check_tokens_spell_text(wrong, tokenizer, text_column="text", name="train_dataset")

@@ -72,20 +72,16 @@ def _tokens_not_of(dataset: Any, text_column: str, tokenizer: Any) -> bool:
     the model reads or is scored on (warned): with ``tokenizer``, a row whose ``input_ids`` or ``labels``
     spell other text (a seq2seq target beside a source-only column: :mod:`hush_hf.trainer.text_tokens`);
     without one, ``labels`` that are not the row's own ``input_ids`` (-100 aside), which nothing checks."""
-    from hush_hf.trainer.text_tokens import TOKEN_COLUMNS, first_row_not_spelled
+    from hush_hf.trainer.text_tokens import first_unspelled, token_columns
 
-    names = column_names(dataset)
-    token_lists = {c: _values(column(dataset, c)) for c in TOKEN_COLUMNS if c in names}
-    token_lists = {c: rows for c, rows in token_lists.items() if rows and isinstance(rows[0], list)}
     if tokenizer is not None:
-        texts = _values(column(dataset, text_column))
-        for tokens, rows in token_lists.items():
-            row = first_row_not_spelled(texts, rows, tokenizer)
-            if row is not None:
-                logger.warning("eval row %d: its %s spell text its %r column does not hold", row, tokens,
-                               text_column)
-                return True
-        return False
+        found = first_unspelled(dataset, tokenizer, text_column=text_column)
+        if found is not None:
+            tokens, row = found
+            logger.warning("eval row %d: its %s spell text its %r column does not hold", row, tokens,
+                           text_column)
+        return found is not None
+    token_lists = token_columns(dataset)
     if "labels" in token_lists and "input_ids" in token_lists:
         pairs = zip(token_lists["input_ids"], token_lists["labels"], strict=True)
         for row, (ids, labels) in enumerate(pairs):
@@ -97,11 +93,6 @@ def _tokens_not_of(dataset: Any, text_column: str, tokenizer: Any) -> bool:
                 )
                 return True
     return False
-
-
-def _values(values: Any) -> list[Any]:
-    """A column as Python lists, whatever the dataset's format (Arrow arrays from ``column``)."""
-    return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
 
 
 def _current_ids(dataset: Any, secrets: Any, text_column: str) -> bool:

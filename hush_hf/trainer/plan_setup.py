@@ -182,14 +182,14 @@ def _check_tokens_of(dataset: Any, text_column: str, *, tokenizer: Any, name: st
     :mod:`hush_hf.trainer.text_tokens`); trusted with a loud warning when there is no tokenizer to check."""
     if "input_ids" not in dataset.column_names or text_column not in dataset.column_names:
         return
-    if tokenizer is None or not callable(getattr(tokenizer, "batch_decode", None)):
+    from hush_hf.trainer.text_tokens import can_decode, check_tokens_spell_text
+
+    if not can_decode(tokenizer):
         loud_warning(
             f"{name} is tagged from its {text_column!r} column, and its input_ids are trusted to be that "
             "text's tokens (no tokenizer to check them: pass processing_class=tokenizer)"
         )
         return
-    from hush_hf.trainer.text_tokens import check_tokens_spell_text
-
     check_tokens_spell_text(dataset, tokenizer, text_column=text_column, name=name)
 
 

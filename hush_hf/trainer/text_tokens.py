@@ -88,17 +88,49 @@ TOKEN_COLUMNS = ("input_ids", "labels")
 """What the model reads and what it is trained to write (a seq2seq row's target is its ``labels``)."""
 
 
-def check_tokens_spell_text(dataset: Any, tokenizer: Any, *, text_column: str, name: str) -> None:
-    """ValueError naming the first row whose ``input_ids`` or ``labels`` spell what its ``text_column``
-    does not."""
-    for tokens in (c for c in TOKEN_COLUMNS if c in dataset.column_names):
+def can_decode(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` can decode ids back to text (what the checks here need)."""
+    return callable(getattr(tokenizer, "batch_decode", None))
+
+
+def column_rows(dataset: Any, name: str) -> list[Any]:
+    """Column ``name`` of a ``datasets.Dataset`` as Python values in row order, whatever its format (a
+    torch-formatted column would give tensors)."""
+    from hush_hf.data import arrow_columns
+
+    return arrow_columns(dataset, [name])[0][1].to_pylist()
+
+
+def token_columns(dataset: Any) -> dict[str, list[Any]]:
+    """The :data:`TOKEN_COLUMNS` of ``dataset`` that hold token ids per row (lists), by name: a sequence
+    classifier's one class per row in ``labels`` spells no text."""
+    found = {name: column_rows(dataset, name) for name in TOKEN_COLUMNS if name in dataset.column_names}
+    return {name: rows for name, rows in found.items() if rows and isinstance(rows[0], list)}
+
+
+def first_unspelled(dataset: Any, tokenizer: Any, *, text_column: str) -> tuple[str, int] | None:
+    """(token column, row) of the first row whose ``input_ids`` or ``labels`` spell what its
+    ``text_column`` does not (see the module docstring); None when every row passes. A pass is
+    remembered for the dataset object and tokenizer (``_PassedChecks``)."""
+    texts: list[Any] | None = None
+    for tokens, rows in token_columns(dataset).items():
         passed = _PassedChecks.key(dataset, tokenizer, text_column, tokens)
         if passed in _PASSED:
             continue
-        row = first_row_not_spelled(dataset[text_column], dataset[tokens], tokenizer)
-        if row is None:
-            _PASSED.add(passed, dataset, tokenizer)
-            continue
+        texts = column_rows(dataset, text_column) if texts is None else texts
+        row = first_row_not_spelled(texts, rows, tokenizer)
+        if row is not None:
+            return tokens, row
+        _PASSED.add(passed, dataset, tokenizer)
+    return None
+
+
+def check_tokens_spell_text(dataset: Any, tokenizer: Any, *, text_column: str, name: str) -> None:
+    """ValueError naming the first row whose ``input_ids`` or ``labels`` spell what its ``text_column``
+    does not."""
+    found = first_unspelled(dataset, tokenizer, text_column=text_column)
+    if found is not None:
+        tokens, row = found
         raise ValueError(
             f"{name} row {row}: its {tokens} spell text that its {text_column!r} column does not hold, so "
             f"tagging {text_column!r} would miss secrets the model reads. Tokenize with the marking "

@@ -25,6 +25,7 @@ from hush_hf.trainer.plan_setup import (
     prepare_secret_ids,
 )
 from hush_hf.trainer.routing import define_routes
+from hush_hf.trainer.text_tokens import can_decode
 from hush_hf.trainer.validation import check_dp_training_arguments
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class SecretProtectionTrainer(Trainer):
         evaluation = EvaluationCoverage(
             secrets if secrets is not None else args.secrets_file,
             text_column=args.secrets_text_column,
-            tokenizer=processing_class if callable(getattr(processing_class, "batch_decode", None)) else None,
+            tokenizer=processing_class if can_decode(processing_class) else None,
         )
         evaluation.register(eval_dataset)  # warns about rows holding secrets (before the marks go)
         eval_dataset = drop_marks(eval_dataset)
