@@ -45,6 +45,11 @@ def accumulate_(p: nn.Parameter, grad: Tensor, *, owned: bool = False) -> None:
         p.grad.add_(grad if grad.dtype == p.grad.dtype else grad.to(p.grad.dtype))
 
 
+def stored_sum(p: nn.Parameter) -> Tensor | None:
+    """The float32 clipped sum kept beside a low-precision parameter; None when there is none."""
+    return getattr(p, _ATTRIBUTE, None)
+
+
 def clipped_sum(p: nn.Parameter) -> Tensor | None:
     """The tensor holding p's clipped sum so far: the float32 one of a low-precision parameter, else
     ``p.grad`` (None when nothing was added)."""

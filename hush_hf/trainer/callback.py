@@ -550,7 +550,7 @@ class GhostClippingCallback(TrainerCallback):
                 f"crt_schedule={self.crt_schedule!r} is not supported under FSDP: its public steps run a "
                 "plain backward, which FSDP would average over ranks; use DDP for CRT mode"
             )
-        self.step.begin(model, params)
+        self.step.begin(model, params, kwargs.get("optimizer"))
         self._drawn_since_log, self._step_versions = [], None
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any):

@@ -44,6 +44,7 @@ from hush_hf.trainer.buffer_writes import buffer_state, buffer_write_error, rest
 from hush_hf.trainer.distributed import all_reduce_sum_, check_replicas_agree, rank_and_world_size, replicated
 from hush_hf.trainer.example_rows import ExampleRowsCollator, pad_token_id
 from hush_hf.trainer.fsdp import filler_micro_batches, is_sharded, max_across_ranks
+from hush_hf.trainer.gradient_writes import GradientStamps, optimizer_step_guard
 from hush_hf.trainer.independence import (
     RTOL,
     alone,
@@ -84,6 +85,9 @@ class DPStep:
         self.param_ids: set[int] = set()
         self.sharded = False  # FSDP2: the model's parameters are shards
         self.pending: tuple[int, int, bool] | None = None  # (step, examples on this rank, public)
+        self.clipped: GradientStamps | None = None  # the gradients as the clipped backward left them
+        self.noised: GradientStamps | None = None  # the gradients as the noise left them
+        self._optimizer_guard: Any = None
         self._source: tuple[Any, Any] | None = None  # (dataset, collator): check rows and fillers
         self._independence_checked = False
         self._told_left_padding = False
@@ -122,8 +126,10 @@ class DPStep:
             worker_init_fn=functools.partial(seed_worker, num_workers=workers, rank=rank),
         )
 
-    def begin(self, model: nn.Module, params: list[nn.Parameter]) -> None:
-        """Hook the model: the clipping engine records every layer call of the steps to come."""
+    def begin(self, model: nn.Module, params: list[nn.Parameter], optimizer: Any = None) -> None:
+        """Hook the model: the clipping engine records every layer call of the steps to come; and
+        ``optimizer``: each of its steps must apply the gradients the noise left
+        (:mod:`hush_hf.trainer.gradient_writes`)."""
         check_model_not_compiled(model)  # e.g. made by model_init, after the trainer was built
         self.end()
         self.sharded = is_sharded(model)
@@ -131,12 +137,16 @@ class DPStep:
         self._padding_readers = padding_readers(model)  # layers a padded row is refused for
         self._independence_checked = False
         self.model, self.params, self.param_ids = model, params, {id(p) for p in params}
+        self.clipped = self.noised = None
+        self._optimizer_guard = optimizer_step_guard(optimizer, self._before_optimizer_step)
 
     def end(self) -> None:
         """Take the hooks off the model (also after an error)."""
         if self.clipper is not None:
             self.clipper.remove()
-        self.clipper, self.pending = None, None
+        if self._optimizer_guard is not None:
+            self._optimizer_guard.remove()
+        self.clipper, self.pending, self._optimizer_guard = None, None, None
 
     # ------------------------------------------------------------------------- 2-4. one share, clipped
     def run(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any], *, public: bool) -> Tensor:
@@ -153,6 +163,7 @@ class DPStep:
         if callable(getattr(trainer.optimizer, "train", None)):
             trainer.optimizer.train()
         clipped_sums.discard_(self.params)  # only this step's clipped sum may reach the optimizer
+        self.clipped = self.noised = None
         self.clipper.reset()
         if not self._independence_checked:
             self._check_padding_readers(trainer)
@@ -191,6 +202,7 @@ class DPStep:
         if written:  # before the optimizer step: the step's gradients are discarded with the run
             raise ValueError(buffer_write_error(module, written))
         self.pending = (trainer.state.global_step, count, public)
+        self.clipped = GradientStamps(self.params, "after the DP step's backward passes")
         nan = torch.tensor(math.nan, dtype=torch.float64, device=trainer.args.device)
         return (loss_sum / count if count else nan).to(torch.float32)
 
@@ -223,6 +235,8 @@ class DPStep:
             )
         _, count, public = self.pending
         self.pending = None
+        if self.clipped is not None:
+            self.clipped.check(self.model, "the noise was added")
         sums = clipped_sums.clipped_sums_for_noise(self.params)  # float32 for bf16/fp16 parameters
         count = self._reduce_across_ranks(count, sums)
         if public:
@@ -230,6 +244,7 @@ class DPStep:
                 for grad in sums:
                     grad.div_(max(count, 1))
             clipped_sums.round_into_grads_(self.params)
+            self.noised = GradientStamps(self.params, "after the public step's mean")
             return count, True
         privatize_gradients_(
             self.params,
@@ -240,7 +255,19 @@ class DPStep:
             step=noise_step,
         )
         check_replicas_agree(replicated([p.grad for p in self.params]))  # FSDP2 shards differ by design
+        self.noised = GradientStamps(self.params, "after the noise was added")
         return count, False
+
+    def _before_optimizer_step(self) -> None:
+        """The optimizer step pre-hook: it applies the gradients ``privatize`` left. Not consumed: torch
+        runs the hook again for an optimizer subclass whose ``step`` calls ``super().step``, and applying
+        the noised gradient twice is post-processing."""
+        if self.noised is None:
+            raise RuntimeError(
+                "the optimizer stepped before this step's noise was added (optimizer.step() called outside "
+                "Trainer's optimizer step); refusing to apply gradients that were not clipped and noised"
+            )
+        self.noised.check(self.model, "the optimizer step")
 
     def _reduce_across_ranks(self, count: int, sums: list[Tensor]) -> int:
         """Sum every rank's gradient sums (in place) and drawn-row counts; returns the total count. FSDP2
