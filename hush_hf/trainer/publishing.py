@@ -71,15 +71,17 @@ def upload_publishable(
     revision: str | None,
     run_as_future: bool,
     extra_files: Iterable[str] = (),
+    check_files: CheckFiles | None = None,
 ) -> object:
-    """One commit adding exactly :func:`publishable_files` (``api`` is an ``HfApi``)."""
+    """One commit adding exactly :func:`publishable_files` (``api`` is an ``HfApi``), after
+    ``check_files(folder, names)`` (which raises to stop the upload)."""
     from huggingface_hub import CommitOperationAdd
 
     folder = Path(folder)
-    operations = [
-        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name))
-        for name in publishable_files(folder, extra_files)
-    ]
+    names = publishable_files(folder, extra_files)
+    if check_files is not None:
+        check_files(folder, names)
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in names]
     return api.create_commit(
         repo_id=repo_id,
         operations=operations,
@@ -98,6 +100,7 @@ def upload_publishable(
 # (``GhostClippingCallback.write_protection_artifacts``).
 
 SaveWeights = Callable[..., None]
+CheckFiles = Callable[[Path, list[str]], None]
 WriteArtifacts = Callable[..., dict]
 
 
@@ -218,6 +221,7 @@ def push_to_hub(
     *,
     save_weights: SaveWeights,
     extra_files: Sequence[str] = (),
+    check_files: CheckFiles | None = None,
     **kwargs: Any,
 ) -> Any:
     """Upload the model, config, tokenizer, card, plan and privacy report, and nothing else.
@@ -256,11 +260,17 @@ def push_to_hub(
         revision=revision if revision is not None else args.hub_revision,
         run_as_future=not blocking,
         extra_files=extra_files,
+        check_files=check_files,
     )
 
 
 def push_from_checkpoint(
-    trainer: Any, checkpoint_folder: str, *, save_weights: SaveWeights, write_artifacts: WriteArtifacts
+    trainer: Any,
+    checkpoint_folder: str,
+    *,
+    save_weights: SaveWeights,
+    write_artifacts: WriteArtifacts,
+    check_files: CheckFiles | None = None,
 ) -> None:
     """``hub_strategy="every_save"``: push the current model with its artifacts, through the allow-list.
 
@@ -289,6 +299,7 @@ def push_from_checkpoint(
         token=args.hub_token,
         revision=args.hub_revision,
         run_as_future=True,
+        check_files=check_files,
     )
     if trainer.push_in_progress is None or trainer.push_in_progress.is_done():
         trainer.push_in_progress = PushInProgress([job])

@@ -25,6 +25,7 @@ from typing import Any
 from torch import nn
 
 from hush_hf.trainer import publishing
+from hush_hf.trainer.published_text import check_published_text, published_text_files
 from hush_hf.trainer.tokenizer_secrets import check_added_tokens
 from hush_hf.trainer.trained_weights import remember
 from hush_hf.trainer.transformers_api import GRAD_NORM, NUM_ITEMS, PUSH_FROM_CHECKPOINT, check_trainer_api
@@ -87,6 +88,11 @@ def check_publishable(dp: Any, trainer: Any, what: str, *, weights: bool = True)
     if weights and dp.trained_weights is not None:
         dp.trained_weights.check(trainer.model, what)
     check_added_tokens(trainer.processing_class, dp.evaluation.secrets, what)  # the trainer's secrets
+
+
+def text_check(dp: Any, what: str) -> publishing.CheckFiles:
+    """``check_files`` of an upload: no published text file spells one of the trainer's secrets."""
+    return lambda folder, names: check_published_text(folder, names, dp.evaluation.secrets, what)
 
 
 def get_train_dataloader(dp: Any, trainer: Any, originals: Originals) -> Any:
@@ -177,9 +183,11 @@ def save_model(
     Checkpoints (``_internal_call`` with a folder) get only the weights and the DP state;
     ``save_model()`` and ``push_to_hub()`` get the full protection artifacts (FSDP2 with a sharded
     state dict: the full state dict is gathered and saved; see :func:`publishing.save_model`). A final
-    save of weights changed since DP training ended is refused (:func:`check_publishable`).
+    save of weights changed since DP training ended is refused (:func:`check_publishable`), and so is a
+    saved text file that spells one of the trainer's secrets (:mod:`hush_hf.trainer.published_text`).
     """
-    if output_dir is None or not _internal_call:
+    final = output_dir is None or not _internal_call
+    if final:
         check_publishable(dp, trainer, "save_model")
     publishing.save_model(
         trainer,
@@ -188,6 +196,9 @@ def save_model(
         save_weights=originals["save_model"],
         write_artifacts=_artifacts(dp, trainer),
     )
+    if final and trainer.args.should_save:
+        folder = output_dir or trainer.args.output_dir
+        text_check(dp, "save_model")(folder, published_text_files(folder))
 
 
 def create_model_card(dp: Any, trainer: Any, originals: Originals, *args: Any, **kwargs: Any) -> None:
@@ -199,6 +210,8 @@ def create_model_card(dp: Any, trainer: Any, originals: Originals, *args: Any, *
         write_artifacts=_artifacts(dp, trainer),
         **kwargs,
     )
+    if trainer.is_world_process_zero():
+        text_check(dp, "create_model_card")(trainer.args.output_dir, ["README.md"])
 
 
 def push_to_hub(
@@ -232,6 +245,7 @@ def push_to_hub(
         private,
         save_weights=originals["save_model"],
         extra_files=extra_files,
+        check_files=text_check(dp, "push_to_hub"),
         **kwargs,
     )
 
@@ -245,6 +259,7 @@ def push_from_checkpoint(dp: Any, trainer: Any, originals: Originals, checkpoint
         checkpoint_folder,
         save_weights=originals["save_model"],
         write_artifacts=_artifacts(dp, trainer),
+        check_files=text_check(dp, "push_to_hub (hub_strategy='every_save')"),
     )
 
 
