@@ -25,6 +25,7 @@ from hush_hf.clipping.tensor_views import as_shape
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 _ATTRIBUTE = "hush_clipped_sum"
+CLIPPED_SUM_ATTRIBUTE = _ATTRIBUTE  # the float32 sum beside a low-precision parameter
 
 
 def accumulate_(p: nn.Parameter, grad: Tensor, *, owned: bool = False) -> None:
@@ -43,11 +44,6 @@ def accumulate_(p: nn.Parameter, grad: Tensor, *, owned: bool = False) -> None:
         p.grad = grad if grad.dtype == p.dtype else grad.to(p.dtype)
     else:
         p.grad.add_(grad if grad.dtype == p.grad.dtype else grad.to(p.grad.dtype))
-
-
-def stored_sum(p: nn.Parameter) -> Tensor | None:
-    """The float32 clipped sum kept beside a low-precision parameter; None when there is none."""
-    return getattr(p, _ATTRIBUTE, None)
 
 
 def clipped_sum(p: nn.Parameter) -> Tensor | None:

@@ -28,13 +28,15 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
-from hush_hf.clipping.clipped_sums import stored_sum
+from hush_hf.clipping.clipped_sums import CLIPPED_SUM_ATTRIBUTE
 
 _Stamp = tuple[Tensor | None, int, Tensor | None, int]
+_SUM = CLIPPED_SUM_ATTRIBUTE
 
 
 def _version(tensor: Tensor | None) -> int:
-    """The version counter of ``tensor`` (of its local shard too for a DTensor); -1 for None."""
+    """The version counter of ``tensor``; -1 for None. A DTensor's in-place ops bump its own counter and
+    writes to its local shard the shard's, so both count."""
     if tensor is None:
         return -1
     if isinstance(tensor, DTensor):
@@ -42,9 +44,19 @@ def _version(tensor: Tensor | None) -> int:
     return int(tensor._version)
 
 
-def _stamp(p: nn.Parameter) -> _Stamp:
-    grad, total = p.grad, stored_sum(p)
-    return (grad, _version(grad), total, _version(total))
+def _stamps(params: Sequence[nn.Parameter]) -> list[_Stamp]:
+    # Run twice per optimizer step over every trainable parameter: plain tensors read their counters
+    # inline (no Python call each), anything else goes through _version.
+    out = []
+    for p in params:
+        grad, total = p.grad, getattr(p, _SUM, None)
+        out.append((
+            grad,
+            -1 if grad is None else grad._version if grad.__class__ is Tensor else _version(grad),
+            total,
+            -1 if total is None else total._version if total.__class__ is Tensor else _version(total),
+        ))
+    return out
 
 
 class GradientStamps:
@@ -52,21 +64,13 @@ class GradientStamps:
     for the error."""
 
     def __init__(self, params: Sequence[nn.Parameter], when: str) -> None:
-        self.params, self.when = list(params), when
-        self.stamps = [_stamp(p) for p in self.params]
+        self.params, self.when = params, when
+        self.stamps = _stamps(params)
 
     def first_written(self) -> int | None:
         """Index of the first parameter whose gradient tensors changed since the stamps; None if none."""
-        for k, (p, (grad, grad_version, total, total_version)) in enumerate(
-            zip(self.params, self.stamps, strict=True)
-        ):
-            now_total = stored_sum(p)
-            if (
-                p.grad is not grad
-                or _version(p.grad) != grad_version
-                or now_total is not total
-                or _version(now_total) != total_version
-            ):
+        for k, (now, then) in enumerate(zip(_stamps(self.params), self.stamps, strict=True)):
+            if now[0] is not then[0] or now[2] is not then[2] or now[1] != then[1] or now[3] != then[3]:
                 return k
         return None
 
