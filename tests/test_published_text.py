@@ -92,3 +92,26 @@ def test_json_is_read_string_by_string_with_escapes_decoded(tmp_path):
 )
 def test_which_files_are_read(name, read):
     assert is_read(name) is read
+
+
+def test_write_protection_artifacts_called_directly_checks_what_the_saves_check(tmp_path):
+    # Called by hand beside weights saved some other way, it certified them (sigma, steps, digests), and
+    # wrote its card beside a config spelling a secret.
+    import torch
+
+    trainer = secret_trainer(tmp_path, tokenizer())
+    trainer.train()
+    out = tmp_path / "out"
+    trainer.save_model()
+    trainer.write_protection_artifacts(out)  # the weights save_model wrote: certified again
+    with torch.no_grad():
+        trainer.model.transformer.wte.weight.add_(1.0)
+    trainer.model.save_pretrained(out)  # other weights, saved by hand
+    with pytest.raises(ValueError, match=r"^write_protection_artifacts: output_dir '[^']+' holds the weight "
+                                         r"file 'model\.safetensors', which no save_model or push_to_hub"):
+        trainer.write_protection_artifacts(out)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "config.json").write_text(json.dumps({"id2label": {"0": "nightjar"}}))
+    with pytest.raises(ValueError, match=refused("write_protection_artifacts", r"config\.json")):
+        trainer.write_protection_artifacts(clean)

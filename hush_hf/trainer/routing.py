@@ -46,9 +46,9 @@ def without_batch_statistics(output: Any) -> Any:
 
 
 def _artifacts(dp: Any, trainer: Any) -> Callable[..., dict[str, Path]]:
-    """The trainer's ``write_protection_artifacts`` (SecretProtectionTrainer's adds its CRT arguments),
-    else the callback's at the trainer's step."""
-    own = getattr(trainer, "write_protection_artifacts", None)
+    """The trainer's ``write_protection_artifacts`` without its checks, which the saves run themselves
+    (SecretProtectionTrainer's adds its CRT arguments), else the callback's at the trainer's step."""
+    own = getattr(trainer, "_write_protection_artifacts", None)
     if own is not None:
         return own
     return lambda output_dir, **kwargs: dp.write_protection_artifacts(

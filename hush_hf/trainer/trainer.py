@@ -24,6 +24,8 @@ from hush_hf.trainer.plan_setup import (
     plan_for_dataset,
     prepare_secret_ids,
 )
+from hush_hf.trainer.published_text import check_published_text, published_text_files
+from hush_hf.trainer.publishing import check_saved_by
 from hush_hf.trainer.routing import define_routes
 from hush_hf.trainer.text_tokens import can_decode
 from hush_hf.trainer.validation import check_dp_training_arguments
@@ -179,13 +181,27 @@ class SecretProtectionTrainer(Trainer):
 
     def write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
         """README.md card section, hush_plan.json and privacy_report.{json,md,png} (see hush_hf.audit),
-        beside the weights already saved in ``output_dir``.
+        beside the weights already saved in ``output_dir`` (``save_model`` and ``push_to_hub`` write them
+        too).
 
         The plan written carries the training record: the sigma used, the DP steps the weights went
         through (``trainer.state.global_step``, CRT public steps apart) and the weights' digests. Every
         bound stated is recomputed at them (``self.dp.verification``, made when training was set up,
-        is reused when the run took the plan's T steps); none is read from the plan file.
+        is reused when the run took the plan's T steps); none is read from the plan file. Refused: weight
+        files in ``output_dir`` that no ``save_model``/``push_to_hub`` of this trainer wrote (the record
+        would certify them), and, once written, a text file there that spells one of the secrets.
         """
+        what = "write_protection_artifacts"
+        if self.args.should_save:
+            check_saved_by(self, output_dir, what)
+        paths = self._write_protection_artifacts(output_dir, **kwargs)
+        if self.args.should_save:
+            secrets = self.dp.evaluation.secrets
+            check_published_text(output_dir, published_text_files(output_dir), secrets, what)
+        return paths
+
+    def _write_protection_artifacts(self, output_dir: str | Path, **kwargs: Any) -> dict[str, Path]:
+        """:meth:`write_protection_artifacts` without its checks: the saves run them around it."""
         return self.dp.write_protection_artifacts(
             output_dir, global_step=self.state.global_step, **{"crt": self.crt_report_section(), **kwargs}
         )
