@@ -115,6 +115,29 @@ def copy_of(folder, tmp_path, name="copy"):
     return shutil.copytree(folder, tmp_path / name)
 
 
+def test_verify_fails_a_folder_publishing_batch_statistics_or_a_spelled_secret(published, tmp_path, capsys):
+    # A repo uploaded by hand (upload_folder of output_dir) with trainer_state.json's per-step losses, or a
+    # config whose label names spell a secret, verified OK before.
+    import json
+
+    folder = copy_of(published.good, tmp_path)
+    (folder / "runs").mkdir()
+    (folder / "runs" / "events.out.tfevents.0").write_bytes(b"loss per step")
+    (folder / "trainer_state.json").write_text("{}")
+    code, found, text = verify(capsys, folder)
+    assert code == 1 and found["published files"] == "FAILED"
+    assert "2 file(s) of un-noised statistics of the drawn batches lie beside the weights (e.g. " \
+           "'runs/events.out.tfevents.0'); a local output_dir: check it with --as-pushed" in text
+    assert verify(capsys, folder, "--as-pushed")[0] == 0  # a push leaves them out
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "id2label": {"0": WORDS[2].upper()}}))
+    code, found, text = verify(capsys, folder, "--as-pushed", "--secrets", published.secrets)
+    assert code == 1 and found["published text"] == "FAILED"
+    assert "config.json spells secret 2 of --secrets" in text
+    assert all(word not in text.lower() for word in WORDS)
+    assert verify(capsys, folder, "--as-pushed")[0] == 0  # without the secrets, nothing to read them with
+
+
 # -- the record -------------------------------------------------------------------------------------
 def test_the_published_plan_records_what_was_trained(published):
     for folder, sigma, steps in ((published.good, None, STEPS), (published.weak, WEAK_SIGMA, STEPS),
@@ -148,12 +171,13 @@ def test_a_calibrated_run_verifies_from_its_files_and_with_its_data(published, c
     assert code == 0, text
     assert found == {"sampling probabilities": "ok", "numbers the plan states": "ok", "calibration": "ok",
                      "LP constraints": "ok", "weights": "ok", "card README.md": "ok",
-                     "privacy report privacy_report.json": "ok"}
+                     "privacy report privacy_report.json": "ok", "published files": "ok"}
     assert "OK: all 3 targets hold at what was trained, and every check passed" in text
     code, found, text = verify(capsys, published.good, "--dataset", published.data,
                                "--secrets", published.secrets)
     assert code == 0, text
     assert found["memberships"] == found["secrets file"] == "ok" and found["secret ids"] == "not checked"
+    assert found["published text"] == "ok"
     assert "memberships from --dataset (its column 'text' tagged with --secrets)" in text
     for word in WORDS:
         assert word not in text.lower()

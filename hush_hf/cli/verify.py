@@ -9,7 +9,10 @@ smallest that does), that the weight files in MODEL_DIR are exactly those whose 
 lists and that no other weight-like file lies at any depth (``hush_hf.planning.weight_files``), and
 that the model card's `hush_hf` metadata and whole Secret protection section and privacy_report.json/.md
 state exactly what the recomputation gives (``hush_hf.audit.published``; an absent card or report is
-reported, not counted as a pass or a failure).
+reported, not counted as a pass or a failure), and that MODEL_DIR holds no file of un-noised
+statistics of the drawn batches (trainer_state.json, ``*_results.json``, runs/, checkpoints).
+With `--secrets`, no published text file (config, tokenizer configuration, card, ...) may spell one of
+its secrets.
 `--as-pushed` counts only the files `push_to_hub` uploads from MODEL_DIR (for a local output_dir).
 `--plan PLAN` checks a plan file (with MODEL_DIR, instead of MODEL_DIR/hush_plan.json); a plan no run
 published (no training record) certifies no model. `--secrets FILE` compares the number of secrets and
@@ -36,6 +39,10 @@ HELP = "recompute every secret's bound from a published plan; check the weights,
 PLAN_FILE = "hush_plan.json"
 REPORT_FILE = "privacy_report.json"
 CARD_FILE = "README.md"
+STATISTICS = ("trainer_state.json", "*_results.json", "runs", "checkpoint-*")
+"""Files and folders of un-noised statistics of the drawn batches that Trainer writes when a script asks
+(``save_state``, ``save_metrics``, TensorBoard, checkpoints); ``push_to_hub`` never uploads them.
+training_args.bin is not among them: every ``save_model`` writes it, and the push leaves it out too."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,10 +140,45 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
     return checks, membership, columns, f"--dataset ({source})"
 
 
+def published_files_checks(model_dir: Path, among: list[str] | None, secret_set: Any) -> list:
+    """What else the folder publishes: no file of un-noised statistics of the drawn batches
+    (:data:`STATISTICS`: trainer_state.json's per-step losses, ``*_results.json``, ``runs/``,
+    checkpoints, which a DP push never uploads; not looked for in ``among``, the files a push uploads),
+    and, with ``secret_set``, no text file that spells one of its secrets
+    (``hush_hf.trainer.published_text``)."""
+    import fnmatch
+
+    from hush_hf.planning.consistency import Check
+    from hush_hf.trainer.published_text import first_spelled
+
+    files = among if among is not None else sorted(
+        p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()
+    )
+    checks = []
+    if among is None:
+        found = [name for name in files
+                 if any(fnmatch.fnmatch(part, g) for part in name.split("/") for g in STATISTICS)]
+        checks.append(Check(
+            "published files", not found,
+            f"{len(found)} file(s) of un-noised statistics of the drawn batches lie beside the weights (e.g. "
+            f"{found[0]!r}); a local output_dir: check it with --as-pushed" if found
+            else "no trainer_state.json, *_results.json, runs/ or checkpoint beside the weights",
+        ))
+    if secret_set is not None:
+        spelled = first_spelled(model_dir, files, secret_set)
+        checks.append(Check(
+            "published text", spelled is None,
+            f"{spelled[0]} spells secret {spelled[1]} of --secrets" if spelled is not None
+            else "no published text file spells a secret of --secrets",
+        ))
+    return checks
+
+
 def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification: Any, *,
-                     as_pushed: bool = False) -> list:
-    """The weights against the record's digests; the card and privacy report against the recomputation.
-    ``as_pushed``: only the files ``push_to_hub`` uploads from ``model_dir`` count."""
+                     as_pushed: bool = False, secret_set: Any = None) -> list:
+    """The weights against the record's digests; the card and privacy report against the recomputation;
+    the other published files (:func:`published_files_checks`). ``as_pushed``: only the files
+    ``push_to_hub`` uploads from ``model_dir`` count."""
     from hush_hf.audit.certificate import certificate_block, recomputed_report
     from hush_hf.audit.published import check_card, check_report
     from hush_hf.planning.consistency import Check
@@ -163,7 +205,7 @@ def model_dir_checks(model_dir: Path, plan: Any, plan_digest: str, verification:
     report_check, stated = check_report(model_dir / REPORT_FILE, recomputed, plan)
     checks.append(check_card(model_dir / CARD_FILE, block, stated))
     checks.append(report_check)
-    return checks
+    return checks + published_files_checks(model_dir, among, secret_set)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     checks.append(consistency.check_lp_constraints(plan, priors, targets, used))
     if args.model_dir is not None:
         checks += model_dir_checks(Path(args.model_dir), plan, data["digest"], verification,
-                                   as_pushed=args.as_pushed)
+                                   as_pushed=args.as_pushed, secret_set=secret_set)
     elif plan.training is not None:
         checks.append(Check("weights", None, "not compared with the record's digests: give MODEL_DIR"))
     seed = seed_source_check(plan, args.require_drawn_seed)

@@ -61,27 +61,35 @@ def texts_of(path: Path) -> Iterator[str]:
     yield text
 
 
-def check_published_text(folder: str | Path, names: Iterable[str], secrets: Any, what: str) -> None:
-    """ValueError (one line, no secret content) if a file of ``names`` in ``folder`` that
-    :func:`is_read` spells one of ``secrets`` (a SecretSet or a secrets file; None: nothing to check
-    against)."""
-    names = [n for n in names if is_read(n) and (Path(folder) / n).is_file()] if secrets is not None else []
+def first_spelled(folder: str | Path, names: Iterable[str], secrets: Any) -> tuple[str, int] | None:
+    """(file name, secret number) of the first file of ``names`` in ``folder`` that :func:`is_read`
+    reads and that spells one of ``secrets`` (a SecretSet or a secrets file); None if none does."""
+    names = sorted(n for n in names if is_read(n) and (Path(folder) / n).is_file())
     if not names:
-        return
+        return None
     from hush_hf.secrets import tagger_for
     from hush_hf.trainer.plan_setup import load_secrets
 
     tagger = tagger_for(load_secrets(secrets))
-    for name in sorted(names):
+    for name in names:
         for text in texts_of(Path(folder) / name):
             found = tagger(text)
             if found:
-                raise ValueError(
-                    f"{what}: {name} in {str(folder)!r} spells protected secret {min(found)}, and would "
-                    "publish it verbatim beside weights whose card says no secret's content is published; "
-                    "take the secret out of what wrote that file (a config's label names, a chat template, "
-                    "a model or dataset name, an extra file) and save again; do not publish the folder as is"
-                )
+                return name, min(found)
+    return None
+
+
+def check_published_text(folder: str | Path, names: Iterable[str], secrets: Any, what: str) -> None:
+    """ValueError (one line, no secret content) if :func:`first_spelled` finds a file spelling one of
+    ``secrets`` (None: the secrets are not known, nothing is read)."""
+    found = first_spelled(folder, names, secrets) if secrets is not None else None
+    if found is not None:
+        raise ValueError(
+            f"{what}: {found[0]} in {str(folder)!r} spells protected secret {found[1]}, and would publish it "
+            "verbatim beside weights whose card says no secret's content is published; take the secret out "
+            "of what wrote that file (a config's label names, a chat template, a model or dataset name, an "
+            "extra file) and save again; do not publish the folder as is"
+        )
 
 
 def published_text_files(folder: str | Path) -> list[str]:
