@@ -52,13 +52,15 @@ def _json_strings(value: Any) -> Iterator[str]:
 def texts_of(path: Path) -> Iterator[str]:
     """The texts of a published file: each string of a JSON file (keys included), else the whole text."""
     text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".json":
-        try:
-            yield from _json_strings(json.loads(text))
-            return
-        except json.JSONDecodeError:
-            pass  # not JSON after all: read as text
-    yield text
+    if path.suffix != ".json":
+        yield text
+        return
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:  # not JSON after all: read as text
+        yield text
+        return
+    yield from _json_strings(value)
 
 
 def first_spelled(folder: str | Path, names: Iterable[str], secrets: Any) -> tuple[str, int] | None:
