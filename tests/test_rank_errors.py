@@ -1,0 +1,156 @@
+"""A check that fails on one rank fails every rank at once (2 CPU processes, gloo), never a hang.
+
+Each scenario below makes one check of the DP step fail on one rank only; before, the other rank went
+on into the next collective and waited there until the process group's timeout (30 min by default; the
+worker sets ``ddp_timeout`` to 20 s, so a hang shows as a gloo timeout error instead of a frozen test).
+Now the failing rank raises its own error and every other rank raises ``rank k refused: <that error>``
+at the same synchronisation point, before any optimizer step applies the step's gradient. Run as a
+script, this file is the worker each launched process executes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+from tests.launching import REPO, accelerate_launch
+
+CONFIG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
+TIMEOUT_S = 20  # the process group's timeout in the worker: a rank left waiting fails after it
+
+# scenario: (failing rank, error class, start of the failing rank's message, optimizer steps taken)
+SCENARIOS = {
+    "loss_shape": (1, "ValueError", "per_example_loss must return a tensor of shape", 0),
+    "first_step_check": (1, "ValueError", "per_example_loss must return a tensor of shape", 0),
+    "buffer_write": (0, "ValueError", "layer 'transformer.ln_f' (RunningCount) writes its buffer", 0),
+    "gradient_write": (1, "RuntimeError", "the gradient of parameter", 0),
+    "write_between_steps": (1, "ValueError", "trainable parameter", 1),
+}
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class RunningCount(nn.Module):
+    """A LayerNorm counting its training calls with gradients in a buffer, on rank ``rank`` only."""
+
+    def __init__(self, inner: nn.LayerNorm, rank: int) -> None:
+        super().__init__()
+        self.inner, self.rank = inner, rank
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled() and _rank() == self.rank:
+            self.calls.add_(1)
+        return self.inner(x)
+
+
+class WriteOnOneRank(TrainerCallback):
+    """On ``rank`` only: scales a trainable gradient before the noise, or writes a parameter after step 0."""
+
+    def __init__(self, rank: int, what: str) -> None:
+        self.rank, self.what = rank, what
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self.what == "gradient" and _rank() == self.rank:
+            next(p for p in model.parameters() if p.requires_grad).grad.mul_(0.5)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.what == "parameter" and _rank() == self.rank and state.global_step == 1:
+            with torch.no_grad():
+                next(p for p in model.parameters() if p.requires_grad).mul_(1.0)
+
+
+def run_scenario(name: str, folder: Path) -> dict:
+    """Train 2 steps with ``name``'s one-rank failure: what this rank raised, how long it took, and whether
+    the weights moved beyond the steps the scenario expects."""
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import (
+        dp_config,
+        make_plan,
+        pad_collate,
+        parameters,
+        tiny_gpt2,
+        token_dataset,
+    )
+
+    failing = SCENARIOS[name][0]
+
+    class OneRankLoss(SecretProtectionTrainer):
+        def compute_per_example_loss(self, model, inputs):
+            losses = super().compute_per_example_loss(model, inputs)
+            wrong = name == "first_step_check" or (name == "loss_shape" and torch.is_grad_enabled())
+            return losses[:, None] if wrong and _rank() == failing else losses
+
+    model = tiny_gpt2(seed=0)
+    if name == "buffer_write":
+        model.transformer.ln_f = RunningCount(model.transformer.ln_f, failing)
+    rows = token_dataset(8, seed=3)
+    plan = make_plan(np.full(8, 0.9), steps=2, noise_multiplier=1.0, rows=rows)
+    trainer = OneRankLoss(
+        model=model,
+        args=dp_config(folder / name, max_steps=2, per_device_train_batch_size=1, ddp_timeout=TIMEOUT_S),
+        train_dataset=plan.attach(rows),
+        data_collator=pad_collate,
+        plan=plan,
+    )
+    if name == "gradient_write":  # before the DP callback: its write lands between the backward and the noise
+        trainer.callback_handler.callbacks.insert(0, WriteOnOneRank(failing, "gradient"))
+    if name == "write_between_steps":
+        trainer.add_callback(WriteOnOneRank(failing, "parameter"))
+    before = parameters(model)
+    start = time.monotonic()
+    try:
+        trainer.train()
+        kind, message = "none", ""
+    except Exception as error:  # noqa: BLE001  (what each rank raised is the result)
+        kind, message = type(error).__name__, str(error)
+    seconds = time.monotonic() - start
+    unchanged = all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    return {"kind": kind, "message": message, "seconds": seconds, "steps": trainer.state.global_step,
+            "unchanged": unchanged}
+
+
+def worker(out_path: str) -> None:
+    import torch.distributed as dist
+
+    results = {name: run_scenario(name, Path(out_path).parent) for name in SCENARIOS}
+    torch.save(results, f"{out_path}.{_rank()}")
+    if dist.is_initialized():
+        dist.destroy_process_group()  # join gloo's threads now, not in static destructors at exit
+
+
+from tests.test_trainer_helpers import single_thread  # noqa: E402,F401  (autouse fixture)
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
+
+
+def test_a_check_failing_on_one_rank_fails_every_rank_at_once_with_that_ranks_error(tmp_path):
+    out = tmp_path / "ranks.pt"
+    accelerate_launch(CONFIG, __file__, str(out), timeout=150)
+    ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
+    for name, (failing, kind, start, steps) in SCENARIOS.items():
+        found = ranks[failing][name]
+        assert (found["kind"], found["message"][: len(start)]) == (kind, start), (name, found)
+        assert "\n" not in found["message"]
+        other = ranks[1 - failing][name]
+        # the same error on the other rank, naming where it was found (not a gloo timeout)
+        refused = f"rank {failing} refused: {found['message']}"
+        assert (other["kind"], other["message"]) == (kind, refused), name
+        for rank in ranks:
+            assert rank[name]["seconds"] < TIMEOUT_S, (name, rank[name]["seconds"])  # nobody waited it out
+            assert rank[name]["steps"] == steps, name  # the failing step's gradient reached no optimizer
+            assert rank[name]["unchanged"] == (steps == 0), name
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])
