@@ -26,13 +26,18 @@ from tests.launching import REPO, accelerate_launch
 CONFIG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
 TIMEOUT_S = 20  # the process group's timeout in the worker: a rank left waiting fails after it
 
-# scenario: (failing rank, error class, start of the failing rank's message, optimizer steps taken)
+# scenario: (failing rank, error class, start of the failing rank's message, steps run, ranks whose weights
+# changed, max_steps)
 SCENARIOS = {
-    "loss_shape": (1, "ValueError", "per_example_loss must return a tensor of shape", 0),
-    "first_step_check": (1, "ValueError", "per_example_loss must return a tensor of shape", 0),
-    "buffer_write": (0, "ValueError", "layer 'transformer.ln_f' (RunningCount) writes its buffer", 0),
-    "gradient_write": (1, "RuntimeError", "the gradient of parameter", 0),
-    "write_between_steps": (1, "ValueError", "trainable parameter", 1),
+    "loss_shape": (1, "ValueError", "per_example_loss must return a tensor of shape", 0, (), 2),
+    "first_step_check": (1, "ValueError", "per_example_loss must return a tensor of shape", 0, (), 2),
+    "buffer_write": (0, "ValueError", "layer 'transformer.ln_f' (RunningCount) writes its buffer", 0, (), 2),
+    "gradient_write": (1, "RuntimeError", "the gradient of parameter", 0, (), 2),
+    "write_between_steps": (1, "ValueError", "trainable parameter", 1, (0, 1), 2),
+    # written after the noise: rank 1's optimizer step applies nothing, both ranks refuse at the next step
+    # (the ranks next meet there), or at the end of the run after the last step
+    "gradient_after_noise": (1, "RuntimeError", "the gradient of parameter", 1, (0,), 2),
+    "gradient_after_noise_last_step": (1, "RuntimeError", "the gradient of parameter", 1, (0,), 1),
 }
 
 
@@ -55,7 +60,8 @@ class RunningCount(nn.Module):
 
 
 class WriteOnOneRank(TrainerCallback):
-    """On ``rank`` only: scales a trainable gradient before the noise, or writes a parameter after step 0."""
+    """On ``rank`` only: scales a trainable gradient in ``on_pre_optimizer_step`` (before or after the noise,
+    by where it is in line), or writes a parameter after step 0."""
 
     def __init__(self, rank: int, what: str) -> None:
         self.rank, self.what = rank, what
@@ -83,7 +89,7 @@ def run_scenario(name: str, folder: Path) -> dict:
         token_dataset,
     )
 
-    failing = SCENARIOS[name][0]
+    failing, max_steps = SCENARIOS[name][0], SCENARIOS[name][-1]
 
     class OneRankLoss(SecretProtectionTrainer):
         def compute_per_example_loss(self, model, inputs):
@@ -95,16 +101,20 @@ def run_scenario(name: str, folder: Path) -> dict:
     if name == "buffer_write":
         model.transformer.ln_f = RunningCount(model.transformer.ln_f, failing)
     rows = token_dataset(8, seed=3)
-    plan = make_plan(np.full(8, 0.9), steps=2, noise_multiplier=1.0, rows=rows)
+    plan = make_plan(np.full(8, 0.9), steps=max_steps, noise_multiplier=1.0, rows=rows)
     trainer = OneRankLoss(
         model=model,
-        args=dp_config(folder / name, max_steps=2, per_device_train_batch_size=1, ddp_timeout=TIMEOUT_S),
+        args=dp_config(
+            folder / name, max_steps=max_steps, per_device_train_batch_size=1, ddp_timeout=TIMEOUT_S
+        ),
         train_dataset=plan.attach(rows),
         data_collator=pad_collate,
         plan=plan,
     )
     if name == "gradient_write":  # before the DP callback: its write lands between the backward and the noise
         trainer.callback_handler.callbacks.insert(0, WriteOnOneRank(failing, "gradient"))
+    if name.startswith("gradient_after_noise"):  # after the DP callback: between the noise and the optimizer
+        trainer.add_callback(WriteOnOneRank(failing, "gradient"))
     if name == "write_between_steps":
         trainer.add_callback(WriteOnOneRank(failing, "parameter"))
     before = parameters(model)
@@ -138,7 +148,7 @@ def test_a_check_failing_on_one_rank_fails_every_rank_at_once_with_that_ranks_er
     out = tmp_path / "ranks.pt"
     accelerate_launch(CONFIG, __file__, str(out), timeout=150)
     ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
-    for name, (failing, kind, start, steps) in SCENARIOS.items():
+    for name, (failing, kind, start, steps, moved, _) in SCENARIOS.items():
         found = ranks[failing][name]
         assert (found["kind"], found["message"][: len(start)]) == (kind, start), (name, found)
         assert "\n" not in found["message"]
@@ -146,10 +156,10 @@ def test_a_check_failing_on_one_rank_fails_every_rank_at_once_with_that_ranks_er
         # the same error on the other rank, naming where it was found (not a gloo timeout)
         refused = f"rank {failing} refused: {found['message']}"
         assert (other["kind"], other["message"]) == (kind, refused), name
-        for rank in ranks:
+        for k, rank in enumerate(ranks):
             assert rank[name]["seconds"] < TIMEOUT_S, (name, rank[name]["seconds"])  # nobody waited it out
-            assert rank[name]["steps"] == steps, name  # the failing step's gradient reached no optimizer
-            assert rank[name]["unchanged"] == (steps == 0), name
+            assert rank[name]["steps"] == steps, name  # the refused step's gradient reached no optimizer
+            assert rank[name]["unchanged"] == (k not in moved), (name, k)
 
 
 if __name__ == "__main__":

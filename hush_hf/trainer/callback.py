@@ -588,6 +588,7 @@ class GhostClippingCallback(TrainerCallback):
         self._step_versions = versions(self.step.params)  # first in line: before other callbacks'
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self.step.settle(args.device)  # an error the last step held on one rank: every rank raises
         self.finish_run()
         self.trained_weights = remember(kwargs.get("model"))  # first in line: before other callbacks'
         self._refuse_writes_between_steps(kwargs.get("model"), state.global_step, raise_now=False)

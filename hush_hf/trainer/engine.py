@@ -329,13 +329,30 @@ class DPStep:
     def _before_optimizer_step(self) -> None:
         """The optimizer step pre-hook: it applies the gradients ``privatize`` left. Not consumed: torch
         runs the hook again for an optimizer subclass whose ``step`` calls ``super().step``, and applying
-        the noised gradient twice is post-processing."""
-        if self.noised is None:
-            raise RuntimeError(
-                "the optimizer stepped before this step's noise was added (optimizer.step() called outside "
-                "Trainer's optimizer step); refusing to apply gradients that were not clipped and noised"
-            )
-        self.noised.check(self.model, "the optimizer step")
+        the noised gradient twice is post-processing.
+
+        Several processes: the ranks already met in :meth:`privatize` and the next collective is the next
+        step's (or the run's end, :meth:`settle`); so a refusal here is held to that point, and this rank's
+        optimizer step finds no gradient to apply (torch optimizers skip a parameter whose ``grad`` is None;
+        whatever another does, it cannot apply the written gradient). No collective is added per step.
+        """
+        try:
+            if self.noised is None:
+                raise RuntimeError(
+                    "the optimizer stepped before this step's noise was added (optimizer.step() called "
+                    "outside Trainer's optimizer step); refusing to apply gradients that were not clipped "
+                    "and noised"
+                )
+            self.noised.check(self.model, "the optimizer step")
+        except RuntimeError as refusal:
+            self.hold(refusal)  # raised here in a single process
+            clipped_sums.discard_(self.params)
+
+    def settle(self, device: torch.device) -> None:
+        """At the end of a run (one collective): every rank raises if a rank still holds an error (a
+        refusal in the last step's optimizer pre-hook)."""
+        if rank_and_world_size()[1] > 1:
+            self._reduce_or_refuse([], dist.ReduceOp.MAX, device)
 
     def _reduce_across_ranks(self, count: int) -> int:
         """The drawn-row count summed over ranks; raises on every rank if a rank holds an error (:meth:`hold`,
