@@ -144,6 +144,7 @@ from tests.test_trainer_helpers import single_thread  # noqa: E402,F401  (autous
 pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given")
 
 
+@pytest.mark.slow  # two launched processes importing transformers: ~30 s (fast: test_rank_agreement.py)
 def test_a_check_failing_on_one_rank_fails_every_rank_at_once_with_that_ranks_error(tmp_path):
     out = tmp_path / "ranks.pt"
     accelerate_launch(CONFIG, __file__, str(out), timeout=150)
