@@ -130,10 +130,54 @@ def run_scenario(name: str, folder: Path) -> dict:
             "unchanged": unchanged}
 
 
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_object", "broadcast_object_list",
+               "barrier")
+
+
+def collectives_per_step(folder: Path) -> tuple[dict[str, float], dict[str, int]]:
+    """Calls of each torch.distributed collective per DP step of a run without an error (a 3-step run less
+    a 1-step run, halved), and in the whole 1-step run."""
+    import collections
+
+    import torch.distributed as dist
+
+    from hush_hf.trainer import SecretProtectionTrainer
+    from tests.test_trainer_helpers import dp_config, make_plan, pad_collate, tiny_gpt2, token_dataset
+
+    counts: collections.Counter = collections.Counter()
+    originals = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    runs = {}
+    try:
+        for name in COLLECTIVES:
+            setattr(dist, name, counting(name))
+        for steps in (1, 3):
+            rows = token_dataset(8, seed=3)
+            plan = make_plan(np.full(8, 0.9), steps=steps, noise_multiplier=1.0, rows=rows)
+            args = dp_config(folder / f"count_{steps}", max_steps=steps, per_device_train_batch_size=1,
+                             logging_steps=1000, ddp_timeout=TIMEOUT_S)
+            trainer = SecretProtectionTrainer(model=tiny_gpt2(seed=0), args=args, plan=plan,
+                                              train_dataset=plan.attach(rows), data_collator=pad_collate)
+            before = counts.copy()
+            trainer.train()
+            runs[steps] = {name: counts[name] - before[name] for name in COLLECTIVES}
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return {name: (runs[3][name] - runs[1][name]) / 2 for name in COLLECTIVES}, runs[1]
+
+
 def worker(out_path: str) -> None:
     import torch.distributed as dist
 
-    results = {name: run_scenario(name, Path(out_path).parent) for name in SCENARIOS}
+    results: dict = {"collectives": collectives_per_step(Path(out_path).parent)}
+    results |= {name: run_scenario(name, Path(out_path).parent) for name in SCENARIOS}
     torch.save(results, f"{out_path}.{_rank()}")
     if dist.is_initialized():
         dist.destroy_process_group()  # join gloo's threads now, not in static destructors at exit
@@ -149,6 +193,12 @@ def test_a_check_failing_on_one_rank_fails_every_rank_at_once_with_that_ranks_er
     out = tmp_path / "ranks.pt"
     accelerate_launch(CONFIG, __file__, str(out), timeout=150)
     ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
+    # Without an error a DP step runs the collectives it ran before the failure flag rode on its count:
+    # all-reduces of the clipped sums (one bucket here), of the drawn count (and flag), and of the replica
+    # check's verdict after its broadcast; no message is gathered. The run adds one all-reduce at its end.
+    per_step, one_step_run = ranks[0]["collectives"]
+    assert per_step == {**dict.fromkeys(COLLECTIVES, 0.0), "all_reduce": 3.0, "broadcast": 1.0}
+    assert one_step_run["all_gather_object"] == 0
     for name, (failing, kind, start, steps, moved, _) in SCENARIOS.items():
         found = ranks[failing][name]
         assert (found["kind"], found["message"][: len(start)]) == (kind, start), (name, found)

@@ -12,7 +12,8 @@
    (:class:`hush_hf.clipping.GhostClipper`), accumulated beside each parameter (float32 for bf16/fp16,
    :mod:`hush_hf.clipping.clipped_sums`).
 5. **noise** (:meth:`DPStep.privatize`): summed over ranks, ``N(0, sigma^2 C^2 I)`` added once from the
-   secret seed, divided by the *expected* batch size B (:mod:`hush_hf.trainer.noise`).
+   secret seed, divided by the *expected* batch size B (:mod:`hush_hf.trainer.noise`). A check that failed
+   on one rank is held to the first sum, which tells every rank, and every rank raises (:meth:`DPStep.hold`).
 6. **record**: the drawn count of the step, for the logs (``dp_batch_size``).
 
 CRT public steps (:mod:`hush_hf.trainer.crt`) take 2-3 with a plain backward and 5 without noise: a mean.
