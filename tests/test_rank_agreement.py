@@ -25,6 +25,10 @@ class Custom(Exception):
     pass
 
 
+class CustomValueError(ValueError):
+    pass
+
+
 def _raised(values, failure, op) -> tuple[str, str, bool] | list[float]:
     """What ``reduce_or_refuse`` returned, or (class, message, whether it is ``failure`` itself)."""
     try:
@@ -43,6 +47,7 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         "none": _raised([], None, MAX),
         "value_error_on_1": _raised([3.0], ValueError("bad row\nsecond line") if rank == 1 else None, SUM),
         "custom_on_0": _raised([3.0], Custom("odd thing") if rank == 0 else None, MAX),
+        "subclass_on_1": _raised([0.0], CustomValueError("odd value") if rank == 1 else None, SUM),
         "both": _raised([3.0], RuntimeError(f"rank {rank} broke"), SUM),
         "after": _raised([1.0], None, SUM),  # the group still works after the refusals
     }
@@ -72,6 +77,7 @@ def test_every_rank_raises_when_one_failed_and_the_values_are_reduced_otherwise(
     assert r0["value_error_on_1"] == ("ValueError", "rank 1 refused: bad row", False)  # first line only
     assert r0["custom_on_0"] == ("Custom", "odd thing", True)
     assert r1["custom_on_0"] == ("RuntimeError", "rank 0 refused: Custom: odd thing", False)
+    assert r0["subclass_on_1"] == ("ValueError", "rank 1 refused: CustomValueError: odd value", False)
     assert r0["both"] == ("RuntimeError", "rank 0 broke", True)
     assert r1["both"] == ("RuntimeError", "rank 1 broke", True)
     assert r0["after"] == r1["after"] == [2.0]

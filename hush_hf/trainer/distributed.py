@@ -150,10 +150,10 @@ def reduce_or_refuse(
 ) -> list[float]:
     """``values`` reduced over ranks with ``op`` (``ReduceOp.SUM`` or ``MAX``), in the one collective
     that also tells every rank whether any rank holds a ``failure``: if one does, ``failure`` is raised
-    on its rank and ``rank k refused: <k's message>`` on the others (a ValueError if k's was one, else a
-    RuntimeError; k the lowest failing rank), so no rank goes on into a collective the failing one
-    never enters. The messages travel (``all_gather_object``) only when a rank failed. One process:
-    ``failure`` raised, else ``values``.
+    on its rank and ``rank k refused: <k's message>`` on the others (a ValueError if k's was one, of any
+    subclass, else a RuntimeError; k the lowest failing rank), so no rank goes on into a collective the
+    failing one never enters. The messages travel (``all_gather_object``) only when a rank failed. One
+    process: ``failure`` raised, else ``values``.
 
     Why: a check that raised on one rank alone left the others waiting in their next collective until
     the process group's timeout (30 min by default). The flag rides on a reduction the step runs anyway
@@ -174,13 +174,13 @@ def reduce_or_refuse(
 
 def raise_where_any_rank_failed(failure: BaseException | None) -> None:
     """Every rank raises (see :func:`reduce_or_refuse`); called on every rank once some rank failed."""
-    found: list[tuple[str, str] | None] = [None] * dist.get_world_size()
-    mine = None if failure is None else (type(failure).__name__, one_line(failure))
+    found: list[tuple[bool, str] | None] = [None] * dist.get_world_size()
+    mine = None if failure is None else (isinstance(failure, ValueError), one_line(failure))
     dist.all_gather_object(found, mine)
     if failure is not None:
         raise failure
-    rank, (kind, message) = next((k, f) for k, f in enumerate(found) if f is not None)
-    raise (ValueError if kind == "ValueError" else RuntimeError)(f"rank {rank} refused: {message}")
+    rank, (value_error, message) = next((k, f) for k, f in enumerate(found) if f is not None)
+    raise (ValueError if value_error else RuntimeError)(f"rank {rank} refused: {message}")
 
 
 def broadcast_module_state_(module: nn.Module, src: int = 0) -> None:
