@@ -500,8 +500,13 @@ class GhostClippingCallback(TrainerCallback):
         return self.step.data_loader(trainer, sampler)
 
     def training_step(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
-        """One optimizer step's clipped per-example backward passes (:meth:`DPStep.run`)."""
-        self._refuse_writes_between_steps(model, trainer.state.global_step)
+        """One optimizer step's clipped per-example backward passes (:meth:`DPStep.run`). A parameter
+        written since the last step is refused before them; with several processes the refusal is held
+        until the ranks next meet, where every rank raises (:meth:`DPStep.hold`)."""
+        try:
+            self._refuse_writes_between_steps(model, trainer.state.global_step)
+        except ValueError as refusal:
+            self.step.hold(refusal)
         public = self.crt is not None and self.crt.is_public(trainer.state.global_step)
         return self.step.run(trainer, model, inputs, public=public)
 
@@ -583,6 +588,7 @@ class GhostClippingCallback(TrainerCallback):
         self._step_versions = versions(self.step.params)  # first in line: before other callbacks'
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self.step.settle(args.device)  # an error the last step held on one rank: every rank raises
         self.finish_run()
         self.trained_weights = remember(kwargs.get("model"))  # first in line: before other callbacks'
         self._refuse_writes_between_steps(kwargs.get("model"), state.global_step, raise_now=False)

@@ -137,6 +137,52 @@ def check_replicas_agree(tensors: Sequence[torch.Tensor]) -> None:
         raise RuntimeError("the noisy gradients differ between ranks: the replicas would drift apart")
 
 
+def one_line(error: BaseException) -> str:
+    """The first line of ``error``'s message; prefixed with its class unless a ValueError or RuntimeError
+    (hush_hf's refusals), e.g. ``OutOfMemoryError: CUDA out of memory``."""
+    lines = str(error).strip().splitlines()
+    first = lines[0] if lines else ""
+    return first if type(error) in (ValueError, RuntimeError) else f"{type(error).__name__}: {first}"
+
+
+def reduce_or_refuse(
+    values: Sequence[float], failure: BaseException | None, *, op: Any, device: torch.device
+) -> list[float]:
+    """``values`` reduced over ranks with ``op`` (``ReduceOp.SUM`` or ``MAX``), in the one collective
+    that also tells every rank whether any rank holds a ``failure``: if one does, ``failure`` is raised
+    on its rank and ``rank k refused: <k's message>`` on the others (a ValueError if k's was one, of any
+    subclass, else a RuntimeError; k the lowest failing rank), so no rank goes on into a collective the
+    failing one never enters. The messages travel (``all_gather_object``) only when a rank failed. One
+    process: ``failure`` raised, else ``values``.
+
+    Why: a check that raised on one rank alone left the others waiting in their next collective until
+    the process group's timeout (30 min by default). The flag rides on a reduction the step runs anyway
+    (a sum or max of flags in {0, 1} is nonzero iff some rank failed), so the path without an error
+    costs no extra collective.
+    """
+    if not is_distributed():
+        if failure is not None:
+            raise failure
+        return [float(v) for v in values]
+    box = torch.tensor([*map(float, values), float(failure is not None)], dtype=torch.float64, device=device)
+    dist.all_reduce(box, op=op)
+    reduced = box.tolist()
+    if reduced[-1]:
+        raise_where_any_rank_failed(failure)
+    return reduced[:-1]
+
+
+def raise_where_any_rank_failed(failure: BaseException | None) -> None:
+    """Every rank raises (see :func:`reduce_or_refuse`); called on every rank once some rank failed."""
+    found: list[tuple[bool, str] | None] = [None] * dist.get_world_size()
+    mine = None if failure is None else (isinstance(failure, ValueError), one_line(failure))
+    dist.all_gather_object(found, mine)
+    if failure is not None:
+        raise failure
+    rank, (value_error, message) = next((k, f) for k, f in enumerate(found) if f is not None)
+    raise (ValueError if value_error else RuntimeError)(f"rank {rank} refused: {message}")
+
+
 def broadcast_module_state_(module: nn.Module, src: int = 0) -> None:
     """Make every rank's parameters and buffers equal to rank ``src``'s (DP-SGD adds one update to
     one shared model; a rank that started elsewhere would silently train a different model).

@@ -12,7 +12,8 @@
    (:class:`hush_hf.clipping.GhostClipper`), accumulated beside each parameter (float32 for bf16/fp16,
    :mod:`hush_hf.clipping.clipped_sums`).
 5. **noise** (:meth:`DPStep.privatize`): summed over ranks, ``N(0, sigma^2 C^2 I)`` added once from the
-   secret seed, divided by the *expected* batch size B (:mod:`hush_hf.trainer.noise`).
+   secret seed, divided by the *expected* batch size B (:mod:`hush_hf.trainer.noise`). A check that failed
+   on one rank is held to the first sum, which tells every rank, and every rank raises (:meth:`DPStep.hold`).
 6. **record**: the drawn count of the step, for the logs (``dp_batch_size``).
 
 CRT public steps (:mod:`hush_hf.trainer.crt`) take 2-3 with a plain backward and 5 without noise: a mean.
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from transformers import Trainer
@@ -41,9 +43,16 @@ from hush_hf.clipping import GhostClipper, clipped_sums
 from hush_hf.clipping.padding_readers import padded_batch_problem, padded_dataset_problem, padding_readers
 from hush_hf.trainer import transformers_api
 from hush_hf.trainer.buffer_writes import buffer_state, buffer_write_error, restore_buffers_, written_buffers
-from hush_hf.trainer.distributed import all_reduce_sum_, check_replicas_agree, rank_and_world_size, replicated
+from hush_hf.trainer.distributed import (
+    all_reduce_sum_,
+    check_replicas_agree,
+    is_distributed,
+    rank_and_world_size,
+    reduce_or_refuse,
+    replicated,
+)
 from hush_hf.trainer.example_rows import ExampleRowsCollator, pad_token_id
-from hush_hf.trainer.fsdp import filler_micro_batches, is_sharded, max_across_ranks
+from hush_hf.trainer.fsdp import filler_micro_batches, is_sharded
 from hush_hf.trainer.gradient_writes import GradientStamps, optimizer_step_guard
 from hush_hf.trainer.independence import (
     RTOL,
@@ -88,6 +97,7 @@ class DPStep:
         self.clipped: GradientStamps | None = None  # the gradients as the clipped backward left them
         self.noised: GradientStamps | None = None  # the gradients as the noise left them
         self._optimizer_guard: Any = None
+        self.failure: Exception | None = None  # this rank's error, raised where the ranks next meet (hold)
         self._source: tuple[Any, Any] | None = None  # (dataset, collator): check rows and fillers
         self._independence_checked = False
         self._told_left_padding = False
@@ -137,7 +147,7 @@ class DPStep:
         self._padding_readers = padding_readers(model)  # layers a padded row is refused for
         self._independence_checked = False
         self.model, self.params, self.param_ids = model, params, {id(p) for p in params}
-        self.clipped = self.noised = None
+        self.clipped = self.noised = self.failure = None
         self._optimizer_guard = optimizer_step_guard(optimizer, self._before_optimizer_step)
 
     def end(self) -> None:
@@ -148,12 +158,41 @@ class DPStep:
             self._optimizer_guard.remove()
         self.clipper, self.pending, self._optimizer_guard = None, None, None
 
+    def hold(self, error: Exception) -> None:
+        """This rank's ``error``, raised where the ranks next synchronise (the first step's checks, the FSDP
+        micro-batch count, the drawn count in :meth:`privatize`), where every rank raises with it
+        (:func:`~hush_hf.trainer.distributed.reduce_or_refuse`): raised here, another rank would wait in
+        that collective until the process group's timeout. Raised at once in a single process; the first
+        error of a step is the one kept."""
+        if not is_distributed():
+            raise error
+        self.failure = self.failure or error
+
+    def _hold_unless_sharded(self, error: Exception) -> None:
+        """:meth:`hold` ``error``; under FSDP raise it at once: it interrupted a forward or backward whose
+        collectives the other ranks run in full, which this rank cannot match from here."""
+        if self.sharded:
+            raise error
+        self.hold(error)
+
+    def _reduce_or_refuse(self, values: list[float], op: Any, device: torch.device) -> list[float]:
+        """``values`` reduced over ranks, every rank raising if a rank holds an error (then cleared)."""
+        failure, self.failure = self.failure, None
+        return reduce_or_refuse(values, failure, op=op, device=device)
+
     # ------------------------------------------------------------------------- 2-4. one share, clipped
     def run(self, trainer: Trainer, model: nn.Module, inputs: dict[str, Any], *, public: bool) -> Tensor:
         """Accumulate this rank's ``sum_i clip(g_i, C)`` beside each parameter; return its mean loss (NaN
         for an empty share, which Trainer's ``logging_nan_inf_filter`` skips). ``public``: a CRT public
         step (plain backward, no clipping). The forward runs on the unwrapped model under DDP's
-        ``no_sync``: DDP's averaging hook must not touch the clipped sums."""
+        ``no_sync``: DDP's averaging hook must not touch the clipped sums.
+
+        Several processes: a check failing here on one rank (a padded row, the loss's shape, a buffer
+        written, any error of a micro-batch) is held (:meth:`hold`); the rank stops its micro-batches and
+        returns NaN, and every rank raises at :meth:`privatize`'s first collective, before any optimizer
+        step. Under FSDP the micro-batches' forwards and backwards are collectives: a row refused before
+        its forward turns this rank's remaining micro-batches into zero-weight fillers; an error once a
+        forward started is raised at once (its collectives cannot be matched from there)."""
         if self.clipper is None or self.model is None:
             raise RuntimeError("the DP step is not set up: train through trainer.train()")
         module = self.model
@@ -176,10 +215,12 @@ class DPStep:
             inputs.pop(name, None)
         micros = split_micro_batches(inputs, trainer.args.per_device_train_batch_size)
         real = len(micros)
-        if self.sharded and not public:
+        sharded = self.sharded and not public
+        if sharded:
             # FSDP's all-gathers and the engine's reduce-scatters are collectives: every rank runs as many
             # micro-batches as the busiest one, padding with zero-weight fillers (exactly 0, see fsdp.py).
-            busiest = max_across_ranks(real, trainer.args.device)
+            # The count's reduction also raises, on every rank, an error held before (callback.py's).
+            busiest = int(self._reduce_or_refuse([real], dist.ReduceOp.MAX, trainer.args.device)[0])
             if busiest and not self.clipper.verified:
                 self._self_check_on_filler(trainer)
             micros += [self._filler_batch()] * filler_micro_batches(real, busiest)
@@ -187,32 +228,44 @@ class DPStep:
         count = 0
         with trainer.accelerator.no_sync(model):
             for k, micro in enumerate(micros):
-                losses = self.losses(trainer, micro)
-                if public:
-                    self.clipper.reset()  # the hooks recorded this forward; a public step does not clip
-                    losses.sum().backward()
-                elif k >= real:  # a filler: its examples weigh 0
-                    self.clipper.clipped_backward(losses * 0.0)
-                    continue
-                else:
-                    self.clipper.clipped_backward(losses)
+                filler = k >= real  # its examples weigh 0
+                if sharded:  # checked before the forward, where a refusal still lets the collectives match
+                    try:
+                        if self.failure is None:
+                            self._check_padded_rows(trainer, micro)
+                    except ValueError as error:
+                        self.hold(error)
+                    if self.failure is not None:  # the other ranks' forwards all-gather: keep up, weight 0
+                        micro, filler = self._filler_batch(), True
+                elif self.failure is not None:
+                    break  # no collective in a DDP micro-batch: the ranks meet again in privatize
+                try:
+                    losses = self.losses(trainer, micro)
+                    if public:
+                        self.clipper.reset()  # the hooks recorded this forward; a public step does not clip
+                        losses.sum().backward()
+                    elif filler:
+                        self.clipper.clipped_backward(losses * 0.0)
+                        continue
+                    else:
+                        self.clipper.clipped_backward(losses)
+                except Exception as error:
+                    self._hold_unless_sharded(error)
+                    break
                 loss_sum += losses.detach().sum().to(torch.float64)
                 count += losses.shape[0]
         written = written_buffers(module, buffers)
         if written:  # before the optimizer step: the step's gradients are discarded with the run
-            raise ValueError(buffer_write_error(module, written))
+            self.hold(ValueError(buffer_write_error(module, written)))
         self.pending = (trainer.state.global_step, count, public)
         self.clipped = GradientStamps(self.params, "after the DP step's backward passes")
         nan = torch.tensor(math.nan, dtype=torch.float64, device=trainer.args.device)
-        return (loss_sum / count if count else nan).to(torch.float32)
+        return (loss_sum / count if count and self.failure is None else nan).to(torch.float32)
 
     def losses(self, trainer: Trainer, micro: dict[str, Any]) -> Tensor:
         """``per_example_loss`` of one micro-batch, as the DP step computes it (shape checked: (rows,))."""
         rows = batch_size(micro)
-        if self._padding_readers:  # a padded row is refused for these layers (clipping.padding_readers)
-            problem = padded_batch_problem(self._padding_readers, micro, pad_token_id(trainer))
-            if problem is not None:
-                raise ValueError(problem)
+        self._check_padded_rows(trainer, micro)
         batch = model_inputs(self.model, micro, trainer.args.device)
         with trainer.compute_loss_context_manager():
             losses = self.per_example_loss(self.model, batch)
@@ -221,24 +274,40 @@ class DPStep:
             raise ValueError(f"per_example_loss must return a tensor of shape ({rows},), got {shape}")
         return losses
 
+    def _check_padded_rows(self, trainer: Trainer, micro: dict[str, Any]) -> None:
+        """ValueError if ``micro`` pads a row for a layer that reads padded positions
+        (:mod:`hush_hf.clipping.padding_readers`)."""
+        if self._padding_readers:
+            problem = padded_batch_problem(self._padding_readers, micro, pad_token_id(trainer))
+            if problem is not None:
+                raise ValueError(problem)
+
     # ------------------------------------------------------------------------- 5-6. noise, record
     def privatize(
         self, step: int, *, noise_multiplier: float, expected_batch_size: float, dp_seed: int, noise_step: int
     ) -> tuple[int, bool]:
         """Before optimizer step ``step``: the clipped sums of all ranks, plus N(0, sigma^2 C^2 I) drawn
         from ``dp_seed`` at ``noise_step``, divided by B; a CRT public step's sum divided by its rows (a
-        mean, no noise). Returns (rows drawn over all ranks, whether the step was public)."""
+        mean, no noise). Returns (rows drawn over all ranks, whether the step was public).
+
+        Several processes: the first collective (the drawn count's sum) also carries whether this rank
+        holds an error (its own step's, or one of the checks here); if any rank does, every rank raises
+        there, before any gradient is summed, noised or applied."""
         if self.pending is None or self.pending[0] != step:
-            raise RuntimeError(
+            self.hold(RuntimeError(
                 f"optimizer step {step} was not preceded by a DP training step; refusing to apply gradients "
                 "that were not clipped and noised"
-            )
-        _, count, public = self.pending
+            ))
+        _, count, public = self.pending or (step, 0, False)
         self.pending = None
-        if self.clipped is not None:
-            self.clipped.check(self.model, "the noise was added")
+        if self.clipped is not None and self.failure is None:
+            try:
+                self.clipped.check(self.model, "the noise was added")
+            except RuntimeError as error:
+                self.hold(error)
+        count = self._reduce_across_ranks(count)  # every rank raises here if one holds an error
         sums = clipped_sums.clipped_sums_for_noise(self.params)  # float32 for bf16/fp16 parameters
-        count = self._reduce_across_ranks(count, sums)
+        all_reduce_sum_(replicated(sums))  # FSDP2 shards already hold the sum over ranks (fsdp.py)
         if public:
             with torch.no_grad():
                 for grad in sums:
@@ -261,24 +330,37 @@ class DPStep:
     def _before_optimizer_step(self) -> None:
         """The optimizer step pre-hook: it applies the gradients ``privatize`` left. Not consumed: torch
         runs the hook again for an optimizer subclass whose ``step`` calls ``super().step``, and applying
-        the noised gradient twice is post-processing."""
-        if self.noised is None:
-            raise RuntimeError(
-                "the optimizer stepped before this step's noise was added (optimizer.step() called outside "
-                "Trainer's optimizer step); refusing to apply gradients that were not clipped and noised"
-            )
-        self.noised.check(self.model, "the optimizer step")
+        the noised gradient twice is post-processing.
 
-    def _reduce_across_ranks(self, count: int, sums: list[Tensor]) -> int:
-        """Sum every rank's gradient sums (in place) and drawn-row counts; returns the total count. FSDP2
-        shards already hold the sum over ranks (the clipping engine reduce-scatters each clipped sum)."""
-        _, world_size = rank_and_world_size()
-        if world_size == 1:
+        Several processes: the ranks already met in :meth:`privatize` and the next collective is the next
+        step's (or the run's end, :meth:`settle`); so a refusal here is held to that point, and this rank's
+        optimizer step finds no gradient to apply (torch optimizers skip a parameter whose ``grad`` is None;
+        whatever another does, it cannot apply the written gradient). No collective is added per step.
+        """
+        try:
+            if self.noised is None:
+                raise RuntimeError(
+                    "the optimizer stepped before this step's noise was added (optimizer.step() called "
+                    "outside Trainer's optimizer step); refusing to apply gradients that were not clipped "
+                    "and noised"
+                )
+            self.noised.check(self.model, "the optimizer step")
+        except RuntimeError as refusal:
+            self.hold(refusal)  # raised here in a single process
+            clipped_sums.discard_(self.params)
+
+    def settle(self, device: torch.device) -> None:
+        """At the end of a run (one collective): every rank raises if a rank still holds an error (a
+        refusal in the last step's optimizer pre-hook)."""
+        if rank_and_world_size()[1] > 1:
+            self._reduce_or_refuse([], dist.ReduceOp.MAX, device)
+
+    def _reduce_across_ranks(self, count: int) -> int:
+        """The drawn-row count summed over ranks; raises on every rank if a rank holds an error (:meth:`hold`,
+        the flag rides on this sum: no collective of its own)."""
+        if rank_and_world_size()[1] == 1:
             return count
-        all_reduce_sum_(replicated(sums))
-        drawn = torch.tensor([float(count)], dtype=torch.float64, device=self.params[0].device)
-        all_reduce_sum_([drawn])
-        return int(drawn.item())
+        return int(self._reduce_or_refuse([count], dist.ReduceOp.SUM, self.params[0].device)[0])
 
     # ------------------------------------------------------------------------- every example alone
     @property
@@ -337,15 +419,20 @@ class DPStep:
         rows = [dataset[i] for i in check_rows(dataset)]
         module = self.model
         before = buffer_state(module, values=True)
-        with preserved_random_state(trainer.args.device):
-            seed_random_states(0)
-            micro = split_micro_batches(self._collated(rows), trainer.args.per_device_train_batch_size)[0]
-            module.train()
-            with torch.no_grad():
-                self.losses(trainer, micro)
-        written = written_buffers(module, before)
-        restore_buffers_(module, before)
-        if max_across_ranks(int(bool(written)), trainer.args.device):
+        written: list[str] = []
+        try:
+            with preserved_random_state(trainer.args.device):
+                seed_random_states(0)
+                micro = split_micro_batches(self._collated(rows), trainer.args.per_device_train_batch_size)[0]
+                module.train()
+                with torch.no_grad():
+                    self.losses(trainer, micro)
+            written = written_buffers(module, before)
+        except Exception as error:
+            self._hold_unless_sharded(error)
+        finally:
+            restore_buffers_(module, before)
+        if self._reduce_or_refuse([bool(written)], dist.ReduceOp.MAX, trainer.args.device)[0]:
             raise ValueError(buffer_write_error(module, written))
 
     def _check_independence(self, trainer: Trainer) -> None:
@@ -357,9 +444,30 @@ class DPStep:
         """
         if self._source is None:
             raise RuntimeError("the DP data loader is built inside train(); call trainer.train()")
-        dataset, _ = self._source
-        indices = check_rows(dataset)
-        rows = [dataset[i] for i in indices]
+        indices = check_rows(self._source[0])
+        module, args = self.model, trainer.args
+        tf32 = args.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
+        mixed = trainer.accelerator.mixed_precision not in (None, "no") or args.bf16 or args.fp16
+        kind = precision([p.dtype for p in module.parameters()], mixed_precision=bool(mixed), tf32=tf32)
+        coupled: list[int] = []
+        try:
+            coupled = self._coupled_check_rows(trainer, indices, RTOL[kind])
+        except Exception as error:
+            self._hold_unless_sharded(error)
+        if self._reduce_or_refuse([bool(coupled)], dist.ReduceOp.MAX, args.device)[0]:
+            rows_named = sorted(indices[i] for i in coupled)
+            where = f"training rows {rows_named}" if coupled else "another rank's rows"
+            raise ValueError(
+                f"example independence check failed: {where} get a different per_example_loss inside a batch "
+                f"of {len(indices)} than alone (beyond {RTOL[kind]:g} relative, {kind} precision), so one "
+                "example's clipped gradient depends on the others and C no longer bounds its influence; look "
+                "for a per_example_loss normalised over the batch, labels on padding positions (make them "
+                "-100), packed rows without a per-row attention mask, or a model whose forward mixes rows"
+            )
+
+    def _coupled_check_rows(self, trainer: Trainer, indices: list[int], rtol: float) -> list[int]:
+        """Positions in ``indices`` whose loss inside their batch differs from alone beyond ``rtol``."""
+        rows = [self._source[0][i] for i in indices]
         with preserved_random_state(trainer.args.device):  # a masking collator draws from the global RNGs
             seed_random_states(0)
             batch = self._collated(rows)
@@ -370,9 +478,6 @@ class DPStep:
             deterministic = same_batch(batch, self._collated(rows))
             singles = [self._collated([row]) for row in rows] if deterministic else None
         module, args = self.model, trainer.args
-        tf32 = args.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
-        mixed = trainer.accelerator.mixed_precision not in (None, "no") or args.bf16 or args.fp16
-        kind = precision([p.dtype for p in module.parameters()], mixed_precision=bool(mixed), tf32=tf32)
         in_batch: list[float] = []
         by_itself: list[float] = []
         module.eval()  # dropout would make the two forwards differ
@@ -389,17 +494,7 @@ class DPStep:
                     by_itself += self.losses(trainer, single).double().tolist()
         finally:
             module.train()
-        coupled = coupled_rows(in_batch, by_itself, RTOL[kind])
-        if max_across_ranks(int(bool(coupled)), args.device):
-            rows_named = sorted(indices[i] for i in coupled)
-            where = f"training rows {rows_named}" if coupled else "another rank's rows"
-            raise ValueError(
-                f"example independence check failed: {where} get a different per_example_loss inside a batch "
-                f"of {len(indices)} than alone (beyond {RTOL[kind]:g} relative, {kind} precision), so one "
-                "example's clipped gradient depends on the others and C no longer bounds its influence; look "
-                "for a per_example_loss normalised over the batch, labels on padding positions (make them "
-                "-100), packed rows without a per-row attention mask, or a model whose forward mixes rows"
-            )
+        return coupled_rows(in_batch, by_itself, rtol)
 
     def _self_check_on_filler(self, trainer: Trainer) -> None:
         """FSDP: run the clipper's first-call self-check on every rank at once, on the same row.
