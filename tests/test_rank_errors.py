@@ -33,7 +33,7 @@ SCENARIOS = {
     "first_step_check": (1, "ValueError", "per_example_loss must return a tensor of shape", 0, (), 2),
     "buffer_write": (0, "ValueError", "layer 'transformer.ln_f' (RunningCount) writes its buffer", 0, (), 2),
     "gradient_write": (1, "RuntimeError", "the gradient of parameter", 0, (), 2),
-    "write_between_steps": (1, "ValueError", "trainable parameter", 1, (0, 1), 2),
+    "write_between_steps": (1, "ValueError", "trainable parameter 'transformer.wte.weight'", 1, (0, 1), 2),
     # written after the noise: rank 1's optimizer step applies nothing, both ranks refuse at the next step
     # (the ranks next meet there), or at the end of the run after the last step
     "gradient_after_noise": (1, "RuntimeError", "the gradient of parameter", 1, (0,), 2),

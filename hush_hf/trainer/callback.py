@@ -504,7 +504,7 @@ class GhostClippingCallback(TrainerCallback):
         written since the last step is refused before them; with several processes the refusal is held
         until the ranks next meet, where every rank raises (:meth:`DPStep.hold`)."""
         try:
-            self._refuse_writes_between_steps(model, trainer.state.global_step)
+            self._refuse_writes_between_steps(self.step.model or model, trainer.state.global_step)
         except ValueError as refusal:
             self.step.hold(refusal)
         public = self.crt is not None and self.crt.is_public(trainer.state.global_step)
