@@ -126,6 +126,7 @@ def prepare_secret_ids(
             )
         check_marks_in_step(dataset, marks, name=name)
         ids = secret_ids_from_marks(column(dataset, marks))
+        check_label_marks(dataset, ids.to_pylist(), secret_set=secret_set, tokenizer=tokenizer, name=name)
         drop = [marks] + ([SECRET_IDS_COLUMN] if SECRET_IDS_COLUMN in names else [])
         dataset = dataset.remove_columns(drop)
         logger.info("secret_ids derived from the per-token marks column (dropped before the model)")
@@ -206,6 +207,53 @@ def check_marks_in_step(dataset: Any, marks: str, *, name: str = "train_dataset"
             f"(first: row {int(rows[0])}): the tokens were changed after the marking tokenizer made them, "
             "so the marks no longer say which tokens hold a secret; tokenize with the marking tokenizer in "
             "the last step that changes input_ids"
+        )
+
+
+LABELS_FIX = (
+    "tokenize inputs and targets in one call, tokenizer(inputs, text_target=targets), which marks each row "
+    "with the secrets of both"
+)
+
+
+def check_label_marks(
+    dataset: Any, marked: list[list[int]], *, secret_set: Any, tokenizer: Any, name: str
+) -> None:
+    """ValueError naming the first row whose ``labels`` spell a secret its marks (``marked``) lack.
+
+    Only rows whose labels are other tokens than their ``input_ids`` (-100 aside) are decoded and tagged
+    (:mod:`hush_hf.secrets.label_marks`); without ``secret_set`` or a ``tokenizer`` to decode with, such
+    rows are trusted to be marked with their labels' secrets, with a loud warning.
+    """
+    from hush_hf.secrets.label_marks import first_unmarked_label_secret, labels_beyond_inputs
+    from hush_hf.trainer.text_tokens import can_decode, token_columns
+
+    tokens = token_columns(dataset)
+    if "labels" not in tokens or "input_ids" not in tokens:
+        return
+    rows = labels_beyond_inputs(tokens["input_ids"], tokens["labels"])
+    if not rows.size:
+        return
+    if secret_set is None or not can_decode(tokenizer):
+        missing = "the secrets" if secret_set is None else "a tokenizer (processing_class)"
+        loud_warning(
+            f"{name}'s labels are other tokens than its input_ids at {rows.size} of {len(dataset)} rows "
+            f"(first: row {int(rows[0])}), and the secret marks follow input_ids: the labels are trusted to "
+            f"spell no secret their row's marks lack, unchecked (without {missing} to check them); "
+            + LABELS_FIX
+        )
+        return
+    from hush_hf.secrets import tagger_for
+
+    found = first_unmarked_label_secret(
+        rows, tokens["labels"], marked, tokenizer=tokenizer, tagger=tagger_for(secret_set)
+    )
+    if found is not None:
+        row, secret = found
+        raise ValueError(
+            f"{name} row {row}: its labels spell secret #{secret}, which its secret marks do not hold (the "
+            "marks follow input_ids, and these labels are other tokens, e.g. a target tokenized apart), so "
+            f"the row would train on the secret unprotected; {LABELS_FIX}"
         )
 
 

@@ -1,0 +1,124 @@
+"""Review round 4: rows whose model input spells a secret that the plan counted as holding none."""
+
+from __future__ import annotations
+
+import warnings
+
+import datasets
+import pytest
+
+from hush_hf import mark_secrets, prepare_secret_ids
+from hush_hf.assets.tokenizer_assets import bert_uncased_tokenizer, gpt2_tokenizer
+from hush_hf.secrets import SecretSet, tag_dataset, tagger_for
+from hush_hf.secrets.marks import find_marks_column
+from tests.test_trainer_helpers import dp_config, single_thread, tiny_gpt2  # noqa: F401
+
+pytestmark = pytest.mark.filterwarnings("ignore:dp_seed was given", "ignore:.*mark more than")
+
+SECRETS = SecretSet.from_records(
+    [
+        {"id": "s0", "prior": 1e-3, "target": 0.2, "terms": ["nightjar"]},
+        {"id": "s1", "prior": 1e-3, "target": 0.2, "terms": ["falcon"]},
+    ]
+)
+DOCUMENTS = ["the meeting moved to friday", "the code name changed again", "lunch is at noon", "nightjar"]
+SUMMARIES = ["meeting moved", "the code name is nightjar", "soup", "a falcon"]
+
+
+def _separately_tokenized_labels(marking, **kwargs):
+    """The seq2seq preprocessing of scripts written before ``text_target``: the summary tokenized on its
+    own, its ``input_ids`` kept as the labels (its marks column dropped with the rest of its output)."""
+    raw = datasets.Dataset.from_dict({"document": DOCUMENTS, "summary": SUMMARIES})
+
+    def preprocess(batch):
+        model_inputs = marking(batch["document"], truncation=True, max_length=32)
+        model_inputs["labels"] = marking(batch["summary"], truncation=True, max_length=16)["input_ids"]
+        return model_inputs
+
+    return raw.map(preprocess, batched=True, remove_columns=raw.column_names, **kwargs)
+
+
+# ------------------------------------------------------------ 1. labels the marks never saw
+@pytest.mark.parametrize("make", [gpt2_tokenizer, bert_uncased_tokenizer], ids=["gpt2", "bert-uncased"])
+def test_labels_tokenized_apart_that_spell_a_secret_the_marks_lack_are_refused(make) -> None:
+    # The model is trained to write row 1's summary ("... nightjar"), yet the marks follow the document
+    # only: the row was counted as holding no secret, silently.
+    plain = make()
+    rows = _separately_tokenized_labels(mark_secrets(plain, SECRETS))
+    refused = (r"^train_dataset row 1: its labels spell secret #0, which its secret marks do not hold "
+               r".*text_target")
+    with pytest.raises(ValueError, match=refused) as error:
+        prepare_secret_ids(rows, secret_set=SECRETS, tokenizer=plain)
+    assert "nightjar" not in str(error.value) and "falcon" not in str(error.value)
+
+
+def test_the_trainer_refuses_labels_the_marks_never_saw(tmp_path) -> None:
+    from hush_hf.trainer import SecretProtectionTrainer
+
+    plain = gpt2_tokenizer()
+    rows = _separately_tokenized_labels(mark_secrets(plain, SECRETS))
+    with pytest.raises(ValueError, match=r"^train_dataset row 1: its labels spell secret #0"):
+        SecretProtectionTrainer(model=tiny_gpt2(), args=dp_config(tmp_path), train_dataset=rows,
+                                processing_class=plain, secrets=SECRETS)
+
+
+def test_labels_of_one_call_with_text_target_pass_and_mark_what_the_truncated_labels_spell() -> None:
+    # tokenizer(inputs, text_target=targets) marks the row with the targets' secrets, and also with what
+    # the labels spell once truncated: " fal" + "con" (cut from "falconry", no secret) spells "falcon".
+    plain = gpt2_tokenizer()
+    marking = mark_secrets(plain, SECRETS)
+    targets = ["a falconry trip", "the code name is nightjar", "soup", "none"]
+    assert plain.decode(plain("a falconry trip")["input_ids"][:3]) == "a falcon"
+    assert tagger_for(SECRETS)("a falconry trip") == set()
+    expected_first = {3: [1]}  # "a" " fal" "con": spells "falcon"; every other cut (and the whole) does not
+    for max_length in range(1, 9):
+        encoded = marking(DOCUMENTS, text_target=targets, truncation=True, max_length=max_length)
+        rows = datasets.Dataset.from_dict(dict(encoded))
+        ids = prepare_secret_ids(rows, secret_set=SECRETS, tokenizer=plain)["secret_ids"]
+        assert ids == [expected_first.get(max_length, []), [0], [], [0]], max_length
+    column = find_marks_column(list(encoded.keys()))
+    assert all(marks == [0] for marks in encoded[column][1])  # the target's secret on every input token
+
+
+def test_labels_that_are_the_inputs_need_no_decoding_and_no_secret_set() -> None:
+    # A causal LM's labels (a copy of input_ids, prompt masked with -100): the marks cover them.
+    marking = mark_secrets(gpt2_tokenizer(), SECRETS)
+    encoded = marking([f"{d} {s}" for d, s in zip(DOCUMENTS, SUMMARIES, strict=True)])
+    encoded["labels"] = [[-100] * 2 + ids[2:] for ids in encoded["input_ids"]]
+    rows = datasets.Dataset.from_dict(dict(encoded))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ids = prepare_secret_ids(rows)["secret_ids"]
+    assert ids == [[], [0], [], [0, 1]]
+
+
+def test_labels_beyond_the_inputs_without_a_tokenizer_or_secret_set_are_warned_loudly() -> None:
+    plain = gpt2_tokenizer()
+    rows = _separately_tokenized_labels(mark_secrets(plain, SECRETS))
+    for kwargs in ({"secret_set": SECRETS}, {"tokenizer": plain}):
+        with pytest.warns(UserWarning, match=r"train_dataset's labels are other tokens than its input_ids at "
+                                             r"4 of 4 rows \(first: row 0\)") as record:
+            prepare_secret_ids(rows, **kwargs)
+        assert all("nightjar" not in str(w.message) for w in record)
+
+
+# ------------------------------------------------------------ 3. every choice of a multiple-choice row
+def test_every_choice_of_a_multiple_choice_row_must_spell_its_text_column() -> None:
+    # run_swag-style rows: input_ids holds one sequence per choice. Only the first choice was checked
+    # against the tagged text column, so a secret in a later choice's ending went untagged, silently.
+    from hush_hf.trainer.text_tokens import check_tokens_spell_text
+
+    tokenizer = gpt2_tokenizer()
+    contexts = ["he opened the box", "she left"]
+    endings = [["and smiled", "and it was nightjar"], ["early", "late"]]
+    pairs = list(zip(contexts, endings, strict=True))
+    text = [f"{c} {ends[0]}" for c, ends in pairs]  # the first choice only
+    choices = [[tokenizer(f"{c} {e}")["input_ids"] for e in ends] for c, ends in pairs]
+    rows = datasets.Dataset.from_dict({"text": text, "input_ids": choices})
+    with pytest.raises(ValueError, match=r"^train_dataset row 0: its input_ids spell text that its 'text'"):
+        check_tokens_spell_text(rows, tokenizer, text_column="text", name="train_dataset")
+    whole = ["\n".join(f"{c} {e}" for e in ends) for c, ends in pairs]  # every choice
+    every = rows.remove_columns("text").add_column("text", whole)
+    check_tokens_spell_text(every, tokenizer, text_column="text", name="train_dataset")
+    tagged = tag_dataset(datasets.Dataset.from_dict({"text": whole}), tagger_for(SECRETS), num_secrets=2)
+    assert tagged["secret_ids"] == [[0], []]
