@@ -122,3 +122,79 @@ def test_every_choice_of_a_multiple_choice_row_must_spell_its_text_column() -> N
     check_tokens_spell_text(every, tokenizer, text_column="text", name="train_dataset")
     tagged = tag_dataset(datasets.Dataset.from_dict({"text": whole}), tagger_for(SECRETS), num_secrets=2)
     assert tagged["secret_ids"] == [[0], []]
+
+
+# ------------------------------------------------------------ 2. plan_protection on rows it cannot check
+TWO = SecretSet.from_records(
+    [
+        {"id": "s0", "prior": 1e-3, "target": 0.2, "terms": ["falcon"]},
+        {"id": "s1", "prior": 1e-3, "target": 0.2, "terms": ["lunch"]},
+    ]
+)
+
+
+PROMPTS = ["our project is called", "lunch is", "a falcon is", "dinner is"] * 2
+COMPLETIONS = [" falcon", " soup", " fast", " lunch again"] * 2  # each secret: 2 prompts, 4 rows in all
+
+
+def _plan(rows):
+    from hush_hf.planning import plan_protection
+
+    return plan_protection(rows, TWO.priors, TWO.targets, expected_batch_size=2, steps=2, accountant="tight")
+
+
+def _prompt_completion_rows(tokenizer):
+    """What TRL's SFTTrainer prepares from prompt/completion rows tagged on the prompt alone: the tagged
+    columns kept, input_ids of prompt + completion (+ EOS) and labels a copy (the TRL tokenizing, here)."""
+    data = datasets.Dataset.from_dict({"prompt": PROMPTS, "completion": COMPLETIONS})
+    data = tag_dataset(data, tagger_for(TWO), text_column="prompt", num_secrets=2)  # the prompt only
+
+    def tokenize(row):
+        ids = tokenizer(row["prompt"] + row["completion"])["input_ids"] + [tokenizer.eos_token_id]
+        return {"input_ids": ids, "labels": list(ids)}
+
+    return data.map(tokenize)
+
+
+def test_plan_protection_warns_that_tokens_beside_ids_tagged_from_text_are_unchecked() -> None:
+    # The documented TRL path planned these rows with plan_protection: the plan counted no row holding
+    # secret #0 while four rows train " falcon", and nothing was said.
+    tokenizer = gpt2_tokenizer()
+    rows = _prompt_completion_rows(tokenizer)
+    unchecked = (r"the dataset's input_ids and labels are trusted to spell the text its 'secret_ids' were "
+                 r"tagged from \(column 'prompt'\), unchecked: .*prepare_secret_ids")
+    with pytest.warns(UserWarning, match=unchecked):
+        plan = _plan(rows)
+    assert plan.secrets.num_examples.tolist() == [2, 2]  # 4 and 4 rows train them: what the warning is about
+    refused = r"^train_dataset row 0: its input_ids spell text that its 'prompt' column"
+    with pytest.raises(ValueError, match=refused):
+        prepare_secret_ids(rows, secret_set=TWO, tokenizer=tokenizer)
+
+
+def test_plan_protection_warns_that_ids_it_cannot_check_are_trusted() -> None:
+    tokenizer = gpt2_tokenizer()
+    gone = _prompt_completion_rows(tokenizer).remove_columns("prompt")  # the tagged column dropped
+    with pytest.warns(UserWarning, match=r"cannot be checked against the text they were tagged from \(column "
+                                         r"'prompt' is gone\)"):
+        _plan(gone)
+    made_elsewhere = datasets.Dataset.from_dict({"text": ["falcon", "lunch"] * 4,
+                                                 "secret_ids": [[0], [1]] * 4})
+    with pytest.warns(UserWarning, match=r"record no text they were tagged from"):
+        _plan(made_elsewhere)
+
+
+def test_rows_prepare_secret_ids_checked_are_planned_without_a_second_warning() -> None:
+    tokenizer = gpt2_tokenizer()
+    whole = datasets.Dataset.from_dict({"prompt": PROMPTS, "completion": COMPLETIONS})
+    whole = whole.map(lambda row: {"full_text": row["prompt"] + row["completion"]})
+    rows = tag_dataset(whole, tagger_for(TWO), text_column="full_text", num_secrets=2)
+    eos = [tokenizer.eos_token_id]
+    rows = rows.map(lambda row: {"input_ids": tokenizer(row["full_text"])["input_ids"] + eos})
+    checked = prepare_secret_ids(rows, secret_set=TWO, tokenizer=tokenizer)
+    encoded = mark_secrets(tokenizer, TWO)(list(whole["full_text"]))
+    marked = prepare_secret_ids(datasets.Dataset.from_dict(dict(encoded)), secret_set=TWO)
+    for ready in (checked, marked):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            assert _plan(ready).secrets.num_examples.tolist() == [4, 4]
+        assert not [w for w in record if "trusted" in str(w.message)]

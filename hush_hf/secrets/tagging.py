@@ -11,6 +11,7 @@ text the row holds now.
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -304,3 +305,55 @@ def _untagged_rows(dataset: datasets.Dataset, column: str, secret_set: Any, text
         ],
         dtype=np.int64,
     )
+
+
+TOKEN_COLUMNS = ("input_ids", "labels")
+"""What the model reads and what it is trained to write."""
+
+
+def unchecked_tokens(
+    dataset: datasets.Dataset, *, column: str = SECRET_IDS_COLUMN, what: str = "the dataset"
+) -> str | None:
+    """One sentence when ``dataset`` holds token lists (``input_ids``, ``labels``) beside ids tagged from a
+    text column: the model reads the tokens, and nothing here can decode them to check that they spell
+    that text (:func:`hush_hf.prepare_secret_ids` with a tokenizer does); None otherwise."""
+    names = dataset.column_names
+    sources = [source for source in tagged_text_columns(names, column) if source in names]
+    schema = dataset.data.schema
+    tokens = [
+        name for name in TOKEN_COLUMNS
+        if name in names and (pa.types.is_list(schema.field(name).type)
+                              or pa.types.is_large_list(schema.field(name).type))
+    ]
+    if not sources or not tokens:
+        return None
+    return (
+        f"{what}'s {' and '.join(tokens)} are trusted to spell the text its '{column}' were tagged from "
+        f"(column {', '.join(repr(s) for s in sources)}), unchecked: a secret only the tokens spell (a "
+        "completion or chat template the column lacks) would train unprotected; pass the rows through "
+        "hush_hf.prepare_secret_ids(rows, secret_set=secrets, tokenizer=tokenizer) first, which checks them"
+    )
+
+
+class _Vouched:
+    """The datasets whose secret ids :func:`hush_hf.prepare_secret_ids` has checked, or warned about what
+    it could not check, in this process: planning them says nothing again. Weak references: an entry
+    whose dataset is gone (its id may be reused) never matches."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref] = {}
+
+    def add(self, dataset: Any) -> None:
+        try:
+            ref = weakref.ref(dataset)
+        except TypeError:  # no weak references: never vouched, warned each time
+            return
+        self._refs = {key: r for key, r in self._refs.items() if r() is not None}
+        self._refs[id(dataset)] = ref
+
+    def __contains__(self, dataset: Any) -> bool:
+        ref = self._refs.get(id(dataset))
+        return ref is not None and ref() is dataset
+
+
+VOUCHED = _Vouched()

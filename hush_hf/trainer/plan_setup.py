@@ -131,7 +131,7 @@ def prepare_secret_ids(
         dataset = dataset.remove_columns(drop)
         logger.info("secret_ids derived from the per-token marks column (dropped before the model)")
         feature = datasets.Sequence(datasets.Value("int64"))  # typed even when no row has a secret
-        return dataset.add_column(SECRET_IDS_COLUMN, ids.to_pylist(), feature=feature)
+        return _vouched(dataset.add_column(SECRET_IDS_COLUMN, ids.to_pylist(), feature=feature))
     if SECRET_IDS_COLUMN in names:
         found = dataset_fingerprint(dataset)
         what = f"{name}'s '{SECRET_IDS_COLUMN}' column"
@@ -158,7 +158,7 @@ def prepare_secret_ids(
             sources = tagged_text_columns(names, SECRET_IDS_COLUMN) or [text_column]
             for source in sources:  # ids checked against a text: the tokens must be that text's too
                 _check_tokens_of(dataset, source, tokenizer=tokenizer, name=name)
-        return dataset
+        return _vouched(dataset)
     if secret_set is None:
         return dataset
     import datasets
@@ -167,8 +167,8 @@ def prepare_secret_ids(
 
     if isinstance(dataset, datasets.Dataset) and text_column in dataset.column_names:
         _check_tokens_of(dataset, text_column, tokenizer=tokenizer, name=name)
-        return tag_dataset(
-            dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set)
+        return _vouched(
+            tag_dataset(dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set))
         )
     raise ValueError(
         f"{name} has no secret marks, no '{SECRET_IDS_COLUMN}' column and no text column "
@@ -176,6 +176,15 @@ def prepare_secret_ids(
         f"tokenizer is built: `{MARK_LINE}` (secrets: your SecretSet or secrets file); its output then "
         "carries per-token marks through tokenizing, grouping and packing"
     )
+
+
+def _vouched(dataset: Any) -> Any:
+    """``dataset``, recorded as one whose secret ids were checked here, or warned about (planning it then
+    warns no second time: :data:`hush_hf.secrets.tagging.VOUCHED`)."""
+    from hush_hf.secrets.tagging import VOUCHED
+
+    VOUCHED.add(dataset)
+    return dataset
 
 
 def _check_tokens_of(dataset: Any, text_column: str, *, tokenizer: Any, name: str) -> None:
