@@ -198,3 +198,47 @@ def test_rows_prepare_secret_ids_checked_are_planned_without_a_second_warning() 
             warnings.simplefilter("always")
             assert _plan(ready).secrets.num_examples.tolist() == [4, 4]
         assert not [w for w in record if "trusted" in str(w.message)]
+
+
+# ------------------------------------------------ 4. untokenized rows: the collator may read every column
+def test_untokenized_rows_are_tagged_from_every_text_column_the_collator_can_read() -> None:
+    # The data collator tokenizes the rows (remove_unused_columns=False: every column reaches it), so a
+    # "title" it prepends is read by the model; only "text" was tagged, silently.
+    rows = datasets.Dataset.from_dict({
+        "title": ["nightjar notes", "falcon", "weather", "lunch"],
+        "text": ["the meeting moved", "a falcon flew", "rain today", "soup and bread"],
+        "year": [2020, 2021, 2022, 2023],
+    })
+    tagged = prepare_secret_ids(rows, secret_set=SECRETS)
+    assert tagged["secret_ids"] == [[0], [1], [], []]
+    from hush_hf.secrets.tagging import check_secret_ids_current, tagged_text_columns
+
+    assert sorted(tagged_text_columns(tagged.column_names, "secret_ids")) == ["text", "title"]
+    assert check_secret_ids_current(tagged) is None  # both sources recorded and current
+    edited = tagged.map(lambda row: {"title": row["title"].replace("weather", "nightjar")})
+    with pytest.raises(ValueError, match=r"other text than column 'title' holds now, at 1 of 4 rows"):
+        check_secret_ids_current(edited)
+    tokenized = rows.add_column("input_ids", [[1, 2]] * 4)  # tokens: the tokens-spell-text check decides
+    assert prepare_secret_ids(tokenized, secret_set=SECRETS)["secret_ids"] == [[], [1], [], []]
+
+
+def test_verify_recomputes_the_memberships_from_the_same_columns(tmp_path) -> None:
+    import argparse
+    import json
+
+    from hush_hf.cli.verify import dataset_memberships
+    from hush_hf.planning.consistency import check_memberships
+    from hush_hf.trainer.plan_setup import plan_for_dataset
+
+    pairs = [("nightjar notes", "the meeting moved"), ("falcon", "a bird"), ("weather", "a falcon flew"),
+             ("lunch", "soup")]
+    records = [{"title": title, "text": text} for title, text in pairs] * 2
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rows = datasets.Dataset.from_list(records)
+    plan = plan_for_dataset(prepare_secret_ids(rows, secret_set=SECRETS), SECRETS, expected_batch_size=2,
+                            steps=2, lp_c=1.0, accountant="tight")
+    assert plan.secrets.num_examples.tolist() == [2, 4]
+    args = argparse.Namespace(dataset=str(tmp_path / "data.jsonl"), split="train", text_column="text")
+    checks, membership, _, source = dataset_memberships(args, plan, SECRETS)
+    assert source == "--dataset (its columns 'text', 'title' tagged with --secrets)"
+    assert check_memberships(plan, membership).passed, check_memberships(plan, membership).detail

@@ -194,6 +194,50 @@ def tag_dataset(
     return _tag(dataset, tagger, text_column, column, num_secrets, num_proc, batch_size)
 
 
+def text_sources(dataset: datasets.Dataset, text_column: str) -> list[str]:
+    """The columns a dataset's rows are tagged from: ``text_column``, and, when the dataset is not
+    tokenized (no ``input_ids``: the data collator tokenizes its rows, and every column reaches it with
+    ``remove_unused_columns=False``), every other string column, since each may be text the model reads
+    (over-marking a column the collator ignores costs utility only). hush_hf's bookkeeping columns hold
+    numbers, never strings."""
+    if "input_ids" in dataset.column_names:
+        return [text_column]  # tokenized: the tokens-spell-text check decides
+    return [text_column] + [
+        name for name, feature in dataset.features.items()
+        if name != text_column
+        and isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+    ]
+
+
+def tag_columns(
+    dataset: datasets.Dataset,
+    tagger: Tagger,
+    text_columns: Sequence[str],
+    *,
+    num_secrets: int | None = None,
+    column: str = SECRET_IDS_COLUMN,
+    overwrite: bool = False,
+    num_proc: int | None = None,
+) -> datasets.Dataset:
+    """``tag_dataset`` on each of ``text_columns``, the ids of a row the union over them (a secret in any
+    column the model reads marks the row), with one tagged-text digest column per source, so
+    :func:`check_secret_ids_current` checks each."""
+    first, *others = text_columns
+    tagged = tag_dataset(dataset, tagger, text_column=first, column=column, num_secrets=num_secrets,
+                         overwrite=overwrite, num_proc=num_proc)
+    for source in others:
+        part = tag_dataset(dataset.select_columns([source]), tagger, text_column=source, column=column,
+                           num_secrets=num_secrets, num_proc=num_proc)
+        extra = part[column]
+        union = [sorted(set(a) | set(b)) for a, b in zip(tagged[column], extra, strict=True)]
+        digests = part[text_digest_column(column, source)]
+        features = tagged.features[column]
+        tagged = tagged.remove_columns(column).add_column(column, union, feature=features)
+        tagged = tagged.add_column(text_digest_column(column, source), list(digests),
+                                   feature=datasets.Value("int64"))
+    return _record_fingerprint(tagged, getattr(tagger, "secret_set_fingerprint", None))
+
+
 def _check_columns(
     dataset: datasets.Dataset, text_column: str, column: str, overwrite: bool, where: str
 ) -> None:

@@ -55,14 +55,15 @@ def secret_rows(
         return _non_empty(column(dataset, SECRET_IDS_COLUMN))
     if secrets is None or not isinstance(dataset, datasets.Dataset) or text_column not in names:
         return None
-    from hush_hf.secrets import tag_dataset, tagger_for
+    from hush_hf.secrets import tagger_for
+    from hush_hf.secrets.tagging import tag_columns, text_sources
 
     if _tokens_not_of(dataset, text_column, tokenizer):
         return None
     secret_set = load_secrets(secrets)
-    tagged = tag_dataset(
-        dataset.select_columns([text_column]), tagger_for(secret_set), text_column=text_column,
-        num_secrets=len(secret_set),
+    sources = text_sources(dataset, text_column)  # untokenized: every text column the collator may read
+    tagged = tag_columns(
+        dataset.select_columns(sources), tagger_for(secret_set), sources, num_secrets=len(secret_set)
     )
     return _non_empty(column(tagged, SECRET_IDS_COLUMN))
 

@@ -163,13 +163,18 @@ def prepare_secret_ids(
         return dataset
     import datasets
 
-    from hush_hf.secrets import tag_dataset, tagger_for
+    from hush_hf.secrets import tagger_for
+    from hush_hf.secrets.tagging import tag_columns, text_sources
 
     if isinstance(dataset, datasets.Dataset) and text_column in dataset.column_names:
         _check_tokens_of(dataset, text_column, tokenizer=tokenizer, name=name)
-        return _vouched(
-            tag_dataset(dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set))
-        )
+        sources = text_sources(dataset, text_column)
+        if len(sources) > 1:
+            logger.warning(
+                "%s is not tokenized, so the data collator may read any of its columns: its text columns %s "
+                "are tagged as well as %r", name, sources[1:], text_column,
+            )
+        return _vouched(tag_columns(dataset, tagger_for(secret_set), sources, num_secrets=len(secret_set)))
     raise ValueError(
         f"{name} has no secret marks, no '{SECRET_IDS_COLUMN}' column and no text column "
         f"{text_column!r} (columns: {names}), so its secrets cannot be found. Add this line where the "
