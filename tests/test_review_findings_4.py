@@ -242,3 +242,17 @@ def test_verify_recomputes_the_memberships_from_the_same_columns(tmp_path) -> No
     checks, membership, _, source = dataset_memberships(args, plan, SECRETS)
     assert source == "--dataset (its columns 'text', 'title' tagged with --secrets)"
     assert check_memberships(plan, membership).passed, check_memberships(plan, membership).detail
+
+
+def test_ids_tagged_from_one_column_of_an_untokenized_dataset_must_hold_the_other_columns_secrets() -> None:
+    # tag_dataset on "text" by the user, then the trainer: the collator may read "title" too.
+    rows = datasets.Dataset.from_dict({"title": ["nightjar notes", "plain", "weather", "id-4"],
+                                       "text": ["the meeting moved", "a falcon flew", "rain today", "soup"]})
+    tagged = tag_dataset(rows, tagger_for(SECRETS), text_column="text", num_secrets=2)
+    refused = r"^train_dataset row 0: its column 'title' spells secret #0, which its 'secret_ids' \(tagged"
+    with pytest.raises(ValueError, match=refused + r" from 'text'\) lack"):
+        prepare_secret_ids(tagged, secret_set=SECRETS)
+    with pytest.warns(UserWarning, match=r"train_dataset is not tokenized, and its text column 'title' was"):
+        prepare_secret_ids(tagged)
+    harmless = tag_dataset(rows.map(lambda row: {"title": "x"}), tagger_for(SECRETS), num_secrets=2)
+    assert prepare_secret_ids(harmless, secret_set=SECRETS)["secret_ids"] == [[], [1], [], []]

@@ -158,6 +158,7 @@ def prepare_secret_ids(
             sources = tagged_text_columns(names, SECRET_IDS_COLUMN) or [text_column]
             for source in sources:  # ids checked against a text: the tokens must be that text's too
                 _check_tokens_of(dataset, source, tokenizer=tokenizer, name=name)
+            _check_untagged_columns(dataset, sources, secret_set=secret_set, name=name)
         return _vouched(dataset)
     if secret_set is None:
         return dataset
@@ -181,6 +182,43 @@ def prepare_secret_ids(
         f"tokenizer is built: `{MARK_LINE}` (secrets: your SecretSet or secrets file); its output then "
         "carries per-token marks through tokenizing, grouping and packing"
     )
+
+
+def _check_untagged_columns(dataset: Any, sources: list[str], *, secret_set: Any, name: str) -> None:
+    """An untokenized dataset's string columns its ids were not tagged from (the collator may read any:
+    :func:`hush_hf.secrets.tagging.text_sources`) must add no secret to a row's ids: ValueError naming the
+    first row and column that do; without ``secret_set``, a loud warning that they are unchecked."""
+    from hush_hf.secrets.tagging import text_sources
+
+    if sources[0] not in column_names(dataset):
+        return
+    others = [c for c in text_sources(dataset, sources[0]) if c not in sources]
+    if not others:
+        return
+    if secret_set is None:
+        loud_warning(
+            f"{name} is not tokenized, and its text column{'s' if len(others) > 1 else ''} "
+            f"{', '.join(map(repr, others))} {'were' if len(others) > 1 else 'was'} not tagged: the data "
+            f"collator may read {'them' if len(others) > 1 else 'it'}, so a secret there is trusted to be in "
+            f"'{SECRET_IDS_COLUMN}' too, unchecked; remove the columns the collator does not read"
+        )
+        return
+    from hush_hf.secrets import tagger_for
+
+    tagger = tagger_for(secret_set)
+    ids = column(dataset, SECRET_IDS_COLUMN).to_pylist()
+    for other in others:
+        for row, text in enumerate(column(dataset, other).to_pylist()):
+            missing = tagger(text).difference(ids[row] or ()) if isinstance(text, str) else set()
+            if missing:
+                tagged = ", ".join(map(repr, sources))
+                raise ValueError(
+                    f"{name} row {row}: its column {other!r} spells secret #{min(missing)}, which its "
+                    f"'{SECRET_IDS_COLUMN}' (tagged from {tagged}) lack; the dataset is not tokenized, so "
+                    "the data collator may read that column: tag every column it reads "
+                    "(hush_hf.secrets.tag_dataset on one column joining them), or remove the columns it "
+                    "does not read"
+                )
 
 
 def _vouched(dataset: Any) -> Any:
