@@ -256,3 +256,12 @@ def test_ids_tagged_from_one_column_of_an_untokenized_dataset_must_hold_the_othe
         prepare_secret_ids(tagged)
     harmless = tag_dataset(rows.map(lambda row: {"title": "x"}), tagger_for(SECRETS), num_secrets=2)
     assert prepare_secret_ids(harmless, secret_set=SECRETS)["secret_ids"] == [[], [1], [], []]
+
+
+def test_eval_rows_whose_labels_spell_a_secret_beyond_their_marks_are_counted() -> None:
+    from hush_hf.trainer.evaluation import secret_rows
+
+    plain = gpt2_tokenizer()
+    rows = _separately_tokenized_labels(mark_secrets(plain, SECRETS))  # row 1: labels only; row 3: both
+    assert secret_rows(rows, secrets=SECRETS, tokenizer=plain) == 2
+    assert secret_rows(rows, secrets=SECRETS) is None  # the labels cannot be read: unknown, never 1
