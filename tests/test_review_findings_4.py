@@ -265,3 +265,47 @@ def test_eval_rows_whose_labels_spell_a_secret_beyond_their_marks_are_counted() 
     rows = _separately_tokenized_labels(mark_secrets(plain, SECRETS))  # row 1: labels only; row 3: both
     assert secret_rows(rows, secrets=SECRETS, tokenizer=plain) == 2
     assert secret_rows(rows, secrets=SECRETS) is None  # the labels cannot be read: unknown, never 1
+
+
+# ------------------------------------------------ 5. TRL conversations: the chat template's text is read
+CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|endoftext|>system\nYou are Nova, a helpful assistant.\n"
+    "{% endif %}"
+    "{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+def test_trl_conversations_are_tagged_from_the_rendered_chat_template(tmp_path) -> None:
+    # docs/trl.md: tagging the messages' contents misses the template's own text (a default system prompt
+    # naming secret #1 in every row); prepare_secret_ids refuses it, the rendered template passes.
+    from trl import SFTConfig, SFTTrainer
+
+    from tests.test_trl import tiny_gpt2 as tiny_double_gpt2
+
+    secrets = SecretSet.from_records([{"id": "s0", "prior": 1e-3, "target": 0.2, "terms": ["falcon"]},
+                                      {"id": "s1", "prior": 1e-3, "target": 0.2, "terms": ["nova"]}])
+    tokenizer = gpt2_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    chats = [[{"role": "user", "content": "name the project"}, {"role": "assistant", "content": "falcon"}],
+             [{"role": "user", "content": "lunch?"}, {"role": "assistant", "content": "soup"}]] * 2
+    joins = {
+        "contents": lambda row: " ".join(m["content"] for m in row["messages"]),
+        "rendered": lambda row: tokenizer.apply_chat_template(row["messages"], tokenize=False),
+    }
+    prepared = {}
+    for how, join in joins.items():
+        data = datasets.Dataset.from_dict({"messages": chats})
+        data = data.map(lambda row, join=join: {"full_text": join(row)})
+        data = tag_dataset(data, tagger_for(secrets), text_column="full_text", num_secrets=2)
+        args = SFTConfig(output_dir=str(tmp_path / how), max_steps=1, per_device_train_batch_size=2,
+                         max_grad_norm=0.0, report_to=[], use_cpu=True, bf16=False,
+                         activation_checkpointing=False)
+        trainer = SFTTrainer(model=tiny_double_gpt2(len(tokenizer)), args=args, train_dataset=data,
+                             processing_class=tokenizer)
+        prepared[how] = trainer.train_dataset
+    with pytest.raises(ValueError, match=r"^train_dataset row 0: its input_ids spell text that its 'full"):
+        prepare_secret_ids(prepared["contents"], secret_set=secrets, tokenizer=tokenizer)
+    rows = prepare_secret_ids(prepared["rendered"], secret_set=secrets, tokenizer=tokenizer)
+    assert rows["secret_ids"] == [[0, 1], [1], [0, 1], [1]]
