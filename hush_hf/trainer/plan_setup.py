@@ -93,10 +93,13 @@ def prepare_secret_ids(
 
     1. the per-token marks column of :func:`hush_hf.mark_secrets` (a row contains secret j when any
        of its tokens is marked with j); the marks column is then dropped, so it never reaches the model;
-    2. an existing ``secret_ids`` column (e.g. from ``tag_dataset``);
-    3. tagging ``text_column`` with ``secret_set``; a tokenized dataset's ``input_ids`` must then spell
-       that text (checked with ``tokenizer``: :mod:`hush_hf.trainer.text_tokens`; trusted, with a loud
-       warning, without one).
+       ``labels`` that are other tokens than ``input_ids`` must spell no secret the marks lack
+       (:func:`check_label_marks`);
+    2. an existing ``secret_ids`` column (e.g. from ``tag_dataset``); an untokenized dataset's other
+       string columns must add no secret to them;
+    3. tagging ``text_column`` with ``secret_set`` (an untokenized dataset: every string column, which
+       its collator may read); a tokenized dataset's ``input_ids`` must then spell that text (checked
+       with ``tokenizer``: :mod:`hush_hf.trainer.text_tokens`; trusted, with a loud warning, without one).
 
     Marks or tags made with another secret set than ``secret_set`` or ``plan`` are refused
     (fingerprints), and so are marks out of step with ``input_ids`` and ids tagged from other text
