@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _secrets_and_tags(args: argparse.Namespace, dataset, secret_set):
-    from hush_hf.secrets import select_by_document_frequency, tag_dataset, tagger_for
+    from hush_hf.secrets import select_by_document_frequency, tagger_for
 
     if secret_set is None:
         if args.case_sensitive:
@@ -198,13 +198,14 @@ def _secrets_and_tags(args: argparse.Namespace, dataset, secret_set):
             dataset, secret_set=secret_set, text_column=args.text_column, name="--dataset"
         )
     else:
-        dataset = tag_dataset(
-            dataset,
-            tagger_for(secret_set, case_sensitive=args.case_sensitive),
-            text_column=args.text_column,
-            num_proc=args.num_proc,
-            num_secrets=len(secret_set),
-        )
+        from hush_hf.secrets.tagging import tag_columns, text_sources
+
+        tagger = tagger_for(secret_set, case_sensitive=args.case_sensitive)
+        sources = text_sources(dataset, args.text_column)  # as the trainer tags it (untokenized: all)
+        if len(sources) > 1:
+            logger.warning("--dataset is not tokenized: its text columns %s are tagged as well as %r",
+                           sources[1:], args.text_column)
+        dataset = tag_columns(dataset, tagger, sources, num_secrets=len(secret_set), num_proc=args.num_proc)
     return secret_set, dataset
 
 

@@ -109,11 +109,14 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
         return [Check("dataset", None, "not compared: --secrets and the plan have different numbers of "
                                        "secrets")], None, {}, ""
     if secret_set is not None and args.text_column in names:
-        from hush_hf.secrets import tag_dataset, tagger_for
+        from hush_hf.secrets import tagger_for
+        from hush_hf.secrets.tagging import tag_columns, text_sources
 
-        dataset = tag_dataset(dataset, tagger_for(secret_set), text_column=args.text_column,
-                              num_secrets=len(secret_set), overwrite=True)  # a tagged folder: tag it again
-        source = f"its column {args.text_column!r} tagged with --secrets"
+        sources = text_sources(dataset, args.text_column)  # the columns the trainer tags (untokenized: all)
+        dataset = tag_columns(dataset, tagger_for(secret_set), sources, num_secrets=len(secret_set),
+                              overwrite=True)  # a tagged folder: tag it again
+        named = ", ".join(map(repr, sources))
+        source = f"its column{'s' if len(sources) > 1 else ''} {named} tagged with --secrets"
     elif SECRET_IDS_COLUMN in names:
         from hush_hf.secrets.tagging import check_secret_ids_current
 

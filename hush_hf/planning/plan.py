@@ -472,9 +472,15 @@ def _rows_and_secret_ids(secret_ids: Any) -> tuple[Any, Any]:
             "first (hush_hf.secrets.tag_dataset) or derive it from secret marks (secret_ids_from_marks)"
         )
     from hush_hf.data import arrow_columns
-    from hush_hf.secrets.tagging import check_secret_ids_current
+    from hush_hf.secrets.marks import find_marks_column
+    from hush_hf.secrets.tagging import VOUCHED, check_secret_ids_current, unchecked_tokens
 
-    check_secret_ids_current(secret_ids)  # ids tagged from other text than the rows hold: refused
+    unchecked = check_secret_ids_current(secret_ids)  # ids tagged from other text than the rows hold: refused
+    unchecked = unchecked or unchecked_tokens(secret_ids)
+    # Ids beside marks are checked against them when the plan binds the rows (check_row_memberships).
+    if unchecked and secret_ids not in VOUCHED and find_marks_column(secret_ids.column_names) is None:
+        warnings.warn(unchecked, UserWarning, stacklevel=3)
+        logger.warning(unchecked)
     return secret_ids, arrow_columns(secret_ids, [SECRET_IDS_COLUMN])[0][1]
 
 

@@ -156,16 +156,28 @@ class SecretMarker:
             out.append(marks)
         return out if (several or not single) else out[0]
 
-    def with_target_secrets(self, marks: list, encoding: Any, text: Any, target: Any) -> list:
+    def with_target_secrets(
+        self, marks: list, encoding: Any, text: Any, target: Any, tokenizer: Any = None
+    ) -> list:
         """``marks`` with every secret of each row's ``text_target`` added to all of that row's tokens.
 
         A seq2seq row trains its target (the labels) as well as its input, but the marks follow
         ``input_ids``; a secret only the target holds still makes the row one of the secret's examples.
         Marking every input token with it keeps the row marked through any cut (over-marking, never under).
+        With ``tokenizer``, the secrets that the labels spell once decoded are added too (a label cut by
+        truncation can spell a secret its whole target does not: :mod:`hush_hf.secrets.label_marks`).
         """
         single = isinstance(text, str)
         targets = [target] if isinstance(target, str) else list(target)
         found = [{span.secret for span in self.spans(t)} for t in targets]
+        labels = encoding.get("labels")
+        if tokenizer is not None and labels is not None:
+            from hush_hf.secrets.label_marks import label_secrets
+
+            rows = [labels] if isinstance(target, str) else list(labels)
+            if len(rows) == len(found):  # one row of labels per target (overflowing inputs share it)
+                spelled = label_secrets(tokenizer, self.tagger, rows)
+                found = [secrets | more for secrets, more in zip(found, spelled, strict=True)]
         samples = encoding.get("overflow_to_sample_mapping")
         if single and (not marks or not isinstance(marks[0], list) or not marks[0] or
                        not isinstance(marks[0][0], list)):
@@ -210,7 +222,7 @@ class _MarkingTokenizer:
         marker = self._hush_marker
         marks = marker.encoding_marks(encoding, text, text_pair)
         if target is not None:
-            marks = marker.with_target_secrets(marks, encoding, text, target)
+            marks = marker.with_target_secrets(marks, encoding, text, target, tokenizer=self)
         encoding[marker.column] = marks
         if not wants_offsets:
             del encoding["offset_mapping"]

@@ -11,6 +11,7 @@ text the row holds now.
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -193,6 +194,50 @@ def tag_dataset(
     return _tag(dataset, tagger, text_column, column, num_secrets, num_proc, batch_size)
 
 
+def text_sources(dataset: datasets.Dataset, text_column: str) -> list[str]:
+    """The columns a dataset's rows are tagged from: ``text_column``, and, when the dataset is not
+    tokenized (no ``input_ids``: the data collator tokenizes its rows, and every column reaches it with
+    ``remove_unused_columns=False``), every other string column, since each may be text the model reads
+    (over-marking a column the collator ignores costs utility only). hush_hf's bookkeeping columns hold
+    numbers, never strings."""
+    if "input_ids" in dataset.column_names:
+        return [text_column]  # tokenized: the tokens-spell-text check decides
+    return [text_column] + [
+        name for name, feature in dataset.features.items()
+        if name != text_column
+        and isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+    ]
+
+
+def tag_columns(
+    dataset: datasets.Dataset,
+    tagger: Tagger,
+    text_columns: Sequence[str],
+    *,
+    num_secrets: int | None = None,
+    column: str = SECRET_IDS_COLUMN,
+    overwrite: bool = False,
+    num_proc: int | None = None,
+) -> datasets.Dataset:
+    """``tag_dataset`` on each of ``text_columns``, the ids of a row the union over them (a secret in any
+    column the model reads marks the row), with one tagged-text digest column per source, so
+    :func:`check_secret_ids_current` checks each."""
+    first, *others = text_columns
+    tagged = tag_dataset(dataset, tagger, text_column=first, column=column, num_secrets=num_secrets,
+                         overwrite=overwrite, num_proc=num_proc)
+    for source in others:
+        part = tag_dataset(dataset.select_columns([source]), tagger, text_column=source, column=column,
+                           num_secrets=num_secrets, num_proc=num_proc)
+        extra = part[column]
+        union = [sorted(set(a) | set(b)) for a, b in zip(tagged[column], extra, strict=True)]
+        digests = part[text_digest_column(column, source)]
+        features = tagged.features[column]
+        tagged = tagged.remove_columns(column).add_column(column, union, feature=features)
+        tagged = tagged.add_column(text_digest_column(column, source), list(digests),
+                                   feature=datasets.Value("int64"))
+    return _record_fingerprint(tagged, getattr(tagger, "secret_set_fingerprint", None))
+
+
 def _check_columns(
     dataset: datasets.Dataset, text_column: str, column: str, overwrite: bool, where: str
 ) -> None:
@@ -304,3 +349,55 @@ def _untagged_rows(dataset: datasets.Dataset, column: str, secret_set: Any, text
         ],
         dtype=np.int64,
     )
+
+
+TOKEN_COLUMNS = ("input_ids", "labels")
+"""What the model reads and what it is trained to write."""
+
+
+def unchecked_tokens(
+    dataset: datasets.Dataset, *, column: str = SECRET_IDS_COLUMN, what: str = "the dataset"
+) -> str | None:
+    """One sentence when ``dataset`` holds token lists (``input_ids``, ``labels``) beside ids tagged from a
+    text column: the model reads the tokens, and nothing here can decode them to check that they spell
+    that text (:func:`hush_hf.prepare_secret_ids` with a tokenizer does); None otherwise."""
+    names = dataset.column_names
+    sources = [source for source in tagged_text_columns(names, column) if source in names]
+    schema = dataset.data.schema
+    tokens = [
+        name for name in TOKEN_COLUMNS
+        if name in names and (pa.types.is_list(schema.field(name).type)
+                              or pa.types.is_large_list(schema.field(name).type))
+    ]
+    if not sources or not tokens:
+        return None
+    return (
+        f"{what}'s {' and '.join(tokens)} are trusted to spell the text its '{column}' were tagged from "
+        f"(column {', '.join(repr(s) for s in sources)}), unchecked: a secret only the tokens spell (a "
+        "completion or chat template the column lacks) would train unprotected; pass the rows through "
+        "hush_hf.prepare_secret_ids(rows, secret_set=secrets, tokenizer=tokenizer) first, which checks them"
+    )
+
+
+class _Vouched:
+    """The datasets whose secret ids :func:`hush_hf.prepare_secret_ids` has checked, or warned about what
+    it could not check, in this process: planning them says nothing again. Weak references: an entry
+    whose dataset is gone (its id may be reused) never matches."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref] = {}
+
+    def add(self, dataset: Any) -> None:
+        try:
+            ref = weakref.ref(dataset)
+        except TypeError:  # no weak references: never vouched, warned each time
+            return
+        self._refs = {key: r for key, r in self._refs.items() if r() is not None}
+        self._refs[id(dataset)] = ref
+
+    def __contains__(self, dataset: Any) -> bool:
+        ref = self._refs.get(id(dataset))
+        return ref is not None and ref() is dataset
+
+
+VOUCHED = _Vouched()

@@ -44,7 +44,8 @@ def secret_rows(
     names = column_names(dataset)
     marks = find_marks_column(names)
     if marks is not None:
-        return _non_empty(secret_ids_from_marks(column(dataset, marks)))
+        marked = secret_ids_from_marks(column(dataset, marks)).to_pylist()
+        return _marked_rows(dataset, marked, secrets, tokenizer)
     if SECRET_IDS_COLUMN in names and _current_ids(dataset, secrets, text_column):
         if isinstance(dataset, datasets.Dataset):
             from hush_hf.secrets.tagging import tagged_text_columns
@@ -55,16 +56,41 @@ def secret_rows(
         return _non_empty(column(dataset, SECRET_IDS_COLUMN))
     if secrets is None or not isinstance(dataset, datasets.Dataset) or text_column not in names:
         return None
-    from hush_hf.secrets import tag_dataset, tagger_for
+    from hush_hf.secrets import tagger_for
+    from hush_hf.secrets.tagging import tag_columns, text_sources
 
     if _tokens_not_of(dataset, text_column, tokenizer):
         return None
     secret_set = load_secrets(secrets)
-    tagged = tag_dataset(
-        dataset.select_columns([text_column]), tagger_for(secret_set), text_column=text_column,
-        num_secrets=len(secret_set),
+    sources = text_sources(dataset, text_column)  # untokenized: every text column the collator may read
+    tagged = tag_columns(
+        dataset.select_columns(sources), tagger_for(secret_set), sources, num_secrets=len(secret_set)
     )
     return _non_empty(column(tagged, SECRET_IDS_COLUMN))
+
+
+def _marked_rows(dataset: Any, marked: list[list[int]], secrets: Any, tokenizer: Any) -> int | None:
+    """Rows holding a secret by their marks or by what their ``labels`` spell where those are other tokens
+    than the row's ``input_ids`` (:mod:`hush_hf.secrets.label_marks`); None (warned) when such labels
+    cannot be read (no tokenizer or no secrets)."""
+    from hush_hf.secrets.label_marks import label_secrets, labels_beyond_inputs
+    from hush_hf.trainer.text_tokens import token_columns
+
+    tokens = token_columns(dataset)
+    rows = (labels_beyond_inputs(tokens["input_ids"], tokens["labels"])
+            if "labels" in tokens and "input_ids" in tokens else np.zeros(0, dtype=np.int64))
+    if rows.size and (secrets is None or tokenizer is None):
+        logger.warning("eval row %d: its labels are not its input_ids, and there is no tokenizer or secret "
+                       "set to read them; its rows are counted as unknown", int(rows[0]))
+        return None
+    if rows.size:
+        from hush_hf.secrets import tagger_for
+
+        tagger = tagger_for(load_secrets(secrets))
+        found = label_secrets(tokenizer, tagger, [tokens["labels"][r] for r in rows])
+        for row, extra in zip(rows.tolist(), found, strict=True):
+            marked[row] = sorted(set(marked[row]) | extra)
+    return _non_empty(marked)
 
 
 def _tokens_not_of(dataset: Any, text_column: str, tokenizer: Any) -> bool:

@@ -93,10 +93,13 @@ def prepare_secret_ids(
 
     1. the per-token marks column of :func:`hush_hf.mark_secrets` (a row contains secret j when any
        of its tokens is marked with j); the marks column is then dropped, so it never reaches the model;
-    2. an existing ``secret_ids`` column (e.g. from ``tag_dataset``);
-    3. tagging ``text_column`` with ``secret_set``; a tokenized dataset's ``input_ids`` must then spell
-       that text (checked with ``tokenizer``: :mod:`hush_hf.trainer.text_tokens`; trusted, with a loud
-       warning, without one).
+       ``labels`` that are other tokens than ``input_ids`` must spell no secret the marks lack
+       (:func:`check_label_marks`);
+    2. an existing ``secret_ids`` column (e.g. from ``tag_dataset``); an untokenized dataset's other
+       string columns must add no secret to them;
+    3. tagging ``text_column`` with ``secret_set`` (an untokenized dataset: every string column, which
+       its collator may read); a tokenized dataset's ``input_ids`` must then spell that text (checked
+       with ``tokenizer``: :mod:`hush_hf.trainer.text_tokens`; trusted, with a loud warning, without one).
 
     Marks or tags made with another secret set than ``secret_set`` or ``plan`` are refused
     (fingerprints), and so are marks out of step with ``input_ids`` and ids tagged from other text
@@ -126,11 +129,12 @@ def prepare_secret_ids(
             )
         check_marks_in_step(dataset, marks, name=name)
         ids = secret_ids_from_marks(column(dataset, marks))
+        check_label_marks(dataset, ids.to_pylist(), secret_set=secret_set, tokenizer=tokenizer, name=name)
         drop = [marks] + ([SECRET_IDS_COLUMN] if SECRET_IDS_COLUMN in names else [])
         dataset = dataset.remove_columns(drop)
         logger.info("secret_ids derived from the per-token marks column (dropped before the model)")
         feature = datasets.Sequence(datasets.Value("int64"))  # typed even when no row has a secret
-        return dataset.add_column(SECRET_IDS_COLUMN, ids.to_pylist(), feature=feature)
+        return _vouched(dataset.add_column(SECRET_IDS_COLUMN, ids.to_pylist(), feature=feature))
     if SECRET_IDS_COLUMN in names:
         found = dataset_fingerprint(dataset)
         what = f"{name}'s '{SECRET_IDS_COLUMN}' column"
@@ -157,24 +161,76 @@ def prepare_secret_ids(
             sources = tagged_text_columns(names, SECRET_IDS_COLUMN) or [text_column]
             for source in sources:  # ids checked against a text: the tokens must be that text's too
                 _check_tokens_of(dataset, source, tokenizer=tokenizer, name=name)
-        return dataset
+            _check_untagged_columns(dataset, sources, secret_set=secret_set, name=name)
+        return _vouched(dataset)
     if secret_set is None:
         return dataset
     import datasets
 
-    from hush_hf.secrets import tag_dataset, tagger_for
+    from hush_hf.secrets import tagger_for
+    from hush_hf.secrets.tagging import tag_columns, text_sources
 
     if isinstance(dataset, datasets.Dataset) and text_column in dataset.column_names:
         _check_tokens_of(dataset, text_column, tokenizer=tokenizer, name=name)
-        return tag_dataset(
-            dataset, tagger_for(secret_set), text_column=text_column, num_secrets=len(secret_set)
-        )
+        sources = text_sources(dataset, text_column)
+        if len(sources) > 1:
+            logger.warning(
+                "%s is not tokenized, so the data collator may read any of its columns: its text columns %s "
+                "are tagged as well as %r", name, sources[1:], text_column,
+            )
+        return _vouched(tag_columns(dataset, tagger_for(secret_set), sources, num_secrets=len(secret_set)))
     raise ValueError(
         f"{name} has no secret marks, no '{SECRET_IDS_COLUMN}' column and no text column "
         f"{text_column!r} (columns: {names}), so its secrets cannot be found. Add this line where the "
         f"tokenizer is built: `{MARK_LINE}` (secrets: your SecretSet or secrets file); its output then "
         "carries per-token marks through tokenizing, grouping and packing"
     )
+
+
+def _check_untagged_columns(dataset: Any, sources: list[str], *, secret_set: Any, name: str) -> None:
+    """An untokenized dataset's string columns its ids were not tagged from (the collator may read any:
+    :func:`hush_hf.secrets.tagging.text_sources`) must add no secret to a row's ids: ValueError naming the
+    first row and column that do; without ``secret_set``, a loud warning that they are unchecked."""
+    from hush_hf.secrets.tagging import text_sources
+
+    if sources[0] not in column_names(dataset):
+        return
+    others = [c for c in text_sources(dataset, sources[0]) if c not in sources]
+    if not others:
+        return
+    if secret_set is None:
+        loud_warning(
+            f"{name} is not tokenized, and its text column{'s' if len(others) > 1 else ''} "
+            f"{', '.join(map(repr, others))} {'were' if len(others) > 1 else 'was'} not tagged: the data "
+            f"collator may read {'them' if len(others) > 1 else 'it'}, so a secret there is trusted to be in "
+            f"'{SECRET_IDS_COLUMN}' too, unchecked; remove the columns the collator does not read"
+        )
+        return
+    from hush_hf.secrets import tagger_for
+
+    tagger = tagger_for(secret_set)
+    ids = column(dataset, SECRET_IDS_COLUMN).to_pylist()
+    for other in others:
+        for row, text in enumerate(column(dataset, other).to_pylist()):
+            missing = tagger(text).difference(ids[row] or ()) if isinstance(text, str) else set()
+            if missing:
+                tagged = ", ".join(map(repr, sources))
+                raise ValueError(
+                    f"{name} row {row}: its column {other!r} spells secret #{min(missing)}, which its "
+                    f"'{SECRET_IDS_COLUMN}' (tagged from {tagged}) lack; the dataset is not tokenized, so "
+                    "the data collator may read that column: tag every column it reads "
+                    "(hush_hf.secrets.tag_dataset on one column joining them), or remove the columns it "
+                    "does not read"
+                )
+
+
+def _vouched(dataset: Any) -> Any:
+    """``dataset``, recorded as one whose secret ids were checked here, or warned about (planning it then
+    warns no second time: :data:`hush_hf.secrets.tagging.VOUCHED`)."""
+    from hush_hf.secrets.tagging import VOUCHED
+
+    VOUCHED.add(dataset)
+    return dataset
 
 
 def _check_tokens_of(dataset: Any, text_column: str, *, tokenizer: Any, name: str) -> None:
@@ -206,6 +262,53 @@ def check_marks_in_step(dataset: Any, marks: str, *, name: str = "train_dataset"
             f"(first: row {int(rows[0])}): the tokens were changed after the marking tokenizer made them, "
             "so the marks no longer say which tokens hold a secret; tokenize with the marking tokenizer in "
             "the last step that changes input_ids"
+        )
+
+
+LABELS_FIX = (
+    "tokenize inputs and targets in one call, tokenizer(inputs, text_target=targets), which marks each row "
+    "with the secrets of both"
+)
+
+
+def check_label_marks(
+    dataset: Any, marked: list[list[int]], *, secret_set: Any, tokenizer: Any, name: str
+) -> None:
+    """ValueError naming the first row whose ``labels`` spell a secret its marks (``marked``) lack.
+
+    Only rows whose labels are other tokens than their ``input_ids`` (-100 aside) are decoded and tagged
+    (:mod:`hush_hf.secrets.label_marks`); without ``secret_set`` or a ``tokenizer`` to decode with, such
+    rows are trusted to be marked with their labels' secrets, with a loud warning.
+    """
+    from hush_hf.secrets.label_marks import first_unmarked_label_secret, labels_beyond_inputs
+    from hush_hf.trainer.text_tokens import can_decode, token_columns
+
+    tokens = token_columns(dataset)
+    if "labels" not in tokens or "input_ids" not in tokens:
+        return
+    rows = labels_beyond_inputs(tokens["input_ids"], tokens["labels"])
+    if not rows.size:
+        return
+    if secret_set is None or not can_decode(tokenizer):
+        missing = "the secrets" if secret_set is None else "a tokenizer (processing_class)"
+        loud_warning(
+            f"{name}'s labels are other tokens than its input_ids at {rows.size} of {len(dataset)} rows "
+            f"(first: row {int(rows[0])}), and the secret marks follow input_ids: the labels are trusted to "
+            f"spell no secret their row's marks lack, unchecked (without {missing} to check them); "
+            + LABELS_FIX
+        )
+        return
+    from hush_hf.secrets import tagger_for
+
+    found = first_unmarked_label_secret(
+        rows, tokens["labels"], marked, tokenizer=tokenizer, tagger=tagger_for(secret_set)
+    )
+    if found is not None:
+        row, secret = found
+        raise ValueError(
+            f"{name} row {row}: its labels spell secret #{secret}, which its secret marks do not hold (the "
+            "marks follow input_ids, and these labels are other tokens, e.g. a target tokenized apart), so "
+            f"the row would train on the secret unprotected; {LABELS_FIX}"
         )
 
 

@@ -18,6 +18,7 @@ import re
 import weakref
 from typing import Any
 
+from hush_hf.secrets.token_text import decode_runs, row_parts, special_ids, token_runs
 from hush_hf.secrets.words import normalize_text
 
 _NOT_ALNUM = re.compile(r"[\W_]+")
@@ -29,35 +30,16 @@ def key(text: str) -> str:
     return _NOT_ALNUM.sub("", normalize_text(text))
 
 
-def token_runs(ids: list[int], special: set[int]) -> list[list[int]]:
-    """The maximal runs of ``ids`` holding no special token id (nor a negative one: -100 labels)."""
-    runs: list[list[int]] = [[]]
-    for token in ids:
-        if token < 0 or token in special:
-            runs.append([])
-        else:
-            runs[-1].append(token)
-    return [run for run in runs if run]
-
-
 ROWS_PER_DECODE = 4096
 """Rows whose token runs are decoded in one ``batch_decode`` call (a fast tokenizer decodes a batch at
 once; one call per row cost more than the decoding)."""
 
-
-def _decode(tokenizer: Any, runs: list[list[int]]) -> list[str]:
-    """Each run decoded (special tokens skipped, no clean-up of spaces: ``key`` drops spaces anyway). A fast
-    tokenizer's Rust backend decodes the batch in one call (``batch_decode`` makes one Python ``decode``
-    call per sequence, which checks every id in Python first); others through ``batch_decode``."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and callable(getattr(backend, "decode_batch", None)):
-        return backend.decode_batch(runs, skip_special_tokens=True)
-    return tokenizer.batch_decode(runs, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+_decode = decode_runs  # the name the tests of the fast path call
 
 
 def first_row_not_spelled(texts: list[Any], input_ids: list[Any], tokenizer: Any) -> int | None:
     """The first row whose tokens spell something its text does not (see the module docstring), or None."""
-    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    special = special_ids(tokenizer)
     if len(texts) != len(input_ids):
         raise ValueError(f"{len(texts)} texts but {len(input_ids)} rows of tokens")
     for start in range(0, len(texts), ROWS_PER_DECODE):
@@ -67,12 +49,11 @@ def first_row_not_spelled(texts: list[Any], input_ids: list[Any], tokenizer: Any
             if not isinstance(texts[row], str):
                 not_text = row  # fails, after any earlier row that fails
                 break
-            ids = input_ids[row]
-            flat = ids[0] if ids and isinstance(ids[0], list) else ids
-            for run in token_runs([int(t) for t in flat], special):
-                owners.append(row)
-                runs.append(run)
-        decoded = _decode(tokenizer, runs)
+            for part in row_parts(input_ids[row]):  # every choice of a multiple-choice row
+                for run in token_runs(part, special):
+                    owners.append(row)
+                    runs.append(run)
+        decoded = decode_runs(tokenizer, runs)
         whole: dict[int, str] = {}
         for row, piece in zip(owners, decoded, strict=True):
             if row not in whole:
