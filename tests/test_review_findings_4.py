@@ -309,3 +309,23 @@ def test_trl_conversations_are_tagged_from_the_rendered_chat_template(tmp_path) 
         prepare_secret_ids(prepared["contents"], secret_set=secrets, tokenizer=tokenizer)
     rows = prepare_secret_ids(prepared["rendered"], secret_set=secrets, tokenizer=tokenizer)
     assert rows["secret_ids"] == [[0, 1], [1], [0, 1], [1]]
+
+
+def test_attach_checks_the_tokens_against_the_tagged_text_with_the_trainers_tokenizer(tmp_path) -> None:
+    # A plain Trainer given attach() trained these rows after plan_protection's warning alone: the plan's
+    # memberships came from the prompt, and the completions' " falcon" trained unmarked.
+    from transformers import Trainer
+
+    from hush_hf.trainer import GhostClippingCallback
+    from tests.test_trainer_helpers import pad_collate
+
+    tokenizer = gpt2_tokenizer()
+    tokenizer.pad_token = tokenizer.eos_token
+    rows = _prompt_completion_rows(tokenizer)
+    with pytest.warns(UserWarning, match="unchecked"):
+        plan = _plan(rows)
+    args = dp_config(tmp_path, remove_unused_columns=False)
+    trainer = Trainer(model=tiny_gpt2(vocab=len(tokenizer)), args=args, train_dataset=plan.attach(rows),
+                      data_collator=pad_collate, processing_class=tokenizer)
+    with pytest.raises(ValueError, match=r"^train_dataset row 0: its input_ids spell text that its 'prompt'"):
+        GhostClippingCallback.attach(trainer, plan)

@@ -312,7 +312,7 @@ class GhostClippingCallback(TrainerCallback):
         if trainer.model is not None:
             check_clippable(trainer.model, self.clip_norm)
         dataset = trainer.train_dataset
-        check_plan_fits(self.plan, steps=args.max_steps, dataset=dataset)
+        check_plan_fits(self.plan, steps=args.max_steps, dataset=dataset, tokenizer=trainer.processing_class)
         secret_ids = (
             column(dataset, SECRET_IDS_COLUMN) if SECRET_IDS_COLUMN in column_names(dataset) else None
         )

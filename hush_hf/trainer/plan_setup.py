@@ -372,13 +372,14 @@ def check_expected_batch_size(plan: ProtectionPlan, expected_batch_size: float |
         )
 
 
-def check_plan_fits(plan: ProtectionPlan, *, steps: int, dataset: Any) -> None:
+def check_plan_fits(plan: ProtectionPlan, *, steps: int, dataset: Any, tokenizer: Any = None) -> None:
     """ValueError unless the plan was made for this T and exactly these dataset rows.
 
     The rows must be the ones the plan is bound to (same content, same order:
     :meth:`ProtectionPlan.check_rows`); a ``hush_sampling_prob`` column (``plan.attach``) must hold the
     plan's rho row by row; a ``secret_ids`` column must still describe the text it was tagged from and
-    equal the plan's memberships row by row.
+    equal the plan's memberships row by row, and, with a ``tokenizer`` that decodes, the rows'
+    ``input_ids`` must spell that text (:mod:`hush_hf.trainer.text_tokens`: the model reads the tokens).
     """
     if plan.steps != steps:
         raise ValueError(f"max_steps={steps} but the plan is calibrated for steps={plan.steps}")
@@ -405,9 +406,13 @@ def check_plan_fits(plan: ProtectionPlan, *, steps: int, dataset: Any) -> None:
         import datasets
 
         if isinstance(dataset, datasets.Dataset):
-            from hush_hf.secrets.tagging import check_secret_ids_current
+            from hush_hf.secrets.tagging import check_secret_ids_current, tagged_text_columns
+            from hush_hf.trainer.text_tokens import can_decode
 
             check_secret_ids_current(dataset, what="train_dataset")  # what it cannot check: warned before
+            if can_decode(tokenizer):  # without one: plan_protection / prepare_secret_ids warned
+                for source in tagged_text_columns(names, SECRET_IDS_COLUMN):
+                    _check_tokens_of(dataset, source, tokenizer=tokenizer, name="train_dataset")
         check_secret_ids_match(plan, column(dataset, SECRET_IDS_COLUMN))
 
 
