@@ -27,6 +27,7 @@ from hush_hf.data import SECRET_IDS_COLUMN
 from hush_hf.planning.binding import SAMPLING_PROB_COLUMN, WEIGHT_COLUMN, RowBinding, unbound_plan_error
 from hush_hf.planning.lp import solve_example_weights
 from hush_hf.planning.memberships import membership_matrix
+from hush_hf.planning.plan_fields import check_plan_fields
 from hush_hf.planning.probabilities import sampling_probabilities
 from hush_hf.planning.record import TrainingRecord
 
@@ -226,6 +227,7 @@ class ProtectionPlan:
             )
         if version == 1 and "training" in data:
             raise ValueError(f"{source}: format_version 1 has no 'training' record")
+        check_plan_fields(data, source)  # first: a hand-edited file is told which field is wrong
         check_digest(data, source)
         try:
             return cls._from_content(data)
@@ -248,7 +250,7 @@ class ProtectionPlan:
             steps=int(data["steps"]),
             secrets=SecretReport.from_json(data["secrets"]),
             lp=dict(data.get("lp", {})),
-            calibrated=bool(data.get("calibrated", True)),
+            calibrated=data.get("calibrated", True),
             secret_set_fingerprint=data.get("secret_set_fingerprint"),
             memberships=_memberships_from_json(
                 data.get("memberships"), len(data["secrets"]["target"]), weights.size
