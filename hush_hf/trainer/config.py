@@ -11,7 +11,14 @@ from hush_hf.accounting.accountants import DEFAULT_ACCOUNTANT
 from hush_hf.sampling.seeds import check_dp_seed
 from hush_hf.trainer.plan_setup import loud_warning
 from hush_hf.trainer.seed_store import resolve_dp_state_dir
-from hush_hf.trainer.validation import check_dp_training_arguments, check_noise_multiplier, check_positive
+from hush_hf.trainer.validation import (
+    check_dp_training_arguments,
+    check_flag,
+    check_name,
+    check_noise_multiplier,
+    check_path,
+    check_positive,
+)
 
 REDACTED_SEED = "<DP_SEED>"
 
@@ -217,8 +224,13 @@ class SecretProtectionConfig(TrainingArguments):
 
         if self.accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {tuple(ACCOUNTANTS)}, got {self.accountant!r}")
+        for name in ("secrets_file", "plan_file", "dp_state_dir"):
+            check_path(name, getattr(self, name))
         if self.secrets_file is not None and self.plan_file is not None:
             raise ValueError("give secrets_file or plan_file, not both")
+        check_name("secrets_text_column", self.secrets_text_column)
+        check_name("crt_public_column", self.crt_public_column)
+        check_flag("allow_unmatched_secrets", self.allow_unmatched_secrets)
         if self.dp_seed is not None:
             check_dp_seed(self.dp_seed)
         resolve_dp_state_dir(self.dp_state_dir, self.output_dir)

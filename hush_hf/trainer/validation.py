@@ -23,6 +23,27 @@ def check_positive(field: str, value: Any, *, allow_none: bool = False) -> None:
         raise ValueError(f"{field} must be a positive finite number, got {value!r}")
 
 
+def check_flag(field: str, value: Any) -> None:
+    """True or False only: a string such as ``"false"`` is truthy and would turn the option on."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{field} must be True or False, got {value!r}")
+
+
+def check_name(field: str, value: Any) -> None:
+    """A column name: a non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field} must be a non-empty column name, got {value!r}")
+
+
+def check_path(field: str, value: Any) -> None:
+    """None or a non-empty path (``""`` would be the current folder, or no file at all)."""
+    if value is None:
+        return
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        shown = repr(value) if isinstance(value, str) else f"a {type(value).__name__}"
+        raise ValueError(f"{field} must be None or a non-empty path, got {shown}")
+
+
 def check_noise_multiplier(value: Any) -> None:
     """None (use the plan's) or a finite number >= 0."""
     if value is None:
