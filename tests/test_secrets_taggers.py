@@ -209,9 +209,10 @@ def test_tagger_for_case_sensitive():
 
 
 def test_tagger_for_refuses_a_name_that_can_never_match():
-    secrets = SecretSet([Secret("ok", 0.1, 0.2), Secret("?!", 0.1, 0.2)])
-    with pytest.raises(ValueError, match="secret #1 has no terms or pattern and its name contains no word"):
-        tagger_for(secrets)
+    # Refused where it enters, when the secret is made (it used to get as far as tagger_for).
+    with pytest.raises(ValueError, match="name is the secret's only term .* contains no word characters"):
+        Secret("?!", 0.1, 0.2)
+    assert tagger_for(SecretSet([Secret("?!", 0.1, 0.2, terms=("ok",))]))("ok") == {0}
     with pytest.raises(ValueError, match="secret_set must be a SecretSet"):
         tagger_for([Secret("ok", 0.1, 0.2)])
 

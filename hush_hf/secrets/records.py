@@ -144,14 +144,16 @@ def read_json(path: str | Path) -> list[Any]:
     return data
 
 
-def read_jsonl(path: str | Path) -> list[Any]:
-    """Records from a JSON Lines file: one JSON record per non-blank line."""
+def read_jsonl(path: str | Path) -> list[tuple[int, Any]]:
+    """``(line, record)`` for each non-blank line of a JSON Lines file (one JSON record per line)."""
     source = source_name(path)
     records = []
     # split on "\n" only: str.splitlines() would also cut at U+2028 and others, valid inside JSON strings
     for line_number, line in enumerate(read_text(path, what="secrets file").split("\n"), start=1):
         if line.strip():
-            records.append(loads_json(line, source=source, shown_keys=SHOWN_KEYS, line=line_number))
+            records.append(
+                (line_number, loads_json(line, source=source, shown_keys=SHOWN_KEYS, line=line_number))
+            )
     return records
 
 
@@ -207,8 +209,8 @@ def read_csv(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _check_header(source: str, line: int, header: list[str]) -> None:
-    """ValueError if a field is named twice (the name is shown only if it is a known field: a file
-    without a header row has a secret where the header should be)."""
+    """ValueError if a field is unknown or named twice (the name is shown only if it is a known field: a
+    file without a header row has a secret where the header should be)."""
     seen: set[str] = set()
     for name in header:
         if name in seen:
@@ -218,6 +220,18 @@ def _check_header(source: str, line: int, header: list[str]) -> None:
                 "its last cell: merge the columns (terms are separated by ';')"
             )
         seen.add(name)
+    unknown = [name for name in header if name not in KNOWN_KEYS]
+    if unknown:
+        hint = ""
+        if any(name.lower() in KNOWN_KEYS for name in unknown):
+            hint = "; field names are lower case"
+        elif len(header) == 1 and TERM_SEPARATOR in header[0]:
+            hint = "; fields are separated by commas, not ';'"
+        raise ValueError(
+            f"{source}: line {line}: the header has {len(unknown)} unrecognised field name(s) (not shown: "
+            f"without a header row this line is a secret){hint}; accepted fields are "
+            f"{', '.join(sorted(KNOWN_KEYS))}"
+        )
 
 
 def _check_csv_terms(source: str, line: int, record: dict[str, Any]) -> None:
@@ -225,6 +239,11 @@ def _check_csv_terms(source: str, line: int, record: dict[str, Any]) -> None:
     if terms == ID_IS_TERM:
         record["terms"] = ""
         return
+    if terms and not _terms(terms) and not (record.get("pattern") or "").strip():
+        raise ValueError(
+            f"{source}: line {line}: the terms cell holds only ';' and spaces and there is no pattern; write "
+            f"{ID_IS_TERM} in the terms cell to use the id itself as the term"
+        )
     if "," in terms and TERM_SEPARATOR not in terms:
         raise ValueError(
             f"{source}: line {line}: the terms cell holds commas but no ';': terms are separated by ';'"

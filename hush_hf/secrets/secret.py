@@ -80,6 +80,8 @@ class Secret:
             raise ValueError(f"name must be a non-empty string, got a {type(self.name).__name__}")
         if not self.name:
             raise ValueError("name must be a non-empty string, got an empty string")
+        if not self.name.strip():
+            raise ValueError("name must hold a character other than spaces, got only spaces")
         prior = check_probability("prior", self.prior)
         target = self.target_posterior
         if isinstance(target, bool) or not isinstance(target, numbers.Real):
@@ -95,6 +97,11 @@ class Secret:
         object.__setattr__(self, "target_posterior", target)
         object.__setattr__(self, "terms", check_terms(self.terms))
         object.__setattr__(self, "pattern", check_pattern(self.pattern))
+        if not self.terms and self.pattern is None and not term_key(self.name, case_sensitive=True):
+            raise ValueError(
+                "name is the secret's only term (no terms or pattern) but contains no word characters, "
+                "so it can never match: give terms or a pattern"
+            )
         if not isinstance(self.raw_pattern, bool):
             raise ValueError(f"raw_pattern must be True or False, got a {type(self.raw_pattern).__name__}")
 

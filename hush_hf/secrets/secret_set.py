@@ -10,8 +10,54 @@ from typing import Any, overload
 
 import numpy as np
 
+from hush_hf.secrets.matching import term_key
 from hush_hf.secrets.records import read_csv, read_json, read_jsonl, secret_from_record, source_name
 from hush_hf.secrets.secret import Secret
+
+
+class Located:
+    """How messages name secret j: ``secret #j``, or the line of its file."""
+
+    def __init__(self, source: str | None, lines: Sequence[int] | None) -> None:
+        self.source, self.lines = source, lines
+
+    def at(self, j: int) -> str:
+        """The prefix of a message about secret j."""
+        return f"secret #{j}: " if self.lines is None else f"{self.source}: line {self.lines[j]}: "
+
+    def other(self, j: int) -> str:
+        """Secret j named inside a message about another."""
+        return f"secret #{j}" if self.lines is None else f"the secret on line {self.lines[j]}"
+
+
+def check_distinct(items: Sequence[Secret], located: Located) -> None:
+    """ValueError if two secrets share a name (spaces around it aside), a term (as matched: the same
+    words, case folded) or a pattern. A shared term marks both secrets wherever it occurs: the usual cause
+    is a copied row whose terms were not changed, which leaves the second secret's own words unmarked."""
+    names: dict[str, int] = {}
+    terms: dict[str, tuple[int, str]] = {}
+    patterns: dict[tuple[str, bool], int] = {}
+    for j, secret in enumerate(items):
+        name = secret.name.strip()
+        if name in names:
+            i = names[name]
+            spaces = "" if items[i].name == secret.name else " (apart from spaces around it)"
+            raise ValueError(f"{located.at(j)}name duplicates the name of {located.other(i)}{spaces}")
+        names[name] = j
+        marking = [(f"terms[{k}]", term) for k, term in enumerate(secret.terms)]
+        if not marking and secret.pattern is None:
+            marking = [("its name (its only term)", secret.name)]
+        for what, term in marking:
+            i, other = terms.setdefault(term_key(term), (j, what))
+            if i != j:
+                raise ValueError(
+                    f"{located.at(j)}{what} is the same term as {other} of {located.other(i)} (they match "
+                    "the same words, so each would mark the other's examples): give each secret its own terms"
+                )
+        if secret.pattern is not None:
+            i = patterns.setdefault((secret.pattern, secret.raw_pattern), j)
+            if i != j:
+                raise ValueError(f"{located.at(j)}pattern is the same as the pattern of {located.other(i)}")
 
 
 class SecretSet(Sequence[Secret]):
@@ -23,21 +69,22 @@ class SecretSet(Sequence[Secret]):
     """
 
     def __init__(self, secrets: Iterable[Secret]) -> None:
-        items = tuple(secrets)
+        self._build(tuple(secrets))
+
+    def _build(self, items: tuple[Secret, ...], *, source: str | None = None,
+               lines: Sequence[int] | None = None) -> None:
+        """Check and store ``items``; read from a file, errors name ``source`` and each secret's line."""
         if not items:
-            raise ValueError("a SecretSet needs at least one secret, got none")
-        first_index: dict[str, int] = {}
+            where = "a SecretSet" if source is None else source
+            raise ValueError(f"{where} needs at least one secret, got none")
+        located = Located(source, lines)
         for j, secret in enumerate(items):
             if not isinstance(secret, Secret):
                 raise ValueError(
-                    f"secret #{j}: expected a Secret, got a {type(secret).__name__} "
+                    f"{located.at(j)}expected a Secret, got a {type(secret).__name__} "
                     "(use SecretSet.from_records for dicts and tuples)"
                 )
-            if secret.name in first_index:
-                raise ValueError(
-                    f"secret #{j}: name duplicates the name of secret #{first_index[secret.name]}"
-                )
-            first_index[secret.name] = j
+        check_distinct(items, located)
         self._secrets = items
         self._priors = np.array([s.prior for s in items], dtype=np.float64)
         self._targets = np.array([s.target_posterior for s in items], dtype=np.float64)
@@ -115,12 +162,15 @@ class SecretSet(Sequence[Secret]):
     @classmethod
     def from_json(cls, path: str | Path) -> SecretSet:
         """Build from a JSON file: a list of records, or ``{"secrets": [...]}``."""
-        return cls.from_records(read_json(path))
+        records = read_json(path)
+        if not records:
+            raise ValueError(f"{source_name(path)} holds no secrets (an empty list)")
+        return cls.from_records(records)
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> SecretSet:
-        """Build from a JSON Lines file, one record per line."""
-        return cls.from_records(read_jsonl(path))
+        """Build from a JSON Lines file, one record per line (errors give the line)."""
+        return cls._from_lines(path, read_jsonl(path), empty="it has no lines")
 
     @classmethod
     def from_csv(cls, path: str | Path) -> SecretSet:
@@ -128,18 +178,29 @@ class SecretSet(Sequence[Secret]):
 
         Errors give the line number (never the row): see :func:`hush_hf.secrets.records.read_csv`.
         """
+        return cls._from_lines(path, read_csv(path), empty="it is empty or has a header row only")
+
+    @classmethod
+    def _from_lines(cls, path: str | Path, rows: list[tuple[int, Any]], *, empty: str) -> SecretSet:
+        source = source_name(path)
+        if not rows:
+            raise ValueError(f"{source} holds no secrets: {empty}")
         secrets = []
-        for line, record in read_csv(path):
+        for line, record in rows:
             try:
                 secrets.append(secret_from_record(record))
             except ValueError as error:
-                raise ValueError(f"{source_name(path)}: line {line}: {error}") from None
-        return cls(secrets)
+                raise ValueError(f"{source}: line {line}: {error}") from None
+        built = cls.__new__(cls)
+        built._build(tuple(secrets), source=source, lines=[line for line, _ in rows])
+        return built
 
     @classmethod
     def load(cls, path: str | Path) -> SecretSet:
         """Build from a ``.json``, ``.jsonl`` or ``.csv`` file, chosen by suffix."""
         readers = {".json": cls.from_json, ".jsonl": cls.from_jsonl, ".csv": cls.from_csv}
+        if Path(path).is_dir():
+            raise ValueError(f"{source_name(path)} is a folder; give the secrets file in it")
         suffix = Path(path).suffix.lower()
         if suffix not in readers:
             raise ValueError(f"path suffix {suffix!r} is not supported; use one of {', '.join(readers)}")

@@ -17,7 +17,6 @@ from hush_hf.secrets.matching import (
     TermIndex,
     compile_pattern,
     pattern_spans,
-    term_key,
     text_variants,
 )
 from hush_hf.secrets.normalize import readings
@@ -261,12 +260,7 @@ def tagger_for(secret_set: SecretSet, case_sensitive: bool = False) -> Tagger:
     for j, secret in enumerate(secret_set):
         if secret.terms:
             terms[j] = secret.terms
-        elif secret.pattern is None:
-            if not term_key(secret.name, case_sensitive=True):
-                raise ValueError(
-                    f"tagger_for: secret #{j} has no terms or pattern and its name contains no word "
-                    "characters, so no example could ever be marked with it"
-                )
+        elif secret.pattern is None:  # its name spells a word: checked by Secret
             terms[j] = (secret.name,)
         if secret.pattern is not None:
             patterns[j] = secret.pattern
