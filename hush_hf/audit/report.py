@@ -438,7 +438,9 @@ def load_audit(path: str | Path) -> dict[str, Any]:
 def load_occurrences(path: str | Path) -> dict[str, Any]:
     """``secret_occurrences`` of a ``hush redact --secrets`` report JSON (per secret: rows, sentences,
     unique); a JSON holding those keys directly is taken as is."""
-    data = json.loads(Path(path).read_text())
+    from hush_hf.jsonfile import read_json
+
+    data = read_json(path, what="--crt-occurrences file")  # one line naming the file: missing, truncated
     found = None
     if isinstance(data, dict):
         found = data.get("secret_occurrences", data if "unique" in data else None)

@@ -44,10 +44,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--model-dir {args.model_dir!r} is not a folder")
     if not (Path(args.model_dir) / "config.json").is_file():
         raise ValueError(f"--model-dir {args.model_dir!r} has no config.json: not a saved model")
+    from hush_hf.cli.paths import check_input_file
+
     for name in ("secrets", "canaries"):
-        value = getattr(args, name)
-        if value is not None and not Path(value).is_file():
-            raise ValueError(f"--{name} file {value!r} does not exist")
+        check_input_file(f"--{name}", getattr(args, name))
     if args.reference_model is not None and not Path(args.reference_model).is_dir():
         raise ValueError(f"--reference-model {args.reference_model!r} is not a folder")
     for name in ("max_examples", "prefix_length", "suffix_length", "batch_size", "max_length"):

@@ -17,6 +17,7 @@ import logging
 import numpy as np
 
 HELP = "compute a protection plan (and optionally sweep the LP constant c)"
+SELECTION_DEFAULTS = {"prior": 1e-10, "target_range": (2e-4, 1e-3), "seed": 0}
 logger = logging.getLogger("hush.plan")
 
 
@@ -46,16 +47,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--df-range", type=int, nargs=2, metavar=("LO", "HI"), help="words in LO..HI documents become secrets"
     )
-    secrets.add_argument("--prior", type=float, default=1e-10, help="p for the selected words")
+    # Defaults None (SELECTION_DEFAULTS apply): with --secrets, whose file states each prior and target,
+    # giving them is an error rather than silently ignored.
+    secrets.add_argument("--prior", type=float, default=None, help="p for the selected words (1e-10)")
     secrets.add_argument(
         "--target-range",
         type=float,
         nargs=2,
-        default=(2e-4, 1e-3),
+        default=None,
         metavar=("LO", "HI"),
-        help="r drawn uniformly from [LO, HI] for the selected words",
+        help="r drawn uniformly from [LO, HI] for the selected words (0.0002 0.001)",
     )
-    secrets.add_argument("--seed", type=int, default=0)
+    secrets.add_argument("--seed", type=int, default=None, help="seed of the selected words' targets (0)")
     secrets.add_argument("--case-sensitive", action="store_true")
     training = parser.add_argument_group("training")
     training.add_argument("--batch-size", type=float, required=True, help="expected batch size B")
@@ -88,8 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """ValueError naming the argument, before any data is read (a 400K-row corpus takes ~30 s to tag)."""
-    from pathlib import Path
-
+    from hush_hf.cli.paths import check_input_file, check_output_file
     from hush_hf.planning.plan import _validate_plan_args
 
     _validate_plan_args(args.batch_size, args.steps, args.lp_c, args.accountant, None)
@@ -97,8 +99,16 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--time-limit must be a positive number of seconds, got {args.time_limit!r}")
     if args.num_proc is not None and args.num_proc < 1:
         raise ValueError(f"--num-proc must be >= 1, got {args.num_proc}")
-    if args.secrets is not None and not Path(args.secrets).is_file():
-        raise ValueError(f"--secrets file {args.secrets!r} does not exist")
+    check_input_file("--secrets", args.secrets)
+    given = [f"--{name.replace('_', '-')}" for name in SELECTION_DEFAULTS if getattr(args, name) is not None]
+    if args.secrets is not None and given:
+        raise ValueError(
+            f"{', '.join(given)}: for the document-frequency selection (--df-ranks/--df-range) only; with "
+            "--secrets, the secrets file states every secret's prior and target"
+        )
+    for name, default in SELECTION_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.secrets is None:
         if not 0 < args.prior < 1:
             raise ValueError(f"--prior must lie in (0, 1), got {args.prior!r}")
@@ -108,9 +118,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         name, (lo, hi) = ("--df-ranks", args.df_ranks) if args.df_ranks else ("--df-range", args.df_range)
         if not 0 <= lo < hi:
             raise ValueError(f"{name} must satisfy 0 <= LO < HI, got {lo} {hi}")
-    output = Path(args.output)
-    if output.is_dir():
-        raise ValueError(f"--output {args.output!r} is a folder; give the plan file's path")
+    check_output_file("--output", args.output)
 
 
 def run(args: argparse.Namespace) -> int:

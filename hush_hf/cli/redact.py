@@ -82,10 +82,32 @@ def _save(dataset, output: Path) -> None:
         dataset.save_to_disk(str(output))
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """ValueError naming the argument, before any data is read (tagging and dedup of a corpus take long,
+    and an output that cannot be written would be found only at the end)."""
+    import math
+
+    from hush_hf.cli.paths import check_input_file, check_output_file, check_parent
+
+    check_input_file("--secrets", args.secrets)
+    if args.num_proc is not None and args.num_proc < 1:
+        raise ValueError(f"--num-proc must be >= 1, got {args.num_proc}")
+    near = args.near_dup
+    if near is not None and not (math.isfinite(near) and 0 < near <= 1):
+        raise ValueError(f"--near-dup must be a Jaccard similarity in (0, 1], got {near!r}")
+    if not args.mask_token.strip():
+        raise ValueError(f"--mask-token must be a non-empty string, got {args.mask_token!r}")
+    if args.tokenizer is not None and not Path(args.tokenizer).is_dir():
+        raise ValueError(f"--tokenizer {args.tokenizer!r} is not a folder: give a local tokenizer folder")
+    check_parent("--output", Path(args.output))
+    check_output_file("--report", args.report)
+
+
 def run(args: argparse.Namespace) -> int:
     from hush_hf.crt import build_policies, dedup_dataset, redact_dataset
     from hush_hf.data import load_text_dataset
 
+    check_arguments(args)
     secret_set = None
     if args.secrets:
         from hush_hf.secrets import SecretSet

@@ -33,10 +33,17 @@ def check_arguments(args: argparse.Namespace) -> None:
     import math
     from pathlib import Path
 
-    for name, value in (("--plan", args.plan), ("--audit", args.audit)):
-        if value is not None and not Path(value).is_file():
-            hint = " (`hush audit --output-dir DIR` writes DIR/audit.json)" if name == "--audit" else ""
-            raise ValueError(f"{name} file {value!r} does not exist{hint}")
+    from hush_hf.cli.paths import check_input_file, check_parent, check_share
+
+    check_input_file("--plan", args.plan)
+    check_input_file("--audit", args.audit, hint=" (`hush audit --output-dir DIR` writes DIR/audit.json)")
+    check_input_file("--crt-occurrences", args.crt_occurrences,
+                     hint=" (`hush redact --secrets FILE` writes OUTPUT.redaction.json)")
+    check_share("--crt-recall", args.crt_recall)
+    check_share("--crt-conservative-recall", args.crt_conservative_recall)
+    check_share("--crt-delta", args.crt_delta, low_open=True, high_open=True)
+    if args.crt_conservative_recall is not None and args.crt_recall is None:
+        raise ValueError("--crt-conservative-recall needs --crt-recall (the redaction policies' recall)")
     if args.clip_norm is not None and not (math.isfinite(args.clip_norm) and args.clip_norm > 0):
         raise ValueError(f"--clip-norm must be a positive number, got {args.clip_norm!r}")
     sigma = args.noise_multiplier
@@ -44,6 +51,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--noise-multiplier must be a finite number >= 0, got {sigma!r}")
     if Path(args.output_dir).is_file():
         raise ValueError(f"--output-dir {args.output_dir!r} is a file")
+    check_parent("--output-dir", Path(args.output_dir))
 
 
 def run(args: argparse.Namespace) -> int:

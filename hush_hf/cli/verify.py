@@ -71,11 +71,11 @@ def check_arguments(args: argparse.Namespace) -> Path:
         raise ValueError("give MODEL_DIR or --plan")
     if args.model_dir is not None and not Path(args.model_dir).is_dir():
         raise ValueError(f"MODEL_DIR {args.model_dir!r} is not a folder")
+    from hush_hf.cli.paths import check_input_file
+
     plan = Path(args.plan) if args.plan is not None else Path(args.model_dir) / PLAN_FILE
-    if not plan.is_file():
-        raise ValueError(f"plan file {str(plan)!r} does not exist")
-    if args.secrets is not None and not Path(args.secrets).is_file():
-        raise ValueError(f"--secrets file {args.secrets!r} does not exist")
+    check_input_file("plan", str(plan))
+    check_input_file("--secrets", args.secrets)
     if args.as_pushed and args.model_dir is None:
         raise ValueError("--as-pushed needs MODEL_DIR")
     if args.show < 0:
