@@ -149,3 +149,143 @@ def test_a_bad_config_field_is_refused_when_the_config_is_built(tmp_path, field,
         SecretProtectionConfig(output_dir=str(tmp_path), max_steps=2, report_to=[], **{field: value})
 
     assert one_line(build) == message
+
+
+# -- secrets files ---------------------------------------------------------------------------------------
+
+
+def _record(**fields) -> dict:
+    return {"id": SECRET, "prior": 1e-6, "target": 1e-3, "terms": [f"project {SECRET}"], **fields}
+
+
+SECRETS_FILES = [
+    ("blank_id.json", json.dumps([_record(id="   ")]),
+     "secret #0: name must hold a character other than spaces, got only spaces"),
+    ("shared_term.json", json.dumps([_record(terms=["Falcon"]), _record(id="b", terms=["falcon"])]),
+     "secret #1: terms[0] is the same term as terms[0] of secret #0 (they match the same words"),
+    ("term_is_other_name.json",
+     json.dumps([{"id": SECRET, "p": 1e-6, "r": 1e-3}, _record(id="b", terms=[SECRET])]),
+     "secret #1: terms[0] is the same term as its name (its only term) of secret #0"),
+    ("shared_pattern.json", json.dumps([_record(terms=[], pattern=f"{SECRET}\\d+"),
+                                        _record(id="b", terms=[], pattern=f"{SECRET}\\d+")]),
+     "secret #1: pattern is the same as the pattern of secret #0"),
+    ("unmatchable_name.json", json.dumps([{"id": "?!", "p": 1e-6, "r": 1e-3}]),
+     "secret #0: name is the secret's only term (no terms or pattern) but contains no word characters"),
+    ("empty_list.json", "[]", "holds no secrets (an empty list)"),
+    ("empty.jsonl", "\n\n", "holds no secrets: it has no lines"),
+    ("list_line.jsonl", json.dumps(_record()) + "\n" + json.dumps([SECRET, 0.1]) + "\n",
+     "line 2: a tuple record is (name, prior, target_posterior[, terms[, pattern]]), got 2 items"),
+    ("nan.jsonl", '{"id": "nightjar", "prior": NaN, "target": 0.1}\n', "line 1: prior=nan must be finite"),
+    ("header_only.csv", "id,prior,target,terms\n", "holds no secrets: it is empty or has a header row only"),
+    ("empty.csv", "", "holds no secrets: it is empty or has a header row only"),
+    ("spaced_ids.csv", f"id,prior,target,terms\n{SECRET} ,1e-6,1e-3,a\n{SECRET},1e-6,1e-3,b\n",
+     "line 3: name duplicates the name of the secret on line 2 (apart from spaces around it)"),
+    ("blank_id.csv", "id,prior,target,terms\n  ,1e-6,1e-3,a\n",
+     "line 2: name must hold a character other than spaces"),
+    ("shared_term.csv", f"id,prior,target,terms\na,1e-6,1e-3,{SECRET}\nb,1e-6,1e-3,x;{SECRET.upper()}\n",
+     "line 3: terms[1] is the same term as terms[0] of the secret on line 2"),
+    ("semicolons.csv", "id,prior,target,terms\nnightjar,1e-6,1e-3, ; \n",
+     "line 2: the terms cell holds only ';' and spaces and there is no pattern; write @id"),
+    ("unknown_column.csv", f"id,prior,target,{SECRET}\na,1e-6,1e-3,x\n",
+     "line 1: the header has 1 unrecognised field name(s) (not shown"),
+    ("no_header.csv", f"{SECRET},1e-6,1e-3,x\n", "line 1: the header has 4 unrecognised field name(s)"),
+    ("capitals.csv", "ID,Prior,Target\nnightjar,1e-6,1e-3\n", "field names are lower case"),
+    ("semicolon_separated.csv", "id;prior;target\nnightjar;1e-6;1e-3\n",
+     "fields are separated by commas, not ';'"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "message"), SECRETS_FILES,
+                         ids=[name for name, _, _ in SECRETS_FILES])
+def test_a_bad_secrets_file_is_one_line_with_the_file_or_position_and_no_secret(tmp_path, name, text,
+                                                                                message):
+    from hush_hf.secrets import SecretSet
+
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    error = one_line(lambda: SecretSet.load(path))
+    assert message in error, error
+    if name.endswith((".csv", ".jsonl")) or "holds no secrets" in message:
+        assert error.startswith(f"secrets file '{path}'"), error
+
+
+def test_a_folder_given_as_secrets_file_says_so(tmp_path):
+    from hush_hf.secrets import SecretSet
+
+    folder = tmp_path / "secrets.json"
+    folder.mkdir()
+    message = f"secrets file '{folder}' is a folder; give the secrets file in it"
+    assert one_line(lambda: SecretSet.load(folder)) == message
+
+
+def test_distinct_secrets_still_load_and_a_term_repeated_within_one_secret_is_fine(tmp_path):
+    from hush_hf.secrets import SecretSet
+
+    path = tmp_path / "ok.csv"
+    path.write_text(f"id,prior,target,terms\n{SECRET},1e-6,1e-3,{SECRET};{SECRET}\nb,1e-6,1e-3,@id\n")
+    assert len(SecretSet.load(path)) == 2
+
+
+# -- the hush command line ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_files(tmp_path, plan_json):
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps({"text": f"doc {i}"}) for i in range(6)))
+    (tmp_path / "secrets.csv").write_text(f"id,prior,target\n{SECRET},1e-4,0.05\n")
+    (tmp_path / "plan.json").write_text(json.dumps(plan_json))
+    (tmp_path / "folder").mkdir()
+    return tmp_path
+
+
+PLAN = "plan --dataset {d}/docs.jsonl --secrets {d}/secrets.csv --batch-size 2 --steps 3"
+REDACT = "redact --dataset {d}/docs.jsonl --output {d}/out.jsonl"
+REPORT = "report --plan {d}/plan.json --output-dir {d}/report"
+CLI_CASES = [
+    (PLAN + " --prior 0.5", "--prior: for the document-frequency selection (--df-ranks/--df-range) only"),
+    (PLAN + " --seed 3 --target-range 0.1 0.2",
+     "--target-range, --seed: for the document-frequency selection"),
+    (PLAN + " --output {d}/docs.jsonl/plan.json",
+     "--output '{d}/docs.jsonl/plan.json' cannot be written: '{d}/docs.jsonl' is a file, not a folder"),
+    ("plan --dataset {d}/docs.jsonl --secrets {d}/folder --batch-size 2 --steps 3",
+     "--secrets file '{d}/folder' is a folder; give a file"),
+    ("verify --plan {d}/folder", "plan file '{d}/folder' is a folder; give a file"),
+    (REPORT + " --crt-conservative-recall 0.5", "--crt-conservative-recall needs --crt-recall"),
+    (REPORT + " --crt-recall nan", "--crt-recall must be a number in [0, 1], got nan"),
+    (REPORT + " --crt-recall 0.9 --crt-delta 0", "--crt-delta must be a number in (0, 1), got 0.0"),
+    (REPORT + " --crt-recall 0.9 --crt-occurrences {d}/none.json",
+     "--crt-occurrences file '{d}/none.json' does not exist"),
+    (REPORT + " --output-dir {d}/docs.jsonl/r", "--output-dir '{d}/docs.jsonl/r' cannot be written"),
+    (REDACT + " --near-dup nan", "--near-dup must be a Jaccard similarity in (0, 1], got nan"),
+    (REDACT + " --num-proc 0", "--num-proc must be >= 1, got 0"),
+    (REDACT + " --mask-token=", "--mask-token must be a non-empty string, got ''"),
+    (REDACT + " --tokenizer {d}/none", "--tokenizer '{d}/none' is not a folder"),
+    (REDACT + " --report {d}/folder", "--report '{d}/folder' is a folder; give the file's path"),
+    (REDACT + " --secrets {d}/folder", "--secrets file '{d}/folder' is a folder; give a file"),
+    ("redact --dataset {d}/docs.jsonl --output {d}/docs.jsonl/out.jsonl",
+     "--output '{d}/docs.jsonl/out.jsonl' cannot be written: '{d}/docs.jsonl' is a file"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), CLI_CASES, ids=[m[:40] for _, m in CLI_CASES])
+def test_bad_cli_arguments_are_one_line_before_any_data_is_read(cli_files, capsys, monkeypatch, argv,
+                                                                message):
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the arguments were checked")
+
+    monkeypatch.setattr("hush_hf.data.load_text_dataset", no_work)
+    monkeypatch.setattr("hush_hf.audit.render_report", no_work)
+    command = argv.format(d=cli_files).split()
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = f"hush {command[0]}: error: {message.format(d=cli_files)}"
+    assert len(err) == 1 and err[0].startswith(expected), err
+
+
+def test_df_selection_still_takes_its_defaults_when_the_flags_are_not_given(cli_files, capsys):
+    out = cli_files / "df.json"
+    argv = f"plan --dataset {cli_files}/docs.jsonl --df-range 1 7 --batch-size 2 --steps 3 --output {out}"
+    assert main(argv.split()) == 0
+    plan = ProtectionPlan.load(out)
+    targets = plan.secrets.target
+    assert np.all(plan.secrets.prior == 1e-10) and np.all((targets >= 2e-4) & (targets <= 1e-3))
