@@ -112,6 +112,12 @@ def secret_from_record(record: Any) -> Secret:
     else:
         raise ValueError(f"a record must be a Secret, a mapping or a tuple, got a {type(record).__name__}")
     name, prior, target, terms, pattern, raw_pattern = fields
+    if isinstance(terms, str) and not _terms(terms) and _pattern(pattern) is None:
+        # "" or " ; " is a terms field written empty: the id is its term only when terms is left out
+        raise ValueError(
+            "terms is empty (only ';' and spaces) and there is no pattern; leave terms out (or write "
+            f"{ID_IS_TERM} in a CSV terms cell) to use the id itself as the term"
+        )
     return Secret(
         name=_name(name),
         prior=_number("prior", prior),
@@ -237,13 +243,8 @@ def _check_header(source: str, line: int, header: list[str]) -> None:
 def _check_csv_terms(source: str, line: int, record: dict[str, Any]) -> None:
     terms = record["terms"].strip()
     if terms == ID_IS_TERM:
-        record["terms"] = ""
+        record["terms"] = None  # as if the row had no terms cell
         return
-    if terms and not _terms(terms) and not (record.get("pattern") or "").strip():
-        raise ValueError(
-            f"{source}: line {line}: the terms cell holds only ';' and spaces and there is no pattern; write "
-            f"{ID_IS_TERM} in the terms cell to use the id itself as the term"
-        )
     if "," in terms and TERM_SEPARATOR not in terms:
         raise ValueError(
             f"{source}: line {line}: the terms cell holds commas but no ';': terms are separated by ';'"
