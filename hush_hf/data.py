@@ -26,9 +26,15 @@ def load_text_dataset(name_or_path: str, *, split: str = "train") -> Any:
     import datasets
 
     path = Path(name_or_path)
-    if path.is_dir() and (path / "dataset_info.json").exists():
+    if path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "dataset_dict.json")):
         loaded = datasets.load_from_disk(str(path))
-        return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ValueError(
+                    f"dataset folder {str(path)!r} has no split {split!r}; its splits: {sorted(loaded)}"
+                )
+            return loaded[split]
+        return loaded
     if path.is_file():
         builder = LOCAL_BUILDERS.get(path.suffix.lower())
         if builder is None:
@@ -46,8 +52,8 @@ def load_text_dataset(name_or_path: str, *, split: str = "train") -> Any:
         if len(loaded) == 0:
             raise ValueError(f"dataset file {str(path)!r} has no rows")
         return loaded
-    if path.suffix.lower() in LOCAL_BUILDERS or name_or_path.startswith((".", "/")):
-        raise ValueError(f"dataset file {str(path)!r} does not exist")
+    if not path.is_dir() and (path.suffix.lower() in LOCAL_BUILDERS or name_or_path.startswith((".", "/"))):
+        raise ValueError(f"dataset file {str(path)!r} does not exist")  # a folder: its data files, below
     return datasets.load_dataset(name_or_path, split=split)
 
 
