@@ -185,7 +185,9 @@ SECRETS_FILES = [
     ("shared_term.csv", f"id,prior,target,terms\na,1e-6,1e-3,{SECRET}\nb,1e-6,1e-3,x;{SECRET.upper()}\n",
      "line 3: terms[1] is the same term as terms[0] of the secret on line 2"),
     ("semicolons.csv", "id,prior,target,terms\nnightjar,1e-6,1e-3, ; \n",
-     "line 2: the terms cell holds only ';' and spaces and there is no pattern; write @id"),
+     "line 2: terms is empty (only ';' and spaces) and there is no pattern; leave terms out (or write @id"),
+    ("semicolons.json", json.dumps([_record(terms=" ; ")]),
+     "secret #0: terms is empty (only ';' and spaces) and there is no pattern"),
     ("unknown_column.csv", f"id,prior,target,{SECRET}\na,1e-6,1e-3,x\n",
      "line 1: the header has 1 unrecognised field name(s) (not shown"),
     ("no_header.csv", f"{SECRET},1e-6,1e-3,x\n", "line 1: the header has 4 unrecognised field name(s)"),
@@ -216,6 +218,17 @@ def test_a_folder_given_as_secrets_file_says_so(tmp_path):
     folder.mkdir()
     message = f"secrets file '{folder}' is a folder; give the secrets file in it"
     assert one_line(lambda: SecretSet.load(folder)) == message
+
+
+def test_a_saved_dataset_dict_folder_is_read_and_an_unknown_split_named(cli_files, capsys):
+    from hush_hf.data import load_text_dataset
+
+    folder = cli_files / "saved"
+    rows = datasets.Dataset.from_dict({"text": ["a", "b"]})
+    datasets.DatasetDict({"train": rows}).save_to_disk(str(folder))
+    assert len(load_text_dataset(str(folder), split="train")) == 2  # was "dataset file ... does not exist"
+    message = f"dataset folder '{folder}' has no split 'test'; its splits: ['train']"
+    assert one_line(lambda: load_text_dataset(str(folder), split="test")) == message
 
 
 def test_distinct_secrets_still_load_and_a_term_repeated_within_one_secret_is_fine(tmp_path):
