@@ -162,7 +162,7 @@ SECRETS_FILES = [
     ("blank_id.json", json.dumps([_record(id="   ")]),
      "secret #0: name must hold a character other than spaces, got only spaces"),
     ("shared_term.json", json.dumps([_record(terms=["Falcon"]), _record(id="b", terms=["falcon"])]),
-     "secret #1: terms[0] is the same term as terms[0] of secret #0 (they match the same words"),
+     "secret #1: terms[0] is the same term as terms[0] of secret #0 (case and spacing aside)"),
     ("term_is_other_name.json",
      json.dumps([{"id": SECRET, "p": 1e-6, "r": 1e-3}, _record(id="b", terms=[SECRET])]),
      "secret #1: terms[0] is the same term as its name (its only term) of secret #0"),
@@ -235,8 +235,17 @@ def test_distinct_secrets_still_load_and_a_term_repeated_within_one_secret_is_fi
     from hush_hf.secrets import SecretSet
 
     path = tmp_path / "ok.csv"
-    path.write_text(f"id,prior,target,terms\n{SECRET},1e-6,1e-3,{SECRET};{SECRET}\nb,1e-6,1e-3,@id\n")
-    assert len(SecretSet.load(path)) == 2
+    path.write_text(f"id,prior,target,terms\n{SECRET},1e-6,1e-3,{SECRET};{SECRET}\nb,1e-6,1e-3,@id\n"
+                    "c,1e-6,1e-3,fa1con\nd,1e-6,1e-3,falcon\ne,1e-6,1e-3,foo_bar\nf,1e-6,1e-3,foobar\n")
+    assert len(SecretSet.load(path)) == 6  # different words that match alike: as the df selection makes
+
+
+def test_document_frequency_selection_keeps_words_that_match_alike():
+    from hush_hf.secrets import select_by_document_frequency
+
+    texts = ["fa1con foo_bar", "falcon foobar", "fa1con foobar", "falcon foo_bar"]
+    chosen = select_by_document_frequency(texts, df_range=(2, 2))
+    assert sorted(s.name for s in chosen) == ["fa1con", "falcon", "foo_bar", "foobar"]
 
 
 # -- the hush command line ---------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ from typing import Any, overload
 
 import numpy as np
 
-from hush_hf.secrets.matching import term_key
 from hush_hf.secrets.records import read_csv, read_json, read_jsonl, secret_from_record, source_name
 from hush_hf.secrets.secret import Secret
+from hush_hf.secrets.words import words
 
 
 class Located:
@@ -31,9 +31,12 @@ class Located:
 
 
 def check_distinct(items: Sequence[Secret], located: Located) -> None:
-    """ValueError if two secrets share a name (spaces around it aside), a term (as matched: the same
-    words, case folded) or a pattern. A shared term marks both secrets wherever it occurs: the usual cause
-    is a copied row whose terms were not changed, which leaves the second secret's own words unmarked."""
+    """ValueError if two secrets share a name (spaces around it aside), a term (the same words once case,
+    accents and the spacing between words are set aside: :func:`hush_hf.secrets.words.words`) or a
+    pattern. A shared term marks both secrets wherever it occurs: the usual cause is a copied row whose
+    terms were not changed, which leaves the second secret's own words unmarked. Terms that are different
+    words but match alike (``fa1con``, ``falcon``) are not refused: document-frequency selection makes
+    such secrets on purpose."""
     names: dict[str, int] = {}
     terms: dict[str, tuple[int, str]] = {}
     patterns: dict[tuple[str, bool], int] = {}
@@ -48,11 +51,11 @@ def check_distinct(items: Sequence[Secret], located: Located) -> None:
         if not marking and secret.pattern is None:
             marking = [("its name (its only term)", secret.name)]
         for what, term in marking:
-            i, other = terms.setdefault(term_key(term), (j, what))
+            i, other = terms.setdefault(" ".join(words(term)), (j, what))
             if i != j:
                 raise ValueError(
-                    f"{located.at(j)}{what} is the same term as {other} of {located.other(i)} (they match "
-                    "the same words, so each would mark the other's examples): give each secret its own terms"
+                    f"{located.at(j)}{what} is the same term as {other} of {located.other(i)} (case and "
+                    "spacing aside), so each would mark the other's examples: give each secret its own terms"
                 )
         if secret.pattern is not None:
             i = patterns.setdefault((secret.pattern, secret.raw_pattern), j)
