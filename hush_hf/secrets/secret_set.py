@@ -67,8 +67,9 @@ class SecretSet(Sequence[Secret]):
     """Secrets s_0..s_{m-1} with priors p_j and target posteriors r_j (Hush, Sec. 3).
 
     Validated when built: at least one secret, each with 0 < p_j < r_j < 1 and finite values
-    (see :class:`Secret`), and names unique. Errors name the secret by index (``secret #j``), the
-    field and the value, never the name. Plans and outputs downstream refer to secrets by index only.
+    (see :class:`Secret`), and no name, term or pattern shared by two secrets (:func:`check_distinct`).
+    Errors name the secret by index (``secret #j``, or its file and line), the field and the value, never
+    the name. Plans and outputs downstream refer to secrets by index only.
     """
 
     def __init__(self, secrets: Iterable[Secret]) -> None:
