@@ -257,6 +257,8 @@ def cli_files(tmp_path, plan_json):
     (tmp_path / "secrets.csv").write_text(f"id,prior,target\n{SECRET},1e-4,0.05\n")
     (tmp_path / "plan.json").write_text(json.dumps(plan_json))
     (tmp_path / "folder").mkdir()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
     return tmp_path
 
 
@@ -271,7 +273,12 @@ CLI_CASES = [
      "--output '{d}/docs.jsonl/plan.json' cannot be written: '{d}/docs.jsonl' is a file, not a folder"),
     ("plan --dataset {d}/docs.jsonl --secrets {d}/folder --batch-size 2 --steps 3",
      "--secrets file '{d}/folder' is a folder; give a file"),
+    ("plan --dataset {d}/docs.jsonl --df-range 1 3 --seed -1 --batch-size 2 --steps 3",
+     "--seed must be >= 0, got -1"),
     ("verify --plan {d}/folder", "plan file '{d}/folder' is a folder; give a file"),
+    ("audit --model-dir {d}/model --output-dir {d}/a --seed -1", "--seed must be >= 0, got -1"),
+    ("audit --model-dir {d}/model --output-dir {d}/a --canaries {d}/folder",
+     "--canaries file '{d}/folder' is a folder; give a file"),
     (REPORT + " --crt-conservative-recall 0.5", "--crt-conservative-recall needs --crt-recall"),
     (REPORT + " --crt-recall nan", "--crt-recall must be a number in [0, 1], got nan"),
     (REPORT + " --crt-recall 0.9 --crt-delta 0", "--crt-delta must be a number in (0, 1), got 0.0"),
@@ -297,6 +304,7 @@ def test_bad_cli_arguments_are_one_line_before_any_data_is_read(cli_files, capsy
 
     monkeypatch.setattr("hush_hf.data.load_text_dataset", no_work)
     monkeypatch.setattr("hush_hf.audit.render_report", no_work)
+    monkeypatch.setattr("hush_hf.audit.run_audit", no_work)
     command = argv.format(d=cli_files).split()
     assert main(command) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -53,6 +53,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     for name in ("max_examples", "prefix_length", "suffix_length", "batch_size", "max_length"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if Path(args.output_dir).is_file():
         raise ValueError(f"--output-dir {args.output_dir!r} is a file")
 

@@ -110,6 +110,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         if getattr(args, name) is None:
             setattr(args, name, default)
     if args.secrets is None:
+        if args.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {args.seed}")
         if not 0 < args.prior < 1:
             raise ValueError(f"--prior must lie in (0, 1), got {args.prior!r}")
         lo, hi = args.target_range
