@@ -43,6 +43,31 @@ def test_a_second_run_on_weights_another_run_trained_is_refused(tmp_path):
     assert fresh.state.global_step == 2
 
 
+def test_weights_loaded_from_a_dp_runs_folder_are_warned_about(tmp_path):
+    # Saved by a DP run and loaded again, the weights are new tensors the in-process check cannot see:
+    # training them again on the same secrets would compose the two runs' bounds, and neither card says so.
+    import warnings
+
+    from transformers import GPT2LMHeadModel
+
+    first = build(tmp_path / "first", model=tiny_gpt2(), max_steps=2)
+    first.train()
+    first.save_model()
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path / "first")
+    second = build(tmp_path / "second", model=loaded, max_steps=2, dp_seed=99)
+    warned = (r"^the model was loaded from '.*first', whose hush_plan\.json records 2 DP step\(s\) of an "
+              r"earlier run: this run's card counts only")
+    with pytest.warns(UserWarning, match=warned):
+        second.train()
+    assert second.state.global_step == 2
+    plain = build(tmp_path / "plain", model=tiny_gpt2(), max_steps=1, dp_seed=99)
+    plain.model.save_pretrained(tmp_path / "no_plan")  # weights no DP run saved: nothing to say
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="the model was loaded from")
+        build(tmp_path / "third", model=GPT2LMHeadModel.from_pretrained(tmp_path / "no_plan"), max_steps=1,
+              dp_seed=99).train()
+
+
 SELECTIONS = {
     "load_best_model_at_end": dict(load_best_model_at_end=True, save_strategy="steps", save_steps=1),
     "reduce_lr_on_plateau": dict(lr_scheduler_type="reduce_lr_on_plateau"),
