@@ -91,6 +91,16 @@ def test_calibration_never_exceeds_targets(accountant, seed):
         assert np.any(below > targets)
 
 
+def test_a_calibrated_sigma_passes_the_own_law_recomputation_of_verification():
+    # Found by the random search above (seed 172): the certificate met secret 0's target, but its own law's
+    # bound at the returned sigma, which hush verify and the trainer recompute, came out 7e-6 above it.
+    groups, priors, targets, steps = random_instance(172)
+    cal = calibrate_noise(groups, priors, targets, steps, accountant="tight", rtol=1e-3)
+    assert np.all(posterior_bounds(groups, priors, cal.sigma, steps, "tight") <= targets)
+    assert np.all(cal.bounds <= targets)
+    assert np.any(posterior_bounds(groups, priors, cal.sigma / (1 + 2e-3), steps, "tight") > targets)
+
+
 def medium_instance(num_secrets: int, seed: int = 0):
     """Shared examples, LP-like saturation for a subset of secrets, two (prior, target) kinds."""
     rng = np.random.default_rng(seed)
