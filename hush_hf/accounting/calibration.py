@@ -354,7 +354,7 @@ class _Search:
                 break
             lo, hi = hi, hi * (1.0 + step)
             step, found = 2 * step, own(hi)
-        else:  # pragma: no cover - a bug guard, not a code path
+        if found is None:  # pragma: no cover - a bug guard, not a code path
             raise RuntimeError(f"calibration: own-law bounds exceed their targets up to sigma={hi}")
         while hi > lo * (1.0 + self.tolerance / 8):
             mid = math.sqrt(lo * hi)
