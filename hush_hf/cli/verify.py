@@ -39,10 +39,6 @@ HELP = "recompute every secret's bound from a published plan; check the weights,
 PLAN_FILE = "hush_plan.json"
 REPORT_FILE = "privacy_report.json"
 CARD_FILE = "README.md"
-STATISTICS = ("trainer_state.json", "*_results.json", "runs", "checkpoint-*")
-"""Files and folders of un-noised statistics of the drawn batches that Trainer writes when a script asks
-(``save_state``, ``save_metrics``, TensorBoard, checkpoints); ``push_to_hub`` never uploads them.
-training_args.bin is not among them: every ``save_model`` writes it, and the push leaves it out too."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,22 +141,25 @@ def dataset_memberships(args: argparse.Namespace, plan: Any, secret_set: Any) ->
 
 def published_files_checks(model_dir: Path, among: list[str] | None, secret_set: Any) -> list:
     """What else the folder publishes: no file of un-noised statistics of the drawn batches
-    (:data:`STATISTICS`: trainer_state.json's per-step losses, ``*_results.json``, ``runs/``,
-    checkpoints, which a DP push never uploads; not looked for in ``among``, the files a push uploads),
-    and, with ``secret_set``, no text file that spells one of its secrets
+    (trainer_state.json's per-step losses, ``*_results.json``, ``runs/``, checkpoints: what a DP push
+    never uploads, ``hush_hf.trainer.publishing.NEVER_BY_PATTERN``; not looked for in ``among``, the
+    files a push uploads), and, with ``secret_set``, no text file that spells one of its secrets
     (``hush_hf.trainer.published_text``)."""
     import fnmatch
 
     from hush_hf.planning.consistency import Check
     from hush_hf.trainer.published_text import first_spelled
+    from hush_hf.trainer.publishing import NEVER_BY_PATTERN
 
+    # What a push never uploads, but training_args.bin: every save_model writes it beside the weights.
+    statistics = [g for g in NEVER_BY_PATTERN if g != "training_args.bin"]
     files = among if among is not None else sorted(
         p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()
     )
     checks = []
     if among is None:
         found = [name for name in files
-                 if any(fnmatch.fnmatch(part, g) for part in name.split("/") for g in STATISTICS)]
+                 if any(fnmatch.fnmatch(part, g) for part in name.split("/") for g in statistics)]
         checks.append(Check(
             "published files", not found,
             f"{len(found)} file(s) of un-noised statistics of the drawn batches lie beside the weights (e.g. "
