@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
 # Issue 28's GPU measurements in one run, for a session that is lent a GPU for a few minutes:
-# the step table (bench/gpu_step.py: plain / hush_hf / Opacus ghost, fresh processes), then the
-# trainer row (bench/gpu_trainer.py: SecretProtectionTrainer against Trainer at the same B).
-# Meant to fit 8 minutes on one H100 or H200. Usage: bash bench/gpu_session.sh [OUTPUT_DIR]
+# the exactness table (bench/gpu_exactness.py: CUDA routes and TF32 against the float64 reference),
+# the step table with one profiled step per plain / hush_hf cell (bench/gpu_step.py: plain / hush_hf /
+# Opacus ghost, fresh processes), then the trainer row (bench/gpu_trainer.py: SecretProtectionTrainer
+# against Trainer at the same B). Each part has its own time limit, so a slow part cannot lose the
+# others; about 9 minutes at most on one H100 or H200. Usage: bash bench/gpu_session.sh [OUTPUT_DIR]
 # On the lent machine, first carry the packages its image lacks: see bench/gpu_wheels.sh.
-set -euo pipefail
+set -uo pipefail
 out="${1:-.}"
 python="${PYTHON:-python}"
-"$python" bench/gpu_step.py --timeout 150 | tee "$out/gpu_step.md"
-"$python" bench/gpu_trainer.py --timeout 150 | tee "$out/gpu_trainer.md"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+for package in transformers peft; do  # the carried version when it imports, else the image's own
+  if ! "$python" -c "import $package" 2>>"$out/stderr.log"; then
+    echo "carried $package does not import here: the image's is used" | tee -a "$out/stderr.log"
+    [ -n "${PYTHONPATH:-}" ] && rm -rf "$PYTHONPATH/$package" "$PYTHONPATH/$package"-*.dist-info
+  fi
+done
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  "$python" -c "import torch, transformers, peft; print('torch', torch.__version__, '| transformers',
+      transformers.__version__, '| peft', peft.__version__, '| cuda', torch.version.cuda)"
+} 2>>"$out/stderr.log" | tee "$out/gpu_env.txt"
+timeout 100 "$python" bench/gpu_exactness.py 2>>"$out/stderr.log" | tee "$out/gpu_exactness.md"
+timeout 320 "$python" bench/gpu_step.py --timeout 90 --profile "$out/gpu_profile.md" 2>>"$out/stderr.log" \
+  | tee "$out/gpu_step.md"
+timeout 140 "$python" bench/gpu_trainer.py --timeout 65 --steps 10 2>>"$out/stderr.log" | tee "$out/gpu_trainer.md"

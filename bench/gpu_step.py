@@ -115,10 +115,12 @@ def measure(
     warmup: int,
     device: str = "cuda",
     smoke: bool = False,
+    profile: bool = False,
 ) -> dict:
     """CUDA-synchronised seconds per full step and peak allocated memory, in this (fresh) process
     (``device="cpu"``, ``smoke``: a smoke run of the same steps on a shrunk model and batch, wall time,
-    no memory figure)."""
+    no memory figure); ``profile``: one more step under the profiler (``profile_step``), plain and
+    hush_hf only."""
     import time
 
     import peer_overhead as po
@@ -204,15 +206,48 @@ def measure(
             torch.cuda.synchronize()
         if k >= warmup:
             seconds.append(time.perf_counter() - start)
-    return {
+    found = {
         "seconds": seconds,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
     }
+    if profile and contender != "opacus-ghost":
+        try:
+            found["profile"] = profile_step(lambda: step(warmup + steps), cuda)
+        except Exception as error:  # the timings stand without it
+            found["profile"] = f"profile failed: {type(error).__name__}: {error}"
+    return found
+
+
+PROFILED_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::_to_copy", "aten::copy_")
+
+
+def profile_step(step, cuda: bool, top: int = 12) -> str:
+    """One more step under ``torch.profiler``: kernels launched, device time, the calls of the matrix
+    products and casts, and the ``top`` operators by their own device (CPU: host) time, as text."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    averages = prof.key_averages()
+    counts = {e.key: e.count for e in averages if e.key in PROFILED_OPS}
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    lines = [
+        f"kernels launched: {len(kernels)}; device time {sum(e.time_range.elapsed_us() for e in kernels) / 1e3:.1f} ms",
+        "calls: " + ", ".join(f"{op} {counts.get(op, 0)}" for op in PROFILED_OPS),
+        averages.table(sort_by=sort, row_limit=top, max_name_column_width=60),
+    ]
+    return "\n".join(lines)
 
 
 def run_isolated(name: str, precision: str, contender: str, args: argparse.Namespace) -> dict:
     """``measure`` in a fresh interpreter; a failure becomes a ``refused`` / ``error`` / ``missing`` cell."""
-    spec = {"model": name, "precision": precision, "contender": contender}
+    spec = {"model": name, "precision": precision, "contender": contender, "profile": bool(args.profile)}
     return isolated(__file__, {**spec, "steps": args.steps, "warmup": args.warmup}, args.timeout)
 
 
@@ -281,6 +316,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=MODELS, help="default: the issue's four rows")
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS)
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument("--profile", help="also profile one step of plain and hush_hf; write the tables here")
     args = parse_measurement_arguments(parser, steps=6)
     require_cuda("gpu_step.py", "bench/op_census.py and bench/peer_overhead.py")
     import torch
@@ -288,7 +324,10 @@ def main() -> None:
     if args._measure:
         spec = json.loads(args._measure)
         warnings.filterwarnings("ignore")
-        found = measure(spec["model"], spec["precision"], spec["contender"], spec["steps"], spec["warmup"])
+        found = measure(
+            spec["model"], spec["precision"], spec["contender"], spec["steps"], spec["warmup"],
+            profile=spec.get("profile", False),
+        )  # fmt: skip
         print(json.dumps(found))
         return
     if args.models or args.precisions:
@@ -305,6 +344,11 @@ def main() -> None:
         batch, seq = MODELS[name][2:4]
         cells = " | ".join(cell(found[c], plain if c != "plain" else None) for c in args.contenders)
         print(f"| {name}, {batch}x{seq} | {precision} | {cells} |", flush=True)
+        if args.profile:
+            with open(args.profile, "a") as out:
+                for c in args.contenders:
+                    if "profile" in found[c]:
+                        out.write(f"\n## {name}, {batch}x{seq}, {precision}, {c}\n\n{found[c]['profile']}\n")
 
 
 if __name__ == "__main__":

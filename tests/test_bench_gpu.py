@@ -49,6 +49,15 @@ def test_gpu_step_runs_each_contender_on_cpu(name: str, precision: str, contende
     assert math.isnan(found["peak_gib"])  # no CUDA memory figure on a CPU
 
 
+def test_gpu_step_profiles_one_more_step() -> None:
+    found = gpu_step.measure("gpt2", "bf16", "hush", steps=1, warmup=1, device="cpu", smoke=True, profile=True)
+    lines = found["profile"].splitlines()
+    assert lines[0].startswith("kernels launched: 0;")  # no CUDA on this machine
+    counts = dict(item.rsplit(" ", 1) for item in lines[1].removeprefix("calls: ").split(", "))
+    assert set(counts) == set(gpu_step.PROFILED_OPS) and int(counts["aten::mm"]) > 0
+    assert "Self CPU" in found["profile"]
+
+
 @pytest.mark.parametrize("contender", gpu_trainer.CONTENDERS)
 def test_gpu_trainer_times_each_trainer_on_cpu(contender: str) -> None:
     found = gpu_trainer.measure(contender, "fp32", steps=2, warmup=1, smoke=True)
@@ -69,3 +78,23 @@ def test_a_failed_process_becomes_a_cell_naming_why(script: str) -> None:
     assert found["failed"] == "error"
     assert f"bench/{Path(script).name} needs a CUDA GPU" in found["message"]
     assert gpu_step.cell(found, None).startswith("error: bench/")
+
+
+def test_gpu_exactness_rows_run_on_cpu() -> None:
+    """The GPU exactness script's row on the CPU: float64 norms and sums at rounding level against its
+    torch.func reference, every example within C, and no CUDA-route call off CUDA."""
+    import gpu_exactness
+
+    (case,) = [c for c in gpu_exactness.cases() if c[0] == "GPT-2, tiny"]
+    row = gpu_exactness.one_case(*case, "float64", device="cpu")
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:2] == ["GPT-2, tiny", "float64"]
+    assert float(cells[2]) < 1e-12 and float(cells[3]) < 1e-12
+    assert float(cells[4]) <= 1.0 and cells[5] == "0 calls"
+
+
+def test_gpu_exactness_plants_a_misuse_that_tf32_still_catches_on_cpu() -> None:
+    import gpu_exactness
+
+    line = gpu_exactness.planted_misuse_under_tf32("cpu")
+    assert "misuse is refused;" in line and "without it passes" in line

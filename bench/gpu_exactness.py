@@ -1,0 +1,259 @@
+"""hush_hf's clipped sums on a CUDA GPU against an independent reference (issue 28, items 2 and 3).
+
+    .venv/bin/python bench/gpu_exactness.py
+
+The CUDA-only code of the clipping engine (bf16 operands with float32 output, ``float32_products``)
+and the TF32 self-check tolerance are tested on the CPU only through stand-ins; this runs them where
+they run. Per model (tiny Hub families from ``tests/model_families.py`` and two wider ones) and
+precision (float64; float32 with ``highest`` matrix products; TF32 = ``high``; bf16 weights):
+
+- ``norms``: ``max_i |n_i - n_ref_i| / n_ref_i``, n_i the engine's per-example gradient norms and
+  n_ref_i those of the torch.func per-example reference (``tests/test_clipping_reference.py``) in
+  float64 on the same weights (a bf16 model's weights widened exactly);
+- ``sum``: ``||S - S_ref|| / ||S_ref||`` over all trainable parameters, S the engine's sum of the
+  per-example gradients (C so large that none is clipped: the clip margin of ``ghost.CLIP_MARGINS``
+  would otherwise show as an error) and S_ref the reference's;
+- ``max ||c_i g_i|| / C``: the engine's clipped sum of one example alone (C = 1e-3, so every example
+  is clipped), the largest over the examples: the sensitivity the accountant assumes is <= 1;
+- ``CUDA route``: the calls of the two ``out_dtype`` products (``_mm_out_float32`` /
+  ``_bmm_out_float32``) in one step, and ``||S - S_widened|| / ||S||`` against the same step with
+  those routes turned off (operands widened to float32 first): the two must agree to float32
+  accumulation order.
+
+Then the planted misuse of ``tests/test_clipping_safety.py`` (an embedding read outside its layer,
+carrying ~3% of the gradient) on CUDA under TF32: refused, while the same model without it passes.
+Without CUDA it exits at once with a message (status 2).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+CLIP_SMALL = 1e-3  # every example's gradient is larger: all are clipped
+NO_CLIP = 1e30  # no example is clipped: the sum of the engine's per-example gradients
+
+
+def lm_rows(vocab: int, batch: int, seq: int, causal: bool, device: str, seed: int = 1):
+    """Right-padded rows (attention mask 0 and label -100 on padding); MLM: half the tokens labelled."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[1, -seq // 3 :] = 0
+    mask[batch - 1, -2:] = 0
+    ids[mask == 0] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    if not causal:
+        labels[torch.rand(batch, seq, generator=g) < 0.5] = -100
+        labels[:, 0] = ids[:, 0]
+    position_ids = torch.arange(seq).expand(batch, seq).contiguous()  # (b, T): every layer sees the batch
+    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
+    return {k: v.to(device) for k, v in inputs.items()}, labels.to(device)
+
+
+def wide_gpt2(tied: bool):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=2048, n_embd=256, n_layer=2, n_head=4, n_positions=256,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied,
+                        attn_implementation="eager")  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+def wide_llama(tied: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+                         attn_implementation="eager")  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def cases():
+    """(label, build(tied) -> model, tied, causal, batch, seq)."""
+    from tests.model_families import family_named
+
+    tiny = [("GPT-2", True), ("Llama", False), ("BERT (MLM)", True), ("Llama + LoRA (peft)", False)]
+    found = [(f"{name}, tiny", family_named(name).build, tied, family_named(name).kind != "masked", 4, 12)
+             for name, tied in tiny]  # fmt: skip
+    found.append(("GPT-2 256 x 2, vocab 2048", wide_gpt2, True, True, 8, 128))
+    found.append(("Llama 256 x 2, vocab 4096", wide_llama, False, True, 8, 128))
+    return found
+
+
+def trainable(model) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def engine_sum(model, inputs, labels, causal: bool, clip: float) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The engine's clipped sum of one step (a fresh clipper: its self-check runs), in float64, and its
+    per-example norms."""
+    from hush_hf.clipping import GhostClipper, example_cross_entropy
+    from hush_hf.clipping.clipped_sums import clipped_sum, discard_
+
+    params = trainable(model)
+    for p in params.values():
+        p.grad = None
+    discard_(list(params.values()))
+    with GhostClipper(model, clip) as clipper:
+        norms = clipper.clipped_backward(example_cross_entropy(model(**inputs).logits, labels, causal=causal))
+    out = {n: clipped_sum(p).double().clone() for n, p in params.items()}
+    discard_(list(params.values()))
+    for p in params.values():
+        p.grad = None
+    return out, norms
+
+
+def float64_lm_loss(logits: torch.Tensor, labels: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Per-example mean token cross-entropy in float64 (written apart from the engine's)."""
+    if causal:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    token = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2).double(), labels, ignore_index=-100, reduction="none"
+    )
+    return token.sum(1) / (labels != -100).sum(1).clamp_min(1)
+
+
+def reference(model, inputs, labels, causal: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """torch.func per-example gradients of a float64 copy of the same weights: their sum and norms."""
+    from tests.test_clipping_reference import norms_of, per_example_grads
+
+    exact = copy.deepcopy(model).double()
+    with torch.device(labels.device):  # the reference's example selectors, beside the model
+        grads = per_example_grads(exact, inputs, lambda out: float64_lm_loss(out.logits, labels, causal))
+    return {n: g.sum(0) for n, g in grads.items()}, norms_of(grads)
+
+
+def relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    diff = sum(float((a[n] - b[n]).pow(2).sum()) for n in b)
+    return (diff / sum(float(b[n].pow(2).sum()) for n in b)) ** 0.5
+
+
+def total_norm(sums: dict[str, torch.Tensor]) -> float:
+    return sum(float(s.pow(2).sum()) for s in sums.values()) ** 0.5
+
+
+class CudaRoutes:
+    """Counts the ``out_dtype`` products, or (``off=True``) turns the bf16-operand routes off so that
+    operands are widened to float32 first (the CPU's route)."""
+
+    def __init__(self, off: bool = False) -> None:
+        import hush_hf.clipping.factors as factors
+        import hush_hf.clipping.float32_products as products
+        import hush_hf.clipping.gram_batches as gram_batches
+
+        self.calls = 0
+        self.patches = []
+        for name in ("_mm_out_float32", "_bmm_out_float32"):
+            original = getattr(products, name)
+            self.patches.append((products, name, original, self._counted(original)))
+        if off:
+            never = lambda a, b: False  # noqa: E731
+            for module in (products, factors, gram_batches):
+                for name in ("float32_output_supported", "bf16_products"):
+                    if hasattr(module, name):
+                        self.patches.append((module, name, getattr(module, name), never))
+
+    def _counted(self, original):
+        def counted(a, b):
+            self.calls += 1
+            return original(a, b)
+
+        return counted
+
+    def __enter__(self) -> CudaRoutes:
+        for module, name, _, patched in self.patches:
+            setattr(module, name, patched)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module, name, original, _ in self.patches:
+            setattr(module, name, original)
+
+
+def one_case(
+    label: str, build, tied: bool, causal: bool, batch: int, seq: int, precision: str, device: str = "cuda"
+) -> str:
+    """One row of the table (``device="cpu"``: the smoke run of ``tests/test_bench_gpu.py``)."""
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = build(tied)
+    dtype = {"float64": torch.float64, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    model = model.to(dtype).train()
+    vocab = model.config.vocab_size
+    inputs, labels = lm_rows(vocab, batch, seq, causal, device)
+    with CudaRoutes() as routes:
+        got, norms = engine_sum(model, inputs, labels, causal, NO_CLIP)
+    want, want_norms = reference(model, inputs, labels, causal)
+    norm_error = float(((norms.double() - want_norms) / want_norms).abs().max())
+    worst = 0.0
+    for i in range(batch):
+        one = {k: v[i : i + 1] for k, v in inputs.items()}
+        applied, _ = engine_sum(model, one, labels[i : i + 1], causal, CLIP_SMALL)
+        worst = max(worst, total_norm(applied) / CLIP_SMALL)
+    route = f"{routes.calls} calls"
+    if routes.calls:
+        with CudaRoutes(off=True):
+            widened, _ = engine_sum(model, inputs, labels, causal, NO_CLIP)
+        route += f", {relative(got, widened):.1e} from widened"
+    bound = f"{worst:.7f}" + (" **exceeds C**" if worst > 1.0 else "")
+    cells = f"{norm_error:.1e} | {relative(got, want):.1e} | {bound} | {route}"
+    return f"| {label} | {precision} | {cells} |"
+
+
+def planted_misuse_under_tf32(device: str = "cuda") -> str:
+    from hush_hf.clipping import GhostClipper, UnsupportedLayerError
+    from tests.test_clipping_safety import IDS, SlightTie, lm_loss
+
+    torch.set_float32_matmul_precision("high")
+    ids = IDS.to(device)
+    torch.manual_seed(0)
+    with torch.device(device):
+        planted = SlightTie(0.06)
+    try:
+        with GhostClipper(planted, 1.0) as clipper:
+            clipper.clipped_backward(lm_loss(planted(ids), ids))
+        caught = "NOT refused"
+    except UnsupportedLayerError as error:
+        caught = "refused" if "'emb.weight'" in str(error) else f"refused, other reason: {error}"
+    torch.manual_seed(0)
+    with torch.device(device):
+        clean = SlightTie(0.0)
+    with GhostClipper(clean, 1.0) as clipper:
+        clipper.clipped_backward(lm_loss(clean(ids), ids))
+        passed = "passes" if clipper.verified else "NOT verified"
+    return f"TF32 (`high`) on {device}: the planted 3% misuse is {caught}; the same model without it {passed}."
+
+
+def main() -> None:
+    import gpu_step
+
+    gpu_step.require_cuda("gpu_exactness.py", "pytest tests/test_clipping_factors.py tests/test_clipping_safety.py")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| model | precision | norms: max relative error | sum: relative error | max ||c_i g_i|| / C "
+          "| CUDA route |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for label, build, tied, causal, batch, seq in cases():
+        for precision in ("float64", "fp32", "tf32", "bf16"):
+            try:
+                print(one_case(label, build, tied, causal, batch, seq, precision), flush=True)
+            except Exception as error:  # one case must not lose the table
+                last = str(error).strip().splitlines()[-1][:200] if str(error).strip() else ""
+                print(f"| {label} | {precision} | error: {type(error).__name__}: {last} | | | |", flush=True)
+    print()
+    print(planted_misuse_under_tf32())
+
+
+if __name__ == "__main__":
+    main()
