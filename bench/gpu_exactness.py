@@ -92,7 +92,9 @@ def trainable(model) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def engine_sum(model, inputs, labels, causal: bool, clip: float) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def engine_sum(
+    model, inputs, labels, causal: bool, clip: float
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The engine's clipped sum of one step (a fresh clipper: its self-check runs), in float64, and its
     per-example norms."""
     from hush_hf.clipping import GhostClipper, example_cross_entropy
@@ -230,13 +232,17 @@ def planted_misuse_under_tf32(device: str = "cuda") -> str:
     with GhostClipper(clean, 1.0) as clipper:
         clipper.clipped_backward(lm_loss(clean(ids), ids))
         passed = "passes" if clipper.verified else "NOT verified"
-    return f"TF32 (`high`) on {device}: the planted 3% misuse is {caught}; the same model without it {passed}."
+    return (
+        f"TF32 (`high`) on {device}: the planted 3% misuse is {caught}; the same model without it {passed}."
+    )
 
 
 def main() -> None:
     import gpu_step
 
-    gpu_step.require_cuda("gpu_exactness.py", "pytest tests/test_clipping_factors.py tests/test_clipping_safety.py")
+    gpu_step.require_cuda(
+        "gpu_exactness.py", "pytest tests/test_clipping_factors.py tests/test_clipping_safety.py"
+    )
     import warnings
 
     warnings.filterwarnings("ignore")

@@ -237,8 +237,9 @@ def profile_step(step, cuda: bool, top: int = 12) -> str:
     averages = prof.key_averages()
     counts = {e.key: e.count for e in averages if e.key in PROFILED_OPS}
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    device_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
     lines = [
-        f"kernels launched: {len(kernels)}; device time {sum(e.time_range.elapsed_us() for e in kernels) / 1e3:.1f} ms",
+        f"kernels launched: {len(kernels)}; device time {device_ms:.1f} ms",
         "calls: " + ", ".join(f"{op} {counts.get(op, 0)}" for op in PROFILED_OPS),
         averages.table(sort_by=sort, row_limit=top, max_name_column_width=60),
     ]

@@ -50,7 +50,9 @@ def test_gpu_step_runs_each_contender_on_cpu(name: str, precision: str, contende
 
 
 def test_gpu_step_profiles_one_more_step() -> None:
-    found = gpu_step.measure("gpt2", "bf16", "hush", steps=1, warmup=1, device="cpu", smoke=True, profile=True)
+    found = gpu_step.measure(
+        "gpt2", "bf16", "hush", steps=1, warmup=1, device="cpu", smoke=True, profile=True
+    )
     lines = found["profile"].splitlines()
     assert lines[0].startswith("kernels launched: 0;")  # no CUDA on this machine
     counts = dict(item.rsplit(" ", 1) for item in lines[1].removeprefix("calls: ").split(", "))
