@@ -31,19 +31,29 @@ CLIPPED_SUM_ATTRIBUTE = _ATTRIBUTE  # the float32 sum beside a low-precision par
 def accumulate_(p: nn.Parameter, grad: Tensor, *, owned: bool = False) -> None:
     """Add ``grad`` (a clipped sum, at least float32) to p's clipped sum: in float32 beside a
     low-precision parameter, else into ``p.grad`` in p's dtype. ``owned=True``: the caller hands over
-    ``grad`` (nothing else writes it), so a float32 one is kept as it is instead of copied."""
+    ``grad`` (nothing else writes it), so a float32 one is kept as it is instead of copied. A first
+    sum is laid out as p is (``_in_layout_of``)."""
     if p.dtype in LOW_PRECISION:
         total = getattr(p, _ATTRIBUTE, None)
         if total is None:
             keep = owned and grad.dtype == torch.float32
-            setattr(p, _ATTRIBUTE, grad if keep else grad.to(torch.float32, copy=True))
+            setattr(p, _ATTRIBUTE, _in_layout_of(p, grad, torch.float32, copy=not keep))
         else:
             total.add_(grad if grad.dtype == torch.float32 else grad.to(torch.float32))
         return
     if p.grad is None:
-        p.grad = grad if grad.dtype == p.dtype else grad.to(p.dtype)
+        p.grad = _in_layout_of(p, grad, p.dtype, copy=False)
     else:
         p.grad.add_(grad if grad.dtype == p.grad.dtype else grad.to(p.grad.dtype))
+
+
+def _in_layout_of(p: nn.Parameter, grad: Tensor, dtype: torch.dtype, *, copy: bool) -> Tensor:
+    """``grad`` in ``dtype`` with p's strides (a copy when ``copy``, or when its dtype or strides differ).
+    Autograd lays a gradient out as its parameter (the gradient-layout contract), and fused optimizers
+    rely on it: CUDA's fused AdamW refuses a gradient whose strides differ from its parameter's."""
+    if isinstance(p, DTensor) or isinstance(grad, DTensor) or grad.stride() == p.stride():
+        return grad.to(dtype, copy=copy)
+    return torch.empty_like(p, dtype=dtype).copy_(grad)
 
 
 def clipped_sum(p: nn.Parameter) -> Tensor | None:

@@ -97,9 +97,12 @@ def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor, memo: Any 
         return bf16_pieces_side_by_side(scaled.reshape(-1, n))
 
     pieces = memo.get("pieces", narrow, pieces_of_narrow) if memo is not None else pieces_of_narrow()
-    blocks = mm_float32(pieces.T, wide.reshape(-1, wide.shape[-1]))  # (3 n, cols)
-    total = blocks.view(3, n, -1).sum(dim=0)
-    return total.T if transpose else total
+    wide_flat = wide.reshape(-1, wide.shape[-1])
+    # The result is contiguous in the parameter's (rows, cols) orientation either way: a transposed
+    # view would break autograd's gradient-layout contract, which fused optimizers enforce on CUDA.
+    if transpose:  # narrow = col: (rows, 3 n) = wide^T @ pieces, its three (rows x n) blocks summed
+        return mm_float32(wide_flat.T, pieces).view(-1, 3, n).sum(dim=1)
+    return mm_float32(pieces.T, wide_flat).view(3, n, -1).sum(dim=0)  # (3 n, cols), blocks summed
 
 
 def bmm_float32(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
