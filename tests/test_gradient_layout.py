@@ -41,9 +41,7 @@ def one_step(name: str, tied: bool, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def mislaid(model: torch.nn.Module, of) -> list[str]:
-    return [
-        n for n, p in model.named_parameters() if of(p) is not None and of(p).stride() != p.stride()
-    ]
+    return [n for n, p in model.named_parameters() if of(p) is not None and of(p).stride() != p.stride()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
