@@ -4,7 +4,7 @@
         [--precisions fp32 tf32 bf16] [--contenders plain hush opacus-ghost] [--steps 6] [--warmup 2]
 
 The harness of issue 28, as one prepared script (with ``bench/gpu_trainer.py``: ``bench/gpu_session.sh``,
-meant to fit 8 minutes on one H100 or H200; not yet timed on one).
+run on one H200 on 2026-11-28: docs/benchmarks.md).
 Every (model, precision, contender) runs in a fresh process on the same model (same seed, built on
 the GPU) and the same random batch; a full step is forward, backward pass(es), clipping, noise and
 ``torch.optim.AdamW`` (fused off, foreach on, as its CUDA default), written out here for every
