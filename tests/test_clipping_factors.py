@@ -24,7 +24,12 @@ from hush_hf.clipping.factors import (
     weighted_sum,
 )
 from hush_hf.clipping.factors import materialize as materialize_use
-from hush_hf.clipping.float32_products import bf16_pieces, bf16_pieces_side_by_side, bmm_float32
+from hush_hf.clipping.float32_products import (
+    bf16_pieces,
+    bf16_pieces_side_by_side,
+    bf16_toward_zero,
+    bmm_float32,
+)
 from hush_hf.clipping.zero_steps import drop_zero_steps, drop_zero_steps_all
 
 B, ROWS, COLS = 3, 7, 5
@@ -337,11 +342,35 @@ def test_bf16_pieces_sum_to_the_float32_value_exactly() -> None:
     assert torch.equal(side_by_side, torch.cat([p.reshape(64, 64) for p in (hi, mid, lo)], dim=1))
 
 
+def test_weights_cut_to_bf16_toward_zero_lose_under_2_to_the_minus_7() -> None:
+    g = torch.Generator().manual_seed(16)
+    w = torch.rand(4096, generator=g) * torch.exp2(torch.randint(-40, 1, (4096,), generator=g).float())
+    cut = bf16_toward_zero(w)
+    assert cut.dtype == torch.float32 and torch.equal(cut.bfloat16().float(), cut)  # 8 significant bits
+    assert bool((cut <= w).all()) and bool((cut > w * (1 - 2.0**-7)).all())
+    assert bool((cut < w).any())  # the cut is needed
+    exact = torch.tensor([1.0, 0.5, 0.0, 2.0**-30, 0.75, float(torch.tensor(0.3).bfloat16())])
+    assert torch.equal(bf16_toward_zero(exact), exact)  # unclipped examples (c_i = 1) keep their weight
+
+
+def test_two_bf16_pieces_hold_a_bf16_value_times_a_cut_weight_exactly() -> None:
+    g = torch.Generator().manual_seed(17)
+    x = torch.randn(64, 64, generator=g) * torch.exp2(torch.randint(-40, 40, (64, 64), generator=g).float())
+    weights = bf16_toward_zero(torch.rand(64, 1, generator=g))
+    scaled = x.bfloat16().float() * weights  # what _weighted_product_bf16 folds: exact in float32
+    assert torch.equal(scaled.double(), x.bfloat16().double() * weights.double())
+    pair = bf16_pieces_side_by_side(scaled, 2)
+    assert pair.dtype == torch.bfloat16 and pair.shape == (64, 128)
+    assert torch.equal(pair[:, :64].double() + pair[:, 64:].double(), scaled.double())
+    assert not torch.equal(pair[:, :64].float(), scaled)  # the second piece is needed
+
+
 @pytest.mark.parametrize("narrow", ["row", "col"])
 def test_the_bf16_clipped_sum_route_equals_the_float32_route(narrow: str, monkeypatch) -> None:
-    """CUDA's route for two bf16 factors (weights folded in float32, three exact bf16 pieces, bf16 GEMMs
-    with float32 output; on CPU the GEMMs widen their operands, the same numbers) against the float32
-    route and a float64 reference."""
+    """CUDA's route for two bf16 factors (weights cut toward zero and folded in float32, two exact bf16
+    pieces, bf16 GEMMs with float32 output; on CPU the GEMMs widen their operands, the same numbers)
+    against the float32 route with the cut weights and a float64 reference; and no further from the
+    route with the weights as they are than 2^-7 relative."""
     import hush_hf.clipping.factors as factors
 
     g = torch.Generator().manual_seed(15)
@@ -349,14 +378,16 @@ def test_the_bf16_clipped_sum_route_equals_the_float32_route(narrow: str, monkey
     row, col = (small, large) if narrow == "row" else (large, small)
     use = OuterSum(DenseFactor(row.bfloat16()), DenseFactor(col.bfloat16()))
     weights = torch.rand(B, generator=g) / 3
-    widened = weighted_sum(use, weights)
+    cut = bf16_toward_zero(weights)
+    widened, uncut = weighted_sum(use, cut), weighted_sum(use, weights)
     monkeypatch.setattr(factors, "bf16_products", lambda a, b: True)
     split = weighted_sum(use, weights)
-    assert split.dtype == torch.float32 and split.shape == widened.shape
+    assert split.dtype == torch.float32 and split.shape == widened.shape and split.is_contiguous()
     exact = OuterSum(DenseFactor(use.row.values.double()), DenseFactor(use.col.values.double()))
-    reference = torch.einsum("b,brk->rk", weights.double(), materialize(exact))
+    reference = torch.einsum("b,brk->rk", cut.double(), materialize(exact))
     torch.testing.assert_close(split.double(), reference, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(split, widened, rtol=1e-6, atol=1e-6)
+    assert float((split - uncut).norm() / uncut.norm()) < 2.0**-7
 
 
 def test_float32_norms_lose_less_than_the_clip_margin_however_many_terms() -> None:

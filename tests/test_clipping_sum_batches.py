@@ -7,6 +7,7 @@ import torch
 
 import hush_hf.clipping.factors as factors
 from hush_hf.clipping.factors import DenseFactor, Materialized, OneHotFactor, OuterSum, weighted_sum
+from hush_hf.clipping.float32_products import bf16_toward_zero
 from hush_hf.clipping.sum_batches import sum_footprint, weighted_sums
 
 B, T = 3, 5
@@ -52,7 +53,8 @@ def test_batched_sums_equal_the_sums_one_weight_at_a_time(
 ) -> None:
     """Weights of one shape summed groupwise give each weight's own clipped sum (the one-at-a-time route,
     and float64); the rest are left for ``weighted_sum``. ``pieces``: CUDA's route for two bf16 factors
-    (its three exact bf16 pieces), run here through the widening fallback."""
+    (its two exact bf16 pieces of the factor scaled by the weights cut toward zero, ``bf16_toward_zero``),
+    run here through the widening fallback: float64's sum with those weights."""
     if route == "pieces":
         monkeypatch.setattr(factors, "bf16_products", lambda a, b: True)
     uses = _layers(dtype)
@@ -67,7 +69,7 @@ def test_batched_sums_equal_the_sums_one_weight_at_a_time(
         assert total.dtype == expected[name].dtype and total.shape == expected[name].shape
         assert total.is_contiguous()
         torch.testing.assert_close(total, expected[name], rtol=tolerance, atol=tolerance)
-        reference = _float64_sum(uses[name][0], weights)
+        reference = _float64_sum(uses[name][0], bf16_toward_zero(weights) if route == "pieces" else weights)
         torch.testing.assert_close(total.double(), reference, rtol=tolerance, atol=tolerance)
 
 

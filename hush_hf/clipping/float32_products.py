@@ -5,8 +5,9 @@ A product of two bf16 (or fp16) numbers is exact in float32, so a bf16 GEMM with
 and output gives what float32 copies of its operands would, without the copies: ``out_dtype``, which
 torch 2.13 has for CUDA only (``_mm_out_float32``, ``_bmm_out_float32``: the engine's only CUDA-only
 calls; ``bench/op_census.py --cuda-routes`` replaces them to count a GPU's step). Elsewhere the
-operands are widened first. A clipped sum of two bf16 factors folds its float32 weights into the
-narrower factor and splits that exactly into three bf16 pieces (``_weighted_product_bf16``).
+operands are widened first. A clipped sum of two bf16 factors folds its weights, cut to bf16's 8
+significant bits toward zero, into the narrower factor and splits that exactly into two bf16 pieces
+(``_weighted_product_bf16``).
 """
 
 from __future__ import annotations
@@ -63,46 +64,61 @@ def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return hi, mid, (rest - mid).to(torch.bfloat16)
 
 
-def bf16_pieces_side_by_side(x: Tensor) -> Tensor:
+def bf16_pieces_side_by_side(x: Tensor, pieces: int = 3) -> Tensor:
     """``bf16_pieces(x)`` of a (N, n) float32 ``x`` written side by side into one (N, 3 n) bf16 tensor
     (hi, mid, lo of row k in columns 0:n, n:2n, 2n:3n): the same numbers (``copy_`` rounds to nearest as
-    ``Tensor.to`` does; the differences are exact), with no separate piece tensors."""
+    ``Tensor.to`` does; the differences are exact), with no separate piece tensors. ``pieces=2``: hi and
+    lo only, (N, 2 n), exact when x has at most 16 significant bits (a bf16 value times a
+    ``bf16_toward_zero`` weight): x - hi is then a multiple of x's last bit of at most 2^7 of them."""
     n = x.shape[-1]
-    out = torch.empty(x.shape[0], 3 * n, dtype=torch.bfloat16, device=x.device)
-    hi, mid, lo = out[:, :n], out[:, n : 2 * n], out[:, 2 * n :]
+    out = torch.empty(x.shape[0], pieces * n, dtype=torch.bfloat16, device=x.device)
+    hi = out[:, :n]
     hi.copy_(x)
     rest = x - hi  # float32 - bf16: exact, in float32
-    mid.copy_(rest)
-    rest -= mid
-    lo.copy_(rest)
+    if pieces == 3:
+        mid = out[:, n : 2 * n]
+        mid.copy_(rest)
+        rest -= mid
+    out[:, (pieces - 1) * n :].copy_(rest)
     return out
 
 
+def bf16_toward_zero(weights: Tensor) -> Tensor:
+    """Float32 ``weights`` cut to bf16's 8 significant bits toward zero (the top 16 bits of each float32):
+    ``|w~| <= |w|``, less by under 2^-7 relative, exact for 1 and powers of two. A bf16 value times such a
+    weight has at most 16 significant bits: exact in float32, and in two bf16 pieces. The bf16 routes
+    weight a parameter's sum by ``w~`` instead of the clip coefficients c_i: ``||(c~_i g_{i,p})_p|| <=
+    ||c_i g_i|| <= C`` whichever parameters take it, so the sensitivity the noise is calibrated to holds."""
+    return (weights.float().view(torch.int32) & -65536).view(torch.float32)
+
+
 def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor, memo: Any = None) -> Tensor:
-    """``sum_{i,t} w_i row_{i,t} col_{i,t}^T`` of two bf16 factors in float32 without a float32 copy of
-    either: the weights are folded into the narrower factor in float32 (a transient scaled copy of it),
-    that is split exactly into three bf16 pieces side by side (``bf16_pieces_side_by_side``), which
-    multiply the other factor as it is in one GEMM, bf16 operands with float32 accumulation and output
-    (``mm_float32``, a (3 n) x cols result), and the three (n x cols) blocks are summed. The same sum
-    as the float32 route, up to float32 accumulation order; one bf16 GEMM with three times the rows
-    instead of one float32 GEMM and a float32 copy of the wider factor (an output projection's logits
-    gradient). ``memo`` (a ``factors.FactorMemo``): where the pieces come from when another use shares
+    """``sum_{i,t} w~_i row_{i,t} col_{i,t}^T`` of two bf16 factors in float32 without a float32 copy of
+    either, ``w~ = bf16_toward_zero(weights)``: the weights are folded into the narrower factor in float32
+    (a transient scaled copy of it, exact), that is split exactly into two bf16 pieces side by side
+    (``bf16_pieces_side_by_side(.., 2)``), which multiply the other factor as it is in one GEMM, bf16
+    operands with float32 accumulation and output (``mm_float32``, a (2 n) x cols result), and the two
+    (n x cols) blocks are summed. The float32 route's sum with weights ``w~``, up to float32 accumulation
+    order; one bf16 GEMM with twice the rows instead of one float32 GEMM and a float32 copy of the wider
+    factor (an output projection's logits gradient). Three pieces of the weights as they are cost a
+    third more: a weight gradient's FLOPs three times over, on an H200 most of the bf16 step's extra
+    device time. ``memo`` (a ``factors.FactorMemo``): where the pieces come from when another use shares
     the narrower factor (kind ``"pieces"``)."""
     transpose = row.shape[-1] > col.shape[-1]
     narrow, wide = (col, row) if transpose else (row, col)
     n = narrow.shape[-1]
 
     def pieces_of_narrow() -> Tensor:
-        scaled = narrow * weights.float().view(-1, 1, 1)  # bf16 x float32 -> float32: one kernel, no cast
-        return bf16_pieces_side_by_side(scaled.reshape(-1, n))
+        scaled = narrow * bf16_toward_zero(weights).view(-1, 1, 1)  # bf16 x float32 -> float32, exact
+        return bf16_pieces_side_by_side(scaled.reshape(-1, n), 2)
 
     pieces = memo.get("pieces", narrow, pieces_of_narrow) if memo is not None else pieces_of_narrow()
     wide_flat = wide.reshape(-1, wide.shape[-1])
     # The result is contiguous in the parameter's (rows, cols) orientation either way: a transposed
     # view would break autograd's gradient-layout contract, which fused optimizers enforce on CUDA.
-    if transpose:  # narrow = col: (rows, 3 n) = wide^T @ pieces, its three (rows x n) blocks summed
-        return mm_float32(wide_flat.T, pieces).view(-1, 3, n).sum(dim=1)
-    return mm_float32(pieces.T, wide_flat).view(3, n, -1).sum(dim=0)  # (3 n, cols), blocks summed
+    if transpose:  # narrow = col: (rows, 2 n) = wide^T @ pieces, its two (rows x n) blocks summed
+        return mm_float32(wide_flat.T, pieces).view(-1, 2, n).sum(dim=1)
+    return mm_float32(pieces.T, wide_flat).view(2, n, -1).sum(dim=0)  # (2 n, cols), blocks summed
 
 
 def bmm_float32(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:

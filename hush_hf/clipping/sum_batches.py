@@ -2,15 +2,16 @@
 
 The clipped sum of a weight whose per-example gradient is one ``OuterSum`` of two dense factors is
 ``sum_{i,t} w_i row_{i,t} col_{i,t}^T`` (``factors.weighted_sum``): the weights folded into the narrower
-factor, one matrix product. Per weight that is a few kernel launches (on CUDA with bf16 factors nine:
-the scaled factor, its three exact bf16 pieces, the product and the block sum), each with little work on
+factor, one matrix product. Per weight that is a few kernel launches (on CUDA with bf16 factors seven:
+the scaled factor, its two exact bf16 pieces, the product and the block sum), each with little work on
 a small or medium model. The layers of a transformer repeat, so their weights come in groups of one
 shape (every layer's query projection, every layer's MLP input); here each such group is summed at
 once:
 
 - the narrower factors are stacked into one (U, b, T, n) tensor in the compute dtype (the stack widens a
-  bf16 factor as it copies) and scaled by the weights in place; on CUDA with bf16 factors that is split
-  into its three exact bf16 pieces once for the group (``float32_products.bf16_pieces_side_by_side``);
+  bf16 factor as it copies) and scaled by the weights in place; on CUDA with bf16 factors by the weights
+  cut to bf16's bits toward zero (``float32_products.bf16_toward_zero``), and split into its two exact
+  bf16 pieces once for the group (``float32_products.bf16_pieces_side_by_side``);
 - the wider factors are stacked (widened by the stack where the product needs float32 operands; kept
   bf16 where it takes them with float32 output) and one batched product gives all U sums, (U, rows, cols).
 
@@ -31,16 +32,21 @@ import torch
 from torch import Tensor
 
 from hush_hf.clipping.factors import OuterSum, PerExampleGrad, _dense_pair_route
-from hush_hf.clipping.float32_products import as_dtype, bf16_pieces_side_by_side, bmm_float32
+from hush_hf.clipping.float32_products import (
+    as_dtype,
+    bf16_pieces_side_by_side,
+    bf16_toward_zero,
+    bmm_float32,
+)
 from hush_hf.clipping.gram_batches import BATCH_BYTES, _batchable
 
 
 def sum_footprint(g: OuterSum) -> int:
     """Bytes one weight can hold in a batch, at most: its narrower factor scaled and split into bf16
-    pieces, its wider factor stacked, its part of the product (three blocks on the pieces route)."""
+    pieces, its wider factor stacked, its part of the product (two blocks on the pieces route)."""
     route, narrow, wide, dtype = _dense_pair_route(g)  # type: ignore[misc]
     steps, n, m = narrow.shape[0] * narrow.shape[1], narrow.shape[-1], wide.shape[-1]
-    return dtype.itemsize * (steps * (n + m) + 3 * n * m) + 6 * steps * n
+    return dtype.itemsize * (steps * (n + m) + 2 * n * m) + 4 * steps * n
 
 
 def _chunks(members: list[tuple[str, OuterSum, int]], budget: int) -> Iterator[list[tuple[str, OuterSum]]]:
@@ -66,21 +72,22 @@ def _group_sum(group: list[OuterSum], weights: Tensor) -> Tensor:
     u, (b, t_len, n), m = len(group), narrow.shape, wide.shape[-1]
     scaled = torch.empty((u, b, t_len, n), dtype=dtype, device=narrow.device)
     torch.stack([p[0] for p in pairs], out=scaled)  # widened as it copies
-    scaled.mul_(as_dtype(weights, dtype).view(1, -1, 1, 1))  # one view, not three unsqueezes
     if route == "pieces":  # bf16 x bf16 products with float32 output: exact pieces, the wide side as it is
-        left = bf16_pieces_side_by_side(scaled.view(u * b * t_len, n)).view(u, b * t_len, 3 * n)
+        scaled.mul_(bf16_toward_zero(weights).view(1, -1, 1, 1))  # exact: see _weighted_product_bf16
+        left = bf16_pieces_side_by_side(scaled.view(u * b * t_len, n), 2).view(u, b * t_len, 2 * n)
         right = torch.stack([p[1] for p in pairs]).view(u, b * t_len, m)
     else:
+        scaled.mul_(as_dtype(weights, dtype).view(1, -1, 1, 1))  # one view, not three unsqueezes
         left = scaled.view(u, b * t_len, n)
         right = torch.empty((u, b, t_len, m), dtype=dtype, device=wide.device)
         torch.stack([p[1] for p in pairs], out=right)  # widened as it copies
         right = right.view(u, b * t_len, m)
     del scaled
     if narrow_is_row:
-        total = bmm_float32(left.transpose(1, 2), right, dtype)  # (U, n or 3 n, m)
-        return total.view(u, 3, n, m).sum(dim=1) if route == "pieces" else total
-    total = bmm_float32(right.transpose(1, 2), left, dtype)  # (U, m, n or 3 n)
-    return total.view(u, m, 3, n).sum(dim=2) if route == "pieces" else total
+        total = bmm_float32(left.transpose(1, 2), right, dtype)  # (U, n or 2 n, m)
+        return total.view(u, 2, n, m).sum(dim=1) if route == "pieces" else total
+    total = bmm_float32(right.transpose(1, 2), left, dtype)  # (U, m, n or 2 n)
+    return total.view(u, m, 2, n).sum(dim=2) if route == "pieces" else total
 
 
 @torch.no_grad()  # no graph is needed; and a stack with out= refuses an input that requires grad
