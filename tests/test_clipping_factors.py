@@ -351,6 +351,9 @@ def test_weights_cut_to_bf16_toward_zero_lose_under_2_to_the_minus_7() -> None:
     assert bool((cut < w).any())  # the cut is needed
     exact = torch.tensor([1.0, 0.5, 0.0, 2.0**-30, 0.75, float(torch.tensor(0.3).bfloat16())])
     assert torch.equal(bf16_toward_zero(exact), exact)  # unclipped examples (c_i = 1) keep their weight
+    near_one = torch.tensor([1 - 1e-9, 0.5 - 1e-12, 0.25], dtype=torch.float64)  # float32 rounds them up
+    cut64 = bf16_toward_zero(near_one)
+    assert bool((cut64.double() <= near_one).all()) and cut64.tolist() == [1 - 2.0**-8, 0.5 - 2.0**-9, 0.25]
 
 
 def test_two_bf16_pieces_hold_a_bf16_value_times_a_cut_weight_exactly() -> None:

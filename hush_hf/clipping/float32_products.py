@@ -89,7 +89,10 @@ def bf16_toward_zero(weights: Tensor) -> Tensor:
     weight has at most 16 significant bits: exact in float32, and in two bf16 pieces. The bf16 routes
     weight a parameter's sum by ``w~`` instead of the clip coefficients c_i: ``||(c~_i g_{i,p})_p|| <=
     ||c_i g_i|| <= C`` whichever parameters take it, so the sensitivity the noise is calibrated to holds."""
-    return (weights.float().view(torch.int32) & -65536).view(torch.float32)
+    w = weights.float()
+    if weights.dtype == torch.float64:  # the float32 cast may round up (1 - 1e-9 becomes 1): step back
+        w = torch.where(w.double().abs() > weights.abs(), torch.nextafter(w, torch.zeros_like(w)), w)
+    return (w.view(torch.int32) & -65536).view(torch.float32)
 
 
 def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor, memo: Any = None) -> Tensor:
