@@ -39,14 +39,7 @@ def example_cross_entropy(logits: Tensor, labels: Tensor, *, causal: bool) -> Te
         shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
         raise ValueError(f"labels must be an integer tensor of shape {tuple(logits.shape[:2])}, got {shape}")
     vocab = logits.shape[-1]
-    # Token ids may be secret: report the position of a bad label, never its value.
-    bad = torch.nonzero((labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab)))
-    if bad.numel():
-        i, t = bad[0].tolist()
-        raise ValueError(
-            f"labels must be in [0, {vocab}) or {IGNORE_INDEX}; "
-            f"{bad.shape[0]} are not (first at example {i}, position {t})"
-        )
+    bad_mask = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab))
     if causal:
         # Shift the labels, not the logits: slicing logits[:, :-1] would copy the (b, T, vocab) tensor
         # forward and again backward. The last position gets no target (loss 0, not counted).
@@ -56,7 +49,16 @@ def example_cross_entropy(logits: Tensor, labels: Tensor, *, causal: bool) -> Te
     flat_logits, flat_labels = logits.reshape(b * t_len, vocab), labels.reshape(b * t_len).long()
     targets = flat_labels != IGNORE_INDEX
     n_targets = targets.view(b, t_len).sum(dim=1)
-    count = int(n_targets.sum())
+    # One device-to-host read for both (on a GPU each read waits for the queue): the bad labels' count
+    # and the targets' count.
+    bad_count, count = torch.stack([bad_mask.sum(), n_targets.sum()]).tolist()
+    if bad_count:
+        # Token ids may be secret: report the position of a bad label, never its value.
+        i, t = torch.nonzero(bad_mask)[0].tolist()
+        raise ValueError(
+            f"labels must be in [0, {vocab}) or {IGNORE_INDEX}; "
+            f"{bad_count} are not (first at example {i}, position {t})"
+        )
     if count <= _SELECT_BELOW * b * t_len:
         # Sparse targets (a masked LM: ~15%): the softmax only where there is one. Exact: an ignored
         # position adds 0 to the loss and gets a zero gradient either way.
