@@ -30,7 +30,7 @@ from hush_hf.clipping.float32_products import (
     bf16_toward_zero,
     bmm_float32,
 )
-from hush_hf.clipping.zero_steps import drop_zero_steps, drop_zero_steps_all
+from hush_hf.clipping.zero_steps import drop_zero_steps, drop_zero_steps_all, drop_zero_steps_if_costly
 
 B, ROWS, COLS = 3, 7, 5
 
@@ -236,7 +236,9 @@ def test_dropping_zero_steps_keeps_non_finite_steps() -> None:
 
 
 def test_dropping_zero_steps_of_many_uses_at_once_is_each_ones_drop() -> None:
-    """One device-to-host read for all uses, the same result as one by one (compacted or unchanged)."""
+    """One device-to-host read for all uses, the same result as one by one (compacted or unchanged; a use
+    that is materialised anyway is left as it is, ``drop_zero_steps_if_costly``), and the same per-example
+    gradients as dropping every use's zero steps."""
     g = torch.Generator().manual_seed(11)
     uses = [
         with_zero_steps(random_grad("densexdense", g, 12), keep=[3, 0, 1], gen=g),
@@ -246,13 +248,17 @@ def test_dropping_zero_steps_of_many_uses_at_once_is_each_ones_drop() -> None:
         Materialized(torch.randn(B, ROWS, generator=g)),
     ]
     together = drop_zero_steps_all(uses)
-    for one, alone, original in zip(together, map(drop_zero_steps, uses), uses, strict=True):
+    one_by_one = [drop_zero_steps_if_costly(u, None) for u in uses]
+    for one, alone, original in zip(together, one_by_one, uses, strict=True):
         torch.testing.assert_close(materialize(one), materialize(alone), rtol=0, atol=0)
+        torch.testing.assert_close(materialize(one), materialize(drop_zero_steps(original)), rtol=0, atol=0)
         if alone is original:
             assert one is original
         else:
             assert one.row.size == alone.row.size and one.col.values.shape == alone.col.values.shape
     assert together[1] is uses[1] and together[4] is uses[4]
+    assert together[0] is uses[0]  # 7 x 5, T = 12: materialised anyway, so not compacted (no read)
+    assert together[2] is not uses[2]  # a one-hot side is never materialised: compacted
     assert drop_zero_steps_all([]) == []
 
 

@@ -343,7 +343,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         # Zero steps dropped (exact; a masked-LM head keeps ~15% of its logits gradient), all uses at once:
         # one device-to-host read for the whole step, not one per use.
         names = [name for name, found in uses.items() for _ in found]
-        dropped = iter(drop_zero_steps_all([u for found in uses.values() for u in found]))
+        dropped = iter(drop_zero_steps_all([u for found in uses.values() for u in found], self._vocab))
         uses = {name: [] for name in uses}
         for name in names:
             uses[name].append(next(dropped))

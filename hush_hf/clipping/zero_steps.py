@@ -97,9 +97,11 @@ def drop_zero_steps_if_costly(g: PerExampleGrad, vocab: int | None) -> PerExampl
     returned as it is, without the device-to-host read the check needs. On a GPU each read drains the
     queue: one per use made the checkpointed step of Llama-1B with LoRA host-bound on an H200 (hundreds
     a step). Exact either way: only zero terms are ever left out. ``vocab``: see ``norm_strategy``."""
-    if isinstance(g, OuterSum) and norm_strategy([g], vocab) == "materialize":
-        return g
-    return drop_zero_steps(g)
+    return g if _materialized_anyway(g, vocab) else drop_zero_steps(g)
+
+
+def _materialized_anyway(g: PerExampleGrad, vocab: int | None) -> bool:
+    return isinstance(g, OuterSum) and norm_strategy([g], vocab) == "materialize"
 
 
 def _first_entries(g: PerExampleGrad) -> tuple[Tensor, Tensor] | None:
@@ -113,14 +115,17 @@ def _first_entries(g: PerExampleGrad) -> tuple[Tensor, Tensor] | None:
     return dense[0][:, :, 0], dense[-1][:, :, 0]
 
 
-def drop_zero_steps_all(uses: Sequence[PerExampleGrad]) -> list[PerExampleGrad]:
+def drop_zero_steps_all(uses: Sequence[PerExampleGrad], vocab: int | None = None) -> list[PerExampleGrad]:
     """``drop_zero_steps`` of every use, its cheap bound (see ``_maybe_zero_bound``) taken for all uses of
     one (b, T) shape at once and read with one device-to-host transfer for the whole list (instead of a
-    few small operations and one stall of the step per use on a GPU)."""
+    few small operations and one stall of the step per use on a GPU). Uses that are materialised anyway
+    are left as they are (see ``drop_zero_steps_if_costly``): when that is all of them (LoRA), there is
+    no read, which on a GPU would hold the host until the backward pass has run, and the device while
+    the host then works out the norms and sums."""
     out = list(uses)
     groups: dict[tuple, list[tuple[int, Tensor, Tensor]]] = {}
     for k, g in enumerate(out):
-        firsts = _first_entries(g)
+        firsts = None if _materialized_anyway(g, vocab) else _first_entries(g)
         if firsts is not None:
             a, c = firsts
             groups.setdefault((tuple(a.shape), a.device, a.dtype, c.dtype), []).append((k, a, c))
