@@ -11,6 +11,7 @@ checkpointing the whole step's check was one read, now none when every use is ma
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -104,3 +105,59 @@ def test_a_checkpointed_full_fine_tune_still_drops_zero_steps_of_its_large_uses(
     for checkpointing in (True, False):
         reads, _ = reads_of_one_step("Llama", seq=4, checkpointing=checkpointing)
         assert reads > FINITE_CHECKS
+
+
+class _Sequence(TorchDispatchMode):
+    """The aten operations dispatched, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_first_micro_batch_reads_its_norms_back_after_queueing_its_sums() -> None:
+    """The norms' finiteness check reads them back; a first micro-batch does that once every clipped sum
+    is queued (no matrix product after it), not between the backward pass and the sums."""
+    torch.manual_seed(0)
+    model = family_named("Llama").build(False).train()
+    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    position_ids = torch.arange(16).expand(2, 16).contiguous()
+    with GhostClipper(model, 1.0) as clipper:
+        for _ in range(2):  # the first call runs the self-check
+            model.zero_grad(set_to_none=True)
+            loss = example_cross_entropy(
+                model(input_ids=ids, position_ids=position_ids).logits, ids, causal=True
+            )
+            with _Sequence() as seen:
+                clipper.clipped_backward(loss)
+    products = [k for k, op in enumerate(seen.ops) if op in ("mm", "bmm", "addmm", "baddbmm")]
+    reads = [k for k, op in enumerate(seen.ops) if op == "nonzero"]
+    assert len(reads) == FINITE_CHECKS and reads[-1] > products[-1]
+    assert reads[0] < products[0]  # the losses' check: before the backward pass
+
+
+def _overflowing_linear() -> tuple[torch.nn.Linear, torch.Tensor]:
+    """A finite loss whose per-example gradient norm overflows float32 (inputs of 1e20)."""
+    model = torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        model.weight.fill_(1e-20)
+    return model, torch.full((2, 3), 1e20)
+
+
+def test_a_non_finite_norm_is_refused_before_anything_reaches_the_gradients() -> None:
+    model, x = _overflowing_linear()
+    with GhostClipper(model, 1.0) as clipper:
+        loss = model(x)[:, 0]
+        assert bool(torch.isfinite(loss).all())
+        with pytest.raises(FloatingPointError, match=r"not finite for example\(s\) \[0, 1\]"):
+            clipper.clipped_backward(loss)  # a first micro-batch: checked after its sums are queued
+        assert model.weight.grad is None and model.bias.grad is None
+        clipper.clipped_backward(model(torch.ones(2, 3))[:, 0])  # a good micro-batch
+        held = model.weight.grad.clone()
+        with pytest.raises(FloatingPointError, match="not finite"):
+            clipper.clipped_backward(model(x)[:, 0])  # accumulating: checked before its sums
+        assert torch.equal(model.weight.grad, held)

@@ -292,8 +292,11 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         self._forward_modules = []
 
     # ----------------------------------------------------------------------------- norms
-    def _first_pass(self, loss: Tensor, calls: list[_Call], *, retain_graph: bool = True) -> _Pass:
-        """Norms and factors of the recorded (untapped) calls: one ``autograd.grad`` to all output edges."""
+    def _first_pass(
+        self, loss: Tensor, calls: list[_Call], *, retain_graph: bool = True, check_finite: bool = True
+    ) -> _Pass:
+        """Norms and factors of the recorded (untapped) calls: one ``autograd.grad`` to all output edges.
+        ``check_finite=False``: the caller runs ``_finite`` on the norms itself, before they are used."""
         b = loss.shape[0]
         dtype = self._narrowest_dtype(calls, loss, self._computed_dtypes(loss))
         squared = torch.zeros(b, dtype=torch.float64, device=loss.device)
@@ -361,7 +364,9 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
             # Each parameter's exact squared norm is >= 0: a tiny negative is rounding (clamped per term).
             # (stacked first, widened once: one cast, not one per parameter)
             squared = squared + torch.stack(terms).to(torch.float64).clamp_min_(0.0).sum(dim=0)
-        norms = self._finite(squared.sqrt())
+        norms = squared.sqrt()
+        if check_finite:
+            self._finite(norms)
         return _Pass(norms, uses, dtype, used, recorded_names, packed, loss.device.type)
 
     @staticmethod
@@ -469,7 +474,13 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         calls, loss, check = self._start(per_example_loss)
         if loss.shape[0] == 0:
             return torch.zeros(0, dtype=torch.float64, device=loss.device)
-        result = self._first_pass(loss, calls, retain_graph=bool(check))
+        # A first micro-batch's norms are checked once all its sums are queued: the check reads them back,
+        # which on a GPU would hold the host there until the backward pass had run, and leave the device
+        # idle while the host then queued the sums. Nothing reaches p.grad before it either way. Where
+        # sums are already held (accumulating) or sharded (a collective per parameter), it checks first:
+        # holding every sum until the end would take one more gradient's memory.
+        defer = not check and not self._holds_sums()
+        result = self._first_pass(loss, calls, retain_graph=bool(check), check_finite=not defer)
         norms = result.norms
         coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
         if not check:
@@ -477,12 +488,20 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
             ready = result.packed.weighted_sums(coef) if result.packed is not None else {}
             ready.update(sum_batches.weighted_sums(result.uses, coef))  # their uses leave result.uses
             memo = FactorMemo(sum_requests([u for found in result.uses.values() for u in found]))
+            held: list[tuple[nn.Parameter, Tensor | None]] = []
             for name, p in self._params:
                 uses = result.uses.pop(name, [])
                 clipped = self._clipped_sum(p, uses, coef, memo) if uses else ready.pop(name, None)
                 if clipped is not None and not uses:
                     clipped = as_shape(clipped, p.shape)
-                self._accumulate(p, clipped)
+                if defer:
+                    held.append((p, clipped))
+                else:
+                    self._accumulate(p, clipped)
+            if defer:
+                self._finite(norms)
+                for p, clipped in held:
+                    self._accumulate(p, clipped)
             return norms
         rebuilt = self._rebuild(result, coef)
         got = self._autograd_grads((loss * coef).sum(), result, check, retain_graph=False)
@@ -491,6 +510,11 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         for name, p in self._params:
             self._accumulate(p, rebuilt.pop(name, None))
         return norms
+
+    def _holds_sums(self) -> bool:
+        """Whether some parameter already holds a clipped sum (a later micro-batch of a step), or the
+        model is sharded (FSDP2: each parameter's sum is reduce-scattered as it is made)."""
+        return _is_fsdp(self._model) or any(clipped_sums.clipped_sum(p) is not None for _, p in self._params)
 
     @staticmethod
     def _clipped_sum(
