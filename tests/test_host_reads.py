@@ -161,3 +161,29 @@ def test_a_non_finite_norm_is_refused_before_anything_reaches_the_gradients() ->
         with pytest.raises(FloatingPointError, match="not finite"):
             clipper.clipped_backward(model(x)[:, 0])  # accumulating: checked before its sums
         assert torch.equal(model.weight.grad, held)
+
+
+def test_compacting_many_uses_reads_back_twice_in_all() -> None:
+    """The zero-step bounds of all uses, then the kept widths of those worth compacting: two reads,
+    however many uses are compacted (was one more per compacted use)."""
+    from hush_hf.clipping.factors import DenseFactor, OuterSum, materialize, norm_strategy
+    from hush_hf.clipping.zero_steps import drop_zero_steps, drop_zero_steps_all
+    from tests.test_clipping_factors import with_zero_steps
+
+    g = torch.Generator().manual_seed(5)
+
+    def wide_use() -> OuterSum:  # 64 x 64 over 12 steps: the ghost route, so worth compacting
+        return OuterSum(
+            DenseFactor(torch.randn(3, 12, 64, generator=g)), DenseFactor(torch.randn(3, 12, 64, generator=g))
+        )
+
+    uses = [with_zero_steps(wide_use(), keep=[3, 0, 1], gen=g) for _ in range(4)]
+    assert norm_strategy(uses[:1]) == "ghost"
+    with HostReads() as reads:
+        together = drop_zero_steps_all(uses)
+    assert reads.count == 2
+    for one, original in zip(together, uses, strict=True):
+        assert one.row.values.shape[1] == 3  # compacted to the widest example's 3 nonzero steps
+        torch.testing.assert_close(
+            materialize(one).values, materialize(drop_zero_steps(original)).values, rtol=0, atol=0
+        )

@@ -65,11 +65,20 @@ def _worth_compacting(bound: int, steps: int) -> bool:
 
 
 def _compact(g: OuterSum) -> PerExampleGrad:
+    mask = _step_mask(g)
+    return _compact_to(g, mask, int(mask.sum(dim=1).max()) if mask.numel() else 0)
+
+
+def _step_mask(g: OuterSum) -> Tensor:
+    """(b, T): the steps whose term is not zero."""
     masks = [m for m in (_nonzero_rows(g.row), _nonzero_rows(g.col)) if m is not None]
-    mask = masks[0] if len(masks) == 1 else masks[0] & masks[1]
-    steps = mask.shape[1]
-    keep = int(mask.sum(dim=1).max()) if mask.numel() else 0
-    if keep > _COMPACT_BELOW * steps:
+    return masks[0] if len(masks) == 1 else masks[0] & masks[1]
+
+
+def _compact_to(g: OuterSum, mask: Tensor, keep: int) -> PerExampleGrad:
+    """g with each example's ``keep`` first steps by ``mask`` (its nonzero ones, then zero-term padding),
+    or g itself when that keeps too many to be worth it."""
+    if keep > _COMPACT_BELOW * mask.shape[1]:
         return g
     # Nonzero steps first (a stable sort of the mask), then zero-term steps as padding.
     index = torch.sort(mask.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :keep]
@@ -118,7 +127,8 @@ def _first_entries(g: PerExampleGrad) -> tuple[Tensor, Tensor] | None:
 def drop_zero_steps_all(uses: Sequence[PerExampleGrad], vocab: int | None = None) -> list[PerExampleGrad]:
     """``drop_zero_steps`` of every use, its cheap bound (see ``_maybe_zero_bound``) taken for all uses of
     one (b, T) shape at once and read with one device-to-host transfer for the whole list (instead of a
-    few small operations and one stall of the step per use on a GPU). Uses that are materialised anyway
+    few small operations and one stall of the step per use on a GPU), and the compacted widths of the
+    uses worth compacting with one more (not one each). Uses that are materialised anyway
     are left as they are (see ``drop_zero_steps_if_costly``): when that is all of them (LoRA), there is
     no read, which on a GPU would hold the host until the backward pass has run, and the device while
     the host then works out the norms and sums."""
@@ -138,7 +148,28 @@ def drop_zero_steps_all(uses: Sequence[PerExampleGrad], vocab: int | None = None
         bounds.append(maybe_zero.sum(dim=2).amin(dim=1))  # (K,): each use's fewest maybe-zero steps
         indices += [k for k, _, _ in members]
         steps += [shape[1]] * len(members)
-    for k, t_len, bound in zip(indices, steps, torch.cat(bounds).tolist(), strict=True):
-        if _worth_compacting(bound, t_len):
-            out[k] = _compact(out[k])  # type: ignore[arg-type]
+    read = _read_together(bounds)
+    chosen = [
+        k for k, t_len, bound in zip(indices, steps, read, strict=True) if _worth_compacting(bound, t_len)
+    ]
+    masks = {k: _step_mask(out[k]) for k in chosen}  # type: ignore[arg-type]
+    # Each chosen use's widest example, read back together: one more read in all, not one per use.
+    widest = _read_together([m.sum(dim=1).max().view(1) for m in masks.values()])
+    for (k, mask), keep in zip(masks.items(), widest, strict=True):
+        out[k] = _compact_to(out[k], mask, keep)  # type: ignore[arg-type]
     return out
+
+
+def _read_together(parts: list[Tensor]) -> list[int]:
+    """The entries of 1-D integer tensors, in order, read back with one transfer per device."""
+    by_device: dict[torch.device, list[int]] = {}
+    for k, part in enumerate(parts):
+        by_device.setdefault(part.device, []).append(k)
+    values: list[list[int]] = [[] for _ in parts]
+    for ks in by_device.values():
+        flat = torch.cat([parts[k] for k in ks]).tolist()
+        start = 0
+        for k in ks:
+            values[k] = flat[start : start + parts[k].numel()]
+            start += parts[k].numel()
+    return [v for part in values for v in part]
