@@ -119,11 +119,15 @@ class _Sequence(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_first_micro_batch_reads_its_norms_back_after_queueing_its_sums() -> None:
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["one-pass", "checkpointed"])
+def test_a_first_micro_batch_reads_its_norms_back_after_queueing_its_sums(checkpointing: bool) -> None:
     """The norms' finiteness check reads them back; a first micro-batch does that once every clipped sum
-    is queued (no matrix product after it), not between the backward pass and the sums."""
+    is queued (no matrix product after it), not between the backward pass and the sums (under
+    checkpointing: between the norm pass and the sum pass)."""
     torch.manual_seed(0)
     model = family_named("Llama").build(False).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
     position_ids = torch.arange(16).expand(2, 16).contiguous()
     with GhostClipper(model, 1.0) as clipper:

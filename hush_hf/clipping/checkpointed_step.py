@@ -61,9 +61,15 @@ class CheckpointedStep:
         if not norm_pass.seen:
             raise RuntimeError("no layer with trainable parameters ran in the forward pass")
         dtype = self._narrowest_dtype([], loss, norm_pass.dtypes | self._computed_dtypes(loss))
-        norms = self._finite(norm_pass.squared.sqrt())
-        result = _Pass(norms, {}, dtype, {}, frozenset(norm_pass.seen), None, loss.device.type)
         check = {name for name in self._unverified if got.get(name) is not None}
+        # The norms' finiteness check reads them back: when the sums follow and no self-check needs the
+        # norms first, only once every sum is queued (see ``clipped_backward``); the sums are held until
+        # the end here anyway, so nothing reaches p.grad before it.
+        late = apply and not check
+        norms = norm_pass.squared.sqrt()
+        if not late:
+            self._finite(norms)
+        result = _Pass(norms, {}, dtype, {}, frozenset(norm_pass.seen), None, loss.device.type)
         if check:
             ones = torch.ones_like(norms, dtype=loss.dtype)
             self._self_check(result, ones, norm_pass.rebuilt, got, check)
@@ -80,6 +86,8 @@ class CheckpointedStep:
             if inputs:
                 self._grad_pass(sum_pass, loss, inputs, retain_graph=False)
         sums = sum_pass.finish()
+        if late:
+            self._finite(norms)
         for name, p in self._params:
             self._accumulate(p, sums.pop(name, None))
         return norms
