@@ -20,8 +20,8 @@ Columns: ``ops`` every dispatched aten operation; ``kernels`` those that are not
 widening copy of several tensors: one cast kernel);
 ``f32 mm`` matrix products (mm, bmm, addmm, baddbmm, ...) with a float32 operand, in a bf16 model
 the products that do not run as bf16 GEMMs; ``mm`` all matrix products; ``syncs`` device-to-host
-reads (``_local_scalar_dense``: ``.item()``, ``int(t)``, ``bool(t)``), a stall each on a GPU (AdamW's
-reads of its CPU step counters left out). Ratios
+reads (``_local_scalar_dense``: ``.item()``, ``int(t)``, ``bool(t)``; ``nonzero``; ``.tolist()``), a
+stall each on a GPU (AdamW's reads of its CPU step counters left out). Ratios
 are hush over plain. Models: 4-layer GPT-2 (tied, Conv1D) and Llama (untied, RMSNorm), built from
 configs with small widths, random init, random tokens; ``bfloat16`` casts the whole model
 (bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32).
@@ -51,6 +51,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -136,6 +137,24 @@ def call_site() -> str:
     return fallback or "torch (autograd engine, optimizer)"
 
 
+HOST_READS = ("_local_scalar_dense", "nonzero")
+"""Operations that read a device value back (``.item()``, ``int(t)``, ``bool(t)``; ``nonzero``'s output
+size); ``.tolist()`` dispatches nothing on a CPU tensor and is counted by ``_ListReads``."""
+
+
+class _ListReads(TorchFunctionMode):
+    """Counts ``.tolist()`` calls (a copy to the host on a GPU) into ``counter.syncs``."""
+
+    def __init__(self, counter: OpCensus) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) == "tolist" and not _IN_OPTIMIZER[0]:
+            self.counter.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+
 class OpCensus(TorchDispatchMode):
     """Counts every aten operation dispatched while active, with casts and float32 matrix products;
     with ``sites``, also the kernels and casts of each Python call site (``call_site``)."""
@@ -186,7 +205,7 @@ class OpCensus(TorchDispatchMode):
             self.matmuls += 1
             if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
                 self.f32_matmuls += 1
-        elif name == "_local_scalar_dense" and not _IN_OPTIMIZER[0]:
+        elif name in HOST_READS and not _IN_OPTIMIZER[0]:
             self.syncs += 1
         return func(*args, **kwargs)
 
@@ -282,7 +301,7 @@ def census(
         for k in range(warmup):
             step(k)
         counter = OpCensus(sites)
-        with counter:
+        with counter, _ListReads(counter):
             step(warmup)
     return counter
 
