@@ -296,7 +296,8 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         self, loss: Tensor, calls: list[_Call], *, retain_graph: bool = True, check_finite: bool = True
     ) -> _Pass:
         """Norms and factors of the recorded (untapped) calls: one ``autograd.grad`` to all output edges.
-        ``check_finite=False``: the caller runs ``_finite`` on the norms itself, before they are used."""
+        ``check_finite=False``: the caller runs ``_finite`` on the norms itself, before anything built
+        from them reaches a gradient."""
         b = loss.shape[0]
         dtype = self._narrowest_dtype(calls, loss, self._computed_dtypes(loss))
         squared = torch.zeros(b, dtype=torch.float64, device=loss.device)
@@ -344,7 +345,8 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         add(held.flush())
         x = g = source = held = None  # type: ignore[assignment]  # the last call's tensors live on in the factors
         # Zero steps dropped (exact; a masked-LM head keeps ~15% of its logits gradient), all uses at once:
-        # one device-to-host read for the whole step, not one per use.
+        # a device-to-host read or two for the whole step, not one per use (none when every use is
+        # materialised anyway).
         names = [name for name, found in uses.items() for _ in found]
         dropped = iter(drop_zero_steps_all([u for found in uses.values() for u in found], self._vocab))
         uses = {name: [] for name in uses}
