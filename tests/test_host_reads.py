@@ -155,19 +155,69 @@ def _overflowing_linear() -> tuple[torch.nn.Linear, torch.Tensor]:
     return model, torch.full((2, 3), 1e20)
 
 
-def test_a_non_finite_norm_is_refused_before_anything_reaches_the_gradients() -> None:
+def test_a_non_finite_norm_is_refused_before_anything_reaches_the_gradients(monkeypatch) -> None:
+    """Checked late (a first micro-batch once verified: its sums are built, then dropped) and early (a
+    later micro-batch, holding sums): either way the gradients are as before the call."""
+    finite_checks: list[bool] = []
+    first_pass = GhostClipper._first_pass
+
+    def spied(self, *args, **kwargs):
+        finite_checks.append(kwargs.get("check_finite", True))
+        return first_pass(self, *args, **kwargs)
+
+    monkeypatch.setattr(GhostClipper, "_first_pass", spied)
     model, x = _overflowing_linear()
     with GhostClipper(model, 1.0) as clipper:
+        clipper.clipped_backward(model(torch.ones(2, 3))[:, 0])  # runs the self-check: checked first
+        model.zero_grad(set_to_none=True)
         loss = model(x)[:, 0]
         assert bool(torch.isfinite(loss).all())
         with pytest.raises(FloatingPointError, match=r"not finite for example\(s\) \[0, 1\]"):
-            clipper.clipped_backward(loss)  # a first micro-batch: checked after its sums are queued
+            clipper.clipped_backward(loss)  # a first micro-batch: checked after its sums are built
         assert model.weight.grad is None and model.bias.grad is None
         clipper.clipped_backward(model(torch.ones(2, 3))[:, 0])  # a good micro-batch
         held = model.weight.grad.clone()
         with pytest.raises(FloatingPointError, match="not finite"):
             clipper.clipped_backward(model(x)[:, 0])  # accumulating: checked before its sums
         assert torch.equal(model.weight.grad, held)
+    assert finite_checks == [True, False, False, True]
+
+
+def test_a_non_finite_norm_under_checkpointing_is_refused_after_the_sum_pass(monkeypatch) -> None:
+    """The checkpointed step checks its norms after the sum pass: an overflow in the norm pass (planted in
+    its squared norms) is refused there, with nothing added to any gradient."""
+    from hush_hf.clipping import recompute
+
+    close = recompute.NormPass.close
+
+    def overflowing(self, shapes):
+        close(self, shapes)
+        if poison:
+            self.squared[1] = float("inf")
+
+    monkeypatch.setattr(recompute.NormPass, "close", overflowing)
+    torch.manual_seed(0)
+    model = family_named("Llama").build(False).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    position_ids = torch.arange(16).expand(2, 16).contiguous()
+
+    def loss() -> torch.Tensor:
+        return example_cross_entropy(model(input_ids=ids, position_ids=position_ids).logits, ids, causal=True)
+
+    with GhostClipper(model, 1.0) as clipper:
+        poison = False
+        clipper.clipped_backward(loss())  # the self-check's call
+        held = {n: p.grad.clone() for n, p in model.named_parameters()}
+        poison = True
+        with pytest.raises(FloatingPointError, match=r"not finite for example\(s\) \[1\]"):
+            clipper.clipped_backward(loss())
+        for n, p in model.named_parameters():
+            assert torch.equal(p.grad, held[n]), n
+        model.zero_grad(set_to_none=True)
+        with pytest.raises(FloatingPointError, match="not finite"):
+            clipper.clipped_backward(loss())
+        assert all(p.grad is None for p in model.parameters())
 
 
 def test_compacting_many_uses_reads_back_twice_in_all() -> None:
@@ -184,13 +234,14 @@ def test_compacting_many_uses_reads_back_twice_in_all() -> None:
             DenseFactor(torch.randn(3, 12, 64, generator=g)), DenseFactor(torch.randn(3, 12, 64, generator=g))
         )
 
-    uses = [with_zero_steps(wide_use(), keep=[3, 0, 1], gen=g) for _ in range(4)]
+    keeps = [[3, 0, 1], [1, 1, 1], [5, 2, 0], [2, 4, 1]]  # each use its own width: 3, 1, 5, 4
+    uses = [with_zero_steps(wide_use(), keep=keep, gen=g) for keep in keeps]
     assert norm_strategy(uses[:1]) == "ghost"
     with HostReads() as reads:
         together = drop_zero_steps_all(uses)
     assert reads.count == 2
-    for one, original in zip(together, uses, strict=True):
-        assert one.row.values.shape[1] == 3  # compacted to the widest example's 3 nonzero steps
+    for one, original, keep in zip(together, uses, keeps, strict=True):
+        assert one.row.values.shape[1] == max(keep)  # compacted to its widest example's nonzero steps
         torch.testing.assert_close(
             materialize(one).values, materialize(drop_zero_steps(original)).values, rtol=0, atol=0
         )
