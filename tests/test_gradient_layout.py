@@ -75,3 +75,22 @@ def test_a_transposed_first_sum_is_laid_out_as_its_parameter_and_keeps_its_value
     accumulate_(p, grad)  # a later sum adds into the first one, in place
     assert clipped_sum(p) is held
     torch.testing.assert_close(held, (2 * grad).to(held.dtype), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "device_type", "cut"),
+    [(torch.bfloat16, "cuda", True), (torch.bfloat16, "cpu", False), (torch.float32, "cuda", False)],
+)
+def test_a_bf16_step_on_cuda_applies_the_cut_coefficients_to_every_parameter(dtype, device_type, cut) -> None:
+    """Where the bf16 products' route runs (CUDA, a bf16 step), the step's clip coefficients are cut
+    toward zero for every parameter alike, so the self-check compares at the weights the sums use; never
+    above c_i, and 1 (an unclipped example) kept."""
+    from hush_hf.clipping.float32_products import bf16_toward_zero
+    from hush_hf.clipping.layer_calls import _Pass
+
+    coef = torch.tensor([1.0, 0.3, 0.123456789, 2.0**-20 * 3.3], dtype=torch.float32)
+    step = _Pass(torch.ones(4, dtype=torch.float64), {}, dtype, {}, device_type=device_type)
+    applied = step.applied(coef)
+    assert applied.dtype == coef.dtype and bool((applied <= coef).all()) and applied[0] == 1.0
+    assert torch.equal(applied, bf16_toward_zero(coef) if cut else coef)
+    assert cut == (not torch.equal(applied, coef))

@@ -76,7 +76,7 @@ class CheckpointedStep:
         del got
         if not apply:
             return norms
-        coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
+        coef = result.applied(self.clip_coefficients(norms, loss.dtype, margin=result.margin))
         if not keyed:
             sum_pass = SumPass(coef)
             run_pass(self._params, partial(self._backward, sum_pass, loss, retain_graph=False))

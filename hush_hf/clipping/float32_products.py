@@ -69,7 +69,9 @@ def bf16_pieces_side_by_side(x: Tensor, pieces: int = 3) -> Tensor:
     (hi, mid, lo of row k in columns 0:n, n:2n, 2n:3n): the same numbers (``copy_`` rounds to nearest as
     ``Tensor.to`` does; the differences are exact), with no separate piece tensors. ``pieces=2``: hi and
     lo only, (N, 2 n), exact when x has at most 16 significant bits (a bf16 value times a
-    ``bf16_toward_zero`` weight): x - hi is then a multiple of x's last bit of at most 2^7 of them."""
+    ``bf16_toward_zero`` weight): x - hi is then a multiple of x's last bit of at most 2^7 of them.
+    Values below about 2^-118 aside, where the last piece falls under bf16's subnormal grid (2^-133)
+    and rounds: by at most 2^-134 an entry, far inside the clip margin (2^-6 C) for any C in use."""
     n = x.shape[-1]
     out = torch.empty(x.shape[0], pieces * n, dtype=torch.bfloat16, device=x.device)
     hi = out[:, :n]
@@ -88,7 +90,9 @@ def bf16_toward_zero(weights: Tensor) -> Tensor:
     ``|w~| <= |w|``, less by under 2^-7 relative, exact for 1 and powers of two. A bf16 value times such a
     weight has at most 16 significant bits: exact in float32, and in two bf16 pieces. The bf16 routes
     weight a parameter's sum by ``w~`` instead of the clip coefficients c_i: ``||(c~_i g_{i,p})_p|| <=
-    ||c_i g_i|| <= C`` whichever parameters take it, so the sensitivity the noise is calibrated to holds."""
+    ||c_i g_i|| <= C`` whichever parameters take it, so the sensitivity the noise is calibrated to holds.
+    For finite weights (clip coefficients are: a NaN norm gives 1, an infinite one 0); a NaN whose
+    payload lies in the low 16 bits would become an infinity."""
     w = weights.float()
     if weights.dtype == torch.float64:  # the float32 cast may round up (1 - 1e-9 becomes 1): step back
         w = torch.where(w.double().abs() > weights.abs(), torch.nextafter(w, torch.zeros_like(w)), w)

@@ -484,7 +484,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         defer = not check and not self._holds_sums()
         result = self._first_pass(loss, calls, retain_graph=bool(check), check_finite=not defer)
         norms = result.norms
-        coef = self.clip_coefficients(norms, loss.dtype, margin=result.margin)
+        coef = result.applied(self.clip_coefficients(norms, loss.dtype, margin=result.margin))
         if not check:
             # Summed already: the packed biases and norm scales, and weights of one shape (groupwise).
             ready = result.packed.weighted_sums(coef) if result.packed is not None else {}
@@ -514,9 +514,11 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         return norms
 
     def _holds_sums(self) -> bool:
-        """Whether some parameter already holds a clipped sum (a later micro-batch of a step), or the
-        model is sharded (FSDP2: each parameter's sum is reduce-scattered as it is made)."""
-        return _is_fsdp(self._model) or any(clipped_sums.clipped_sum(p) is not None for _, p in self._params)
+        """Whether some parameter already holds a clipped sum (a later micro-batch of a step), or is
+        sharded (a DTensor, as under FSDP2: each parameter's sum is reduce-scattered as it is made)."""
+        if _is_fsdp(self._model):
+            return True
+        return any(isinstance(p, DTensor) or clipped_sums.clipped_sum(p) is not None for _, p in self._params)
 
     @staticmethod
     def _clipped_sum(

@@ -22,6 +22,7 @@ from hush_hf.clipping.factors import (
     Packed,
     PerExampleGrad,
 )
+from hush_hf.clipping.float32_products import bf16_toward_zero
 from hush_hf.clipping.graph_dtypes import graph_nodes
 from hush_hf.clipping.registry import (
     LayerRule,
@@ -117,6 +118,15 @@ class _Pass:
     recorded: frozenset[str] = frozenset()  # parameters with a use that got a gradient
     packed: Packed | None = None  # small whole-stored per-example gradients, out of ``uses`` (``pack_small``)
     device_type: str = "cpu"  # where the step's products run (their float32 precision: ``precision``)
+
+    def applied(self, coef: Tensor) -> Tensor:
+        """The clip coefficients the sums apply: on CUDA in a bf16 step, cut to bf16's bits toward zero
+        (``float32_products.bf16_toward_zero``, never above c_i), the weights the bf16 products' route
+        takes, for every parameter alike; so the self-check compares the sums with autograd's gradient
+        at the weights they were built with, its whole tolerance left for what it looks for."""
+        if self.dtype == torch.bfloat16 and self.device_type == "cuda":
+            return bf16_toward_zero(coef).to(coef.dtype)
+        return coef
 
     @property
     def margin(self) -> float:
