@@ -4,6 +4,7 @@ script works after changing the import, the class name and adding ``secrets=``."
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import datasets
@@ -168,8 +169,10 @@ def test_standard_hf_script_needs_only_the_import_the_class_name_and_secrets(tmp
     np.testing.assert_array_equal(ProtectionPlan.load(final / "hush_plan.json").weights, plan.weights)
     published = ["README.md", "hush_plan.json", "privacy_report.json", "privacy_report.md"]
     for name in published:
-        text = (final / name).read_text().lower()
-        assert "falcon" not in text and "zebra" not in text and "4471" not in text, name
+        # Digests (sha256 of the weights and the plan) are random hex per run: "4471" turned up in one
+        # by chance (a flaky CI run), so they are left out and the secrets are looked for as words.
+        text = re.sub(r"[0-9a-f]{16,}", " ", (final / name).read_text().lower())
+        assert not re.search(r"\b(falcon|zebra|4471)\b", text), name
 
 
 def test_push_to_hub_uploads_the_card_with_the_protection_section(tmp_path, monkeypatch):
