@@ -41,23 +41,6 @@ CLIP_SMALL = 1e-3  # every example's gradient is larger: all are clipped
 NO_CLIP = 1e30  # no example is clipped: the sum of the engine's per-example gradients
 
 
-def lm_rows(vocab: int, batch: int, seq: int, causal: bool, device: str, seed: int = 1):
-    """Right-padded rows (attention mask 0 and label -100 on padding); MLM: half the tokens labelled."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq, dtype=torch.long)
-    mask[1, -seq // 3 :] = 0
-    mask[batch - 1, -2:] = 0
-    ids[mask == 0] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    if not causal:
-        labels[torch.rand(batch, seq, generator=g) < 0.5] = -100
-        labels[:, 0] = ids[:, 0]
-    position_ids = torch.arange(seq).expand(batch, seq).contiguous()  # (b, T): every layer sees the batch
-    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
-    return {k: v.to(device) for k, v in inputs.items()}, labels.to(device)
-
-
 def wide_gpt2(tied: bool):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -113,23 +96,13 @@ def engine_sum(
     return out, norms
 
 
-def float64_lm_loss(logits: torch.Tensor, labels: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Per-example mean token cross-entropy in float64 (written apart from the engine's)."""
-    if causal:
-        logits, labels = logits[:, :-1], labels[:, 1:]
-    token = torch.nn.functional.cross_entropy(
-        logits.transpose(1, 2).double(), labels, ignore_index=-100, reduction="none"
-    )
-    return token.sum(1) / (labels != -100).sum(1).clamp_min(1)
-
-
 def reference(model, inputs, labels, causal: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """torch.func per-example gradients of a float64 copy of the same weights: their sum and norms."""
-    from tests.test_clipping_reference import norms_of, per_example_grads
+    from tests.test_clipping_reference import norms_of, per_example_grads, reference_lm_loss
 
     exact = copy.deepcopy(model).double()
     with torch.device(labels.device):  # the reference's example selectors, beside the model
-        grads = per_example_grads(exact, inputs, lambda out: float64_lm_loss(out.logits, labels, causal))
+        grads = per_example_grads(exact, inputs, lambda out: reference_lm_loss(out.logits, labels, causal))
     return {n: g.sum(0) for n, g in grads.items()}, norms_of(grads)
 
 
@@ -184,6 +157,8 @@ def one_case(
     label: str, build, tied: bool, causal: bool, batch: int, seq: int, precision: str, device: str = "cuda"
 ) -> str:
     """One row of the table (``device="cpu"``: the smoke run of ``tests/test_bench_gpu.py``)."""
+    from tests.test_clipping_reference import lm_batch
+
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     torch.manual_seed(0)
     with torch.device(device):
@@ -191,7 +166,8 @@ def one_case(
     dtype = {"float64": torch.float64, "bf16": torch.bfloat16}.get(precision, torch.float32)
     model = model.to(dtype).train()
     vocab = model.config.vocab_size
-    inputs, labels = lm_rows(vocab, batch, seq, causal, device)
+    inputs, labels = lm_batch(causal, batch=batch, vocab=vocab, seq=seq)  # right-padded rows
+    inputs, labels = {k: v.to(device) for k, v in inputs.items()}, labels.to(device)
     with CudaRoutes() as routes:
         got, norms = engine_sum(model, inputs, labels, causal, NO_CLIP)
     want, want_norms = reference(model, inputs, labels, causal)

@@ -51,10 +51,12 @@ def clipped_sum(grads: Mapping[str, Tensor], max_norm: float) -> dict[str, Tenso
 
 
 def reference_lm_loss(logits: Tensor, labels: Tensor, causal: bool) -> Tensor:
-    """Independent per-example mean token cross-entropy (0 for an example with no target)."""
+    """Independent per-example mean token cross-entropy (0 for an example with no target), in float32 at
+    least (float64 logits stay float64)."""
     if causal:
         logits, labels = logits[:, :-1], labels[:, 1:]
-    token = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=-100, reduction="none")
+    wide = logits.transpose(1, 2).to(torch.promote_types(logits.dtype, torch.float32))
+    token = F.cross_entropy(wide, labels, ignore_index=-100, reduction="none")
     return token.sum(1) / (labels != -100).sum(1).clamp_min(1)
 
 
@@ -102,19 +104,21 @@ TIED = {
 }
 
 
-def lm_batch(causal: bool, seed: int = 1, batch: int = BATCH) -> tuple[dict[str, Tensor], Tensor]:
+def lm_batch(
+    causal: bool, seed: int = 1, batch: int = BATCH, *, vocab: int = VOCAB, seq: int = SEQ
+) -> tuple[dict[str, Tensor], Tensor]:
     """Right-padded batch (pad id 0, attention_mask 0, label -100), (b, T) contiguous position_ids."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (batch, SEQ), generator=g)
-    mask = torch.ones(batch, SEQ, dtype=torch.long)
+    ids = torch.randint(3, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
     mask[1, -5:] = 0
     mask[batch - 1, -2:] = 0
     ids[mask == 0] = 0
     labels = ids.masked_fill(mask == 0, -100)
     if not causal:  # masked LM: predict about half the real tokens
-        labels[torch.rand(batch, SEQ, generator=g) < 0.5] = -100
+        labels[torch.rand(batch, seq, generator=g) < 0.5] = -100
         labels[0, 0] = ids[0, 0]
-    position_ids = torch.arange(SEQ).expand(batch, SEQ).contiguous()
+    position_ids = torch.arange(seq).expand(batch, seq).contiguous()
     return {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}, labels
 
 
