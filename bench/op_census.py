@@ -48,6 +48,7 @@ import os
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -300,10 +301,18 @@ def census(
         step = make_step(family, dtype, contender, batch, seq)
         for k in range(warmup):
             step(k)
-        counter = OpCensus(sites)
-        with counter, _ListReads(counter):
+        with counted(sites) as counter:
             step(warmup)
     return counter
+
+
+@contextlib.contextmanager
+def counted(sites: bool = False) -> Iterator[OpCensus]:
+    """An ``OpCensus`` of what runs inside, its ``syncs`` including ``.tolist()`` (``_ListReads``): the
+    one definition of a host read, for this script and ``tests/test_host_reads.py``."""
+    counter = OpCensus(sites)
+    with counter, _ListReads(counter):
+        yield counter
 
 
 def main() -> None:

@@ -14,58 +14,24 @@ anything reaches a gradient.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hush_hf.clipping import GhostClipper, example_cross_entropy
 from tests.model_families import VOCAB, family_named
 
-
-class _Dispatched(TorchDispatchMode):
-    """``_local_scalar_dense`` (what ``.item()``, ``int(t)``, ``bool(t)``, ``float(t)`` dispatch) and
-    ``nonzero`` (its output's size): below autograd, so inside the backward's hooks too."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in (torch.ops.aten._local_scalar_dense, torch.ops.aten.nonzero):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import op_census  # noqa: E402
 
 
-class _Listed(TorchFunctionMode):
-    """``.tolist()``, which dispatches nothing on a CPU tensor (on a GPU: a copy to the host)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", None) == "tolist":
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
-class HostReads:
-    """Counts the reads of a device value back on the host (on a GPU each one waits for the queue)."""
-
-    def __enter__(self) -> HostReads:
-        self._modes = (_Dispatched(), _Listed())
-        for mode in self._modes:
-            mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
-
-    @property
-    def count(self) -> int:
-        return sum(mode.count for mode in self._modes)
+def host_reads():
+    """Counts the reads of a device value back on the host (``.item()``, ``int(t)``, ``nonzero``,
+    ``.tolist()``; on a GPU each one waits for the queue): ``bench/op_census.py``'s census, its ``syncs``."""
+    return op_census.counted()
 
 
 def reads_of_one_step(name: str, seq: int, checkpointing: bool = True) -> tuple[int, torch.Tensor]:
@@ -80,9 +46,9 @@ def reads_of_one_step(name: str, seq: int, checkpointing: bool = True) -> tuple[
             loss = example_cross_entropy(
                 model(input_ids=ids, position_ids=position_ids).logits, ids, causal=True
             )
-            with HostReads() as reads:
+            with host_reads() as reads:
                 norms = clipper.clipped_backward(loss)
-    return reads.count, norms
+    return reads.syncs, norms
 
 
 FINITE_CHECKS = 2  # the per-example losses' and the norms' (``GhostClipper``): refused loudly when not finite
@@ -237,9 +203,9 @@ def test_compacting_many_uses_reads_back_twice_in_all() -> None:
     keeps = [[3, 0, 1], [1, 1, 1], [5, 2, 0], [2, 4, 1]]  # each use its own width: 3, 1, 5, 4
     uses = [with_zero_steps(wide_use(), keep=keep, gen=g) for keep in keeps]
     assert norm_strategy(uses[:1]) == "ghost"
-    with HostReads() as reads:
+    with host_reads() as reads:
         together = drop_zero_steps_all(uses)
-    assert reads.count == 2
+    assert reads.syncs == 2
     for one, original, keep in zip(together, uses, keeps, strict=True):
         assert one.row.values.shape[1] == max(keep)  # compacted to its widest example's nonzero steps
         torch.testing.assert_close(
