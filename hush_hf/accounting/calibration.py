@@ -65,6 +65,7 @@ SMALL_PENDING = 16
 #: Secrets whose certificate is within this relative distance of their target are recomputed with their
 #: own law at the final sigma (``_Search._meet_own_laws``), as verification recomputes them.
 NEAR_TARGET = 1e-3
+#: Doubling raises of sigma tried before that recomputation gives up (a bug guard: each doubles the step).
 MAX_RAISES = 20
 #: Secrets evaluated with their own law before the envelope steps (the most likely failures).
 PROBES_PER_ROUND = 16
