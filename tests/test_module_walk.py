@@ -1,18 +1,41 @@
-"""The engine's module walk is ``list(model.modules())``: same modules, same order, each once."""
+"""The engine's one walk per micro-batch reads what four walks read before: ``list(model.modules())``
+(same modules, same order, each once), whether a layer re-runs its forward in the backward pass, and
+whether FSDP2 manages a module; the trainable parameters, in ``named_parameters`` order, are read from
+its modules at the backward."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import FSDPModule
 
-from hush_hf.clipping.module_walk import modules_in_order
+from hush_hf.clipping.module_walk import modules_in_order, trainable_ids, walk_model
 from tests.model_families import FAMILIES
 
 
+def _reference_trainable_ids(model: nn.Module) -> list[int]:
+    return [id(p) for _, p in model.named_parameters() if p.requires_grad]
+
+
+def _reference_recomputes(model: nn.Module) -> bool:
+    return any(
+        getattr(m, "gradient_checkpointing", False) is True or type(m).__name__ == "CheckpointWrapper"
+        for m in model.modules()
+    )
+
+
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
-def test_every_family_walks_like_modules(family) -> None:
+def test_every_family_walks_like_modules_and_named_parameters(family) -> None:
     model = family.build(family.ties[0])
-    assert modules_in_order(model) == list(model.modules())
+    walk = walk_model(model)
+    assert walk.modules == list(model.modules())
+    assert trainable_ids(walk.modules) == _reference_trainable_ids(model)
+    assert walk.recomputes is False and walk.fsdp is False
+    if hasattr(model, "gradient_checkpointing_enable") and model.supports_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        assert walk_model(model).recomputes is True is _reference_recomputes(model)
 
 
 def test_shared_and_missing_children_walk_like_modules() -> None:
@@ -24,3 +47,50 @@ def test_shared_and_missing_children_walk_like_modules() -> None:
     walked = modules_in_order(model)
     assert walked == list(model.modules())
     assert len({id(m) for m in walked}) == len(walked) == 6  # root, shared, inner, its Linear, list, ReLU
+
+
+def test_shared_frozen_and_missing_parameters_in_named_parameters_order() -> None:
+    shared = nn.Parameter(torch.ones(2))
+    first, second = nn.Linear(2, 3), nn.Linear(3, 2)
+    second.register_parameter("tied", shared)
+    first.register_parameter("tied", shared)  # met first here: counted here, once
+    second.bias.requires_grad_(False)
+    second.register_parameter("absent", None)
+    model = nn.Sequential(first, nn.ReLU(), second)
+    walk = walk_model(model)
+    before = trainable_ids(walk.modules)
+    assert before == _reference_trainable_ids(model)
+    assert len(before) == 4  # first's weight, bias and tied; second's weight (bias frozen)
+    first.weight.requires_grad_(False)  # toggled after the walk: read at the check, from the same walk
+    assert trainable_ids(walk.modules) == _reference_trainable_ids(model) != before
+
+
+def test_checkpointing_read_from_flags_and_wrappers_at_every_walk() -> None:
+    class Layer(nn.Linear):
+        gradient_checkpointing = False  # a class default, as transformers' checkpointable layers
+
+    class Flagged(nn.Linear):
+        @property
+        def gradient_checkpointing(self) -> bool:  # a descriptor is read on the instance
+            return self.in_features == 5
+
+    layer = Layer(2, 2)
+    model = nn.Sequential(layer, nn.Sequential(Flagged(2, 2)))
+    assert walk_model(model).recomputes is False  # the per-class answers are cached from here on
+    layer.gradient_checkpointing = True
+    assert walk_model(model).recomputes is True
+    layer.gradient_checkpointing = False
+    model[1].add_module("five", Flagged(5, 2))
+    assert walk_model(model).recomputes is True
+    plain = nn.Sequential(nn.Linear(2, 2))
+    plain[0].gradient_checkpointing = True  # an instance flag on a class without one
+    assert walk_model(plain).recomputes is True
+    assert walk_model(nn.Sequential(checkpoint_wrapper(nn.Linear(2, 2)))).recomputes is True
+
+
+def test_a_module_whose_class_fsdp2_swapped_is_seen() -> None:
+    # fully_shard swaps a managed module's class for a subclass of FSDPModule and of its own class.
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    assert walk_model(model).fsdp is False
+    model[1].__class__ = type("FSDPLinear", (FSDPModule, nn.Linear), {})
+    assert walk_model(model).fsdp is True

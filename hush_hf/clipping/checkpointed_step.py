@@ -4,13 +4,14 @@ the state and the checks these methods use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from hush_hf.clipping.layer_calls import _is_fsdp, _Pass, _walk_graph
+from hush_hf.clipping.layer_calls import _Pass, _walk_graph
 from hush_hf.clipping.recompute import NormPass, SumPass, keep_budget, run_pass
 from hush_hf.clipping.registry import UnsupportedLayerError
 
@@ -24,14 +25,14 @@ class CheckpointedStep:
     _segment_bytes: list[int]
     _bottom_bytes: int
     _pass: Any
-    _forward_modules: list[nn.Module]
+    _fsdp_managed: Callable[[], bool]
 
     def _two_pass(self, per_example_loss: Tensor, *, apply: bool) -> Tensor:
         """The step under gradient checkpointing (see ``recompute``): pass 1 takes the norms call by call
         while autograd's own gradient of sum_i loss_i is kept for the self-check; pass 2 (``apply``)
         adds sum_i c_i G_i of every call to the parameter's clipped sum."""
         _, forwards, expected = self._take_calls()
-        if _is_fsdp(self._model):
+        if self._fsdp_managed():
             raise UnsupportedLayerError(
                 "gradient checkpointing is not supported under FSDP: its two backward passes per micro-batch "
                 "would each run FSDP's gradient reduce-scatter (not verified); turn checkpointing off or "
@@ -110,4 +111,3 @@ class CheckpointedStep:
             return torch.autograd.grad(loss.sum(), inputs, retain_graph=retain_graph, allow_unused=True)
         finally:
             self._pass = None
-

@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Partial
 from torch.utils.hooks import RemovableHandle
 
@@ -66,18 +65,16 @@ from hush_hf.clipping.layer_calls import (
     _canonical_names,
     _HookedLayer,
     _inner_captures,
-    _is_fsdp,
     _own_forwards,
     _Pass,
     _plan_layers,
     _trainable,
-    _trainable_ids,
     _type_name,
     _unfold,
     _vocabulary_size,
     _walk_graph,
 )
-from hush_hf.clipping.module_walk import modules_in_order
+from hush_hf.clipping.module_walk import ModelWalk, trainable_ids, walk_model
 from hush_hf.clipping.recompute import NormPass, SumPass
 from hush_hf.clipping.recording import CallRecorder
 from hush_hf.clipping.registry import RecordedCall
@@ -159,6 +156,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         self._vocab = _vocabulary_size(self._layers)
         self._params = _trainable(model)
         self._trainable_ids = [id(p) for _, p in self._params]
+        self._clipped_walk: ModelWalk | None = None
         self._names = _canonical_names(model, self._layers)
         self._unverified = {name for name, _ in self._params}  # not yet through the self-check
         # Parameters of layers tapped ``within`` (see ``_tap``): inputs of each two-pass backward.
@@ -222,16 +220,23 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         # the forward walked (one walk per micro-batch, see ``CallRecorder._on_forward``; a parameter
         # replaced or toggled since then is seen, a module added since then ran in no forward and is seen
         # at the next). FSDP2 swaps parameter objects (sharded / unsharded) by design: compare names there.
-        modules = self._forward_modules or modules_in_order(self._model)
-        if any(isinstance(m, FSDPModule) for m in modules):
+        walk = self._forward_walk or walk_model(self._model)
+        self._clipped_walk = walk
+        if walk.fsdp:
             same = [n for n, _ in _trainable(self._model)] == [n for n, _ in self._params]
         else:
-            same = _trainable_ids(modules) == self._trainable_ids
+            same = trainable_ids(walk.modules) == self._trainable_ids
         if not same:
             raise RuntimeError(
                 "the trainable parameters of the model changed since the GhostClipper was built "
                 "(requires_grad toggled or parameters replaced); remove() it and build a new one"
             )
+
+    def _fsdp_managed(self) -> bool:
+        """Whether FSDP2 manages some part of the model, as the walk of the micro-batch being clipped read
+        it (``_check_usable``), else as a walk now reads it."""
+        walk = self._clipped_walk or walk_model(self._model)
+        return walk.fsdp
 
     @staticmethod
     def _check_loss(per_example_loss: Any) -> Tensor:
@@ -289,7 +294,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         self._calls = []
         self._forwards = 0
         self._expected = Counter()
-        self._forward_modules = []
+        self._forward_walk: ModelWalk | None = None
 
     # ----------------------------------------------------------------------------- norms
     def _first_pass(
@@ -438,7 +443,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         """
         if not self._unverified:
             return set()
-        if _is_fsdp(self._model):
+        if self._fsdp_managed():
             return {name for name, _ in self._params}
         reached, reentrant = _walk_graph(loss)
         if reentrant:  # untapped: the layers it re-runs recorded nothing
@@ -516,7 +521,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
     def _holds_sums(self) -> bool:
         """Whether some parameter already holds a clipped sum (a later micro-batch of a step), or is
         sharded (a DTensor, as under FSDP2: each parameter's sum is reduce-scattered as it is made)."""
-        if _is_fsdp(self._model):
+        if self._fsdp_managed():
             return True
         return any(isinstance(p, DTensor) or clipped_sums.clipped_sum(p) is not None for _, p in self._params)
 

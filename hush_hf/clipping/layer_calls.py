@@ -303,29 +303,8 @@ def _canonical_names(model: nn.Module, layers: list[_HookedLayer]) -> dict[tuple
     }
 
 
-def _is_fsdp(model: nn.Module) -> bool:
-    """Whether FSDP2 (``fully_shard``) manages some part of ``model``."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(m, FSDPModule) for m in model.modules())
-
-
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def _trainable_ids(modules: list[nn.Module]) -> list[int]:
-    """``[id(p) for _, p in _trainable(model)]`` from ``list(model.modules())``: each parameter once, in
-    ``named_parameters`` order (modules in order, then their own parameters), without building names."""
-    seen: set[int] = set()
-    ids = []
-    for module in modules:
-        for p in module._parameters.values():
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                if p.requires_grad:
-                    ids.append(id(p))
-    return ids
 
 
 _UNRECOGNISED_CHECKPOINT = (

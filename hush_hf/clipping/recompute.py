@@ -56,43 +56,17 @@ import torch
 from torch import Tensor, nn
 
 from hush_hf.clipping.factors import PerExampleGrad, combine_uses, squared_norm_of_sum, weighted_sum
-
-_ABSENT = object()
+from hush_hf.clipping.module_walk import reruns_forward
 
 KEEP_SEGMENTS = 1.0
 """The norm pass keeps the last-arriving calls' per-example gradients up to this many checkpointed
 segments' factor bytes (``keep_budget``); 0 keeps only calls below the segments."""
 
 
-def _checkpointing_flag(module: nn.Module) -> bool:
-    """``module.gradient_checkpointing is True``, read from the instance, else its class: a flag is never a
-    parameter, buffer or submodule, so ``nn.Module.__getattr__`` (slow when the name is missing, as on
-    most modules) has nothing to add."""
-    value = module.__dict__.get("gradient_checkpointing", _ABSENT)
-    if value is _ABSENT:
-        value = getattr(type(module), "gradient_checkpointing", False)
-        if value is not False and value is not True and hasattr(value, "__get__"):  # a property or other
-            # descriptor (a bool is neither, and most modules' default is False): read it as an attribute
-            value = getattr(module, "gradient_checkpointing", False)
-    return value is True
-
-
-def recomputes(modules: list[nn.Module]) -> bool:
-    """Whether some module of a model (``modules``: all of them, ``module_walk.modules_in_order``) may re-run
-    its forward inside the backward pass: transformers' ``gradient_checkpointing`` flag (set on its layers
-    by ``gradient_checkpointing_enable()``) or torch's ``checkpoint_wrapper``. Read at every forward."""
-    return any(_checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper" for m in modules)
-
-
 def checkpointed_segments(model: nn.Module) -> list[nn.Module]:
-    """The modules that re-run their forward in the backward pass: the flagged ones (see ``recomputes``)
-    with no flagged module inside them (transformers also flags the base model around its checkpointed
-    layers)."""
-    flagged = {
-        name: m
-        for name, m in model.named_modules()
-        if _checkpointing_flag(m) or type(m).__name__ == "CheckpointWrapper"
-    }
+    """The modules that re-run their forward in the backward pass (``module_walk.reruns_forward``) with no
+    such module inside them (transformers also flags the base model around its checkpointed layers)."""
+    flagged = {name: m for name, m in model.named_modules() if reruns_forward(m)}
     outer = {n for n in flagged for other in flagged if other != n and (not n or other.startswith(f"{n}."))}
     return [m for name, m in flagged.items() if name not in outer]
 

@@ -26,8 +26,8 @@ from hush_hf.clipping.layer_calls import (
     _TapTag,
     _unfold,
 )
-from hush_hf.clipping.module_walk import modules_in_order
-from hush_hf.clipping.recompute import Hold, NormPass, SumPass, Tap, checkpointed_segments, recomputes
+from hush_hf.clipping.module_walk import walk_model
+from hush_hf.clipping.recompute import Hold, NormPass, SumPass, Tap, checkpointed_segments
 from hush_hf.clipping.registry import (
     RecordedCall,
 )
@@ -101,8 +101,8 @@ class CallRecorder:
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         if torch.is_grad_enabled() and not replaying():
             self._forwards += 1
-            self._forward_modules = modules_in_order(self._model)  # also read by ``_check_usable``
-            self._tapping = recomputes(self._forward_modules)
+            self._forward_walk = walk_model(self._model)  # also read by ``_check_usable``
+            self._tapping = self._forward_walk.recomputes
             segments = checkpointed_segments(self._model) if self._tapping else []
             self._segment_bytes, self._bottom_bytes = [0] * len(segments), 0
             self._in_segment = {id(m): k for k, segment in enumerate(segments) for m in segment.modules()}

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from hush_hf.clipping import precision
-from hush_hf.clipping.layer_calls import _is_fsdp, _Pass
+from hush_hf.clipping.layer_calls import _Pass
 from hush_hf.clipping.registry import (
     UnsupportedLayerError,
 )
@@ -124,7 +124,7 @@ class SelfCheck:
             bad = [(worst[0], worst[2])]
         if bad:
             self._refuse(bad, reduced)
-        if _is_fsdp(self._model):
+        if self._fsdp_managed():
             if total > 0:
                 self._unverified.clear()  # all at once (see _names_to_check)
             return
