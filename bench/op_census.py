@@ -1,7 +1,7 @@
 """Census of the aten operations one training step dispatches: plain step against the hush_hf DP step.
 
-    .venv/bin/python bench/op_census.py [--models gpt2 llama] [--dtypes float32 bfloat16] [--batch 8]
-                                        [--seq 64] [--top 0]
+    .venv/bin/python bench/op_census.py [--models gpt2 llama llama-lora] [--dtypes float32 bfloat16]
+                                        [--batch 8] [--seq 64] [--checkpointing] [--top 0]
 
 On a GPU every dispatched operation that is not a view is at least one kernel launch, and a DP step on
 a small or medium model is bound by their number (and by the casts among them) rather than by its
@@ -224,15 +224,17 @@ class OpCensus(TorchDispatchMode):
         }
 
 
-def build_model(family: str, dtype: torch.dtype):
-    """4 layers, hidden 128, vocabulary 2048; random init (seed 0). (model, causal)."""
+def build_model(family: str, dtype: torch.dtype, checkpointing: bool = False):
+    """4 layers, hidden 128, vocabulary 2048; random init (seed 0). (model, causal). ``llama-lora``: the
+    Llama with rank-16 LoRA adapters on all seven projections (as ``bench/gpu_step.py``'s LoRA rows),
+    its base frozen. ``checkpointing``: transformers' gradient checkpointing, non-reentrant."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     if family == "gpt2":
         config = GPT2Config(vocab_size=2048, n_positions=256, n_embd=128, n_layer=4, n_head=2)
         model = GPT2LMHeadModel(config)
-    elif family == "llama":
+    elif family in ("llama", "llama-lora"):
         config = LlamaConfig(
             vocab_size=2048,
             hidden_size=128,
@@ -246,12 +248,21 @@ def build_model(family: str, dtype: torch.dtype):
         model = LlamaForCausalLM(config)
     else:
         raise ValueError(f"unknown model family {family!r}")
+    if family == "llama-lora":
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(dtype).train(), True
 
 
-def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: int):
+def make_step(
+    family: str, dtype: torch.dtype, contender: str, batch: int, seq: int, checkpointing: bool = False
+):
     """A closure running one full training step of ``contender``."""
-    model, causal = build_model(family, dtype)
+    model, causal = build_model(family, dtype, checkpointing)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator)
     inputs = {
@@ -260,7 +271,8 @@ def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: 
         "position_ids": torch.arange(seq).expand(batch, seq).contiguous(),
     }
     labels = ids.clone()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)  # as on a GPU
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)  # as on a GPU
     if contender == "plain":
 
         def step(k: int) -> None:
@@ -273,13 +285,12 @@ def make_step(family: str, dtype: torch.dtype, contender: str, batch: int, seq: 
     from hush_hf.trainer.noise import privatize_gradients_
 
     clipper = GhostClipper(model, 1.0)
-    params = [p for p in model.parameters() if p.requires_grad]
 
     def dp_step(k: int) -> None:
         loss = example_cross_entropy(model(**inputs).logits, labels, causal=causal)
         clipper.clipped_backward(loss)
         privatize_gradients_(
-            params, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k
+            trainable, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k
         )
         optimizer_step(optimizer)
 
@@ -295,10 +306,11 @@ def census(
     warmup: int,
     sites: bool = False,
     cuda: bool = False,
+    checkpointing: bool = False,
 ) -> OpCensus:
     """One step's census; ``cuda``: with the engine's CUDA routes (``cuda_routes``), warm-up included."""
     with cuda_routes() if cuda else contextlib.nullcontext():
-        step = make_step(family, dtype, contender, batch, seq)
+        step = make_step(family, dtype, contender, batch, seq, checkpointing)
         for k in range(warmup):
             step(k)
         with counted(sites) as counter:
@@ -317,12 +329,17 @@ def counted(sites: bool = False) -> Iterator[OpCensus]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    parser.add_argument(
+        "--models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama", "llama-lora"]
+    )
     dtypes = ["float32", "bfloat16"]
     parser.add_argument("--dtypes", nargs="+", default=dtypes, choices=dtypes)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--checkpointing", action="store_true", help="gradient checkpointing (non-reentrant) in both steps"
+    )
     parser.add_argument("--top", type=int, default=0, help="also list the N most frequent ops per step")
     parser.add_argument(
         "--breakdown", type=int, default=0, help="also list the N top call sites by kernels, casts, views"
@@ -346,7 +363,17 @@ def main() -> None:
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
             found = {
-                c: census(family, dtype, c, args.batch, args.seq, args.warmup, bool(args.breakdown))
+                c: census(
+                    family,
+                    dtype,
+                    c,
+                    args.batch,
+                    args.seq,
+                    args.warmup,
+                    bool(args.breakdown),
+                    False,
+                    args.checkpointing,
+                )
                 for c in ("plain", "hush")
             }
             plain, hush = found["plain"].summary(), found["hush"].summary()
@@ -362,7 +389,15 @@ def main() -> None:
                     print(f"    {c} casts: {dict(found[c].casts)}")
             if args.cuda_routes:
                 cuda = census(
-                    family, dtype, "hush", args.batch, args.seq, args.warmup, bool(args.breakdown), cuda=True
+                    family,
+                    dtype,
+                    "hush",
+                    args.batch,
+                    args.seq,
+                    args.warmup,
+                    bool(args.breakdown),
+                    True,
+                    args.checkpointing,
                 )
                 routed = cuda.summary()
                 cells = [

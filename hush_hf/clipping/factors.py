@@ -123,6 +123,16 @@ def compute_dtype(*tensors: Tensor) -> torch.dtype:
     return dtype
 
 
+def held_bytes(g: PerExampleGrad) -> int | None:
+    """The bytes of the tensors a per-example gradient holds (a factor shared with another use counted
+    again); None for a form that holds what this module does not see (``Replayed``, ``ExtensionGrad``)."""
+    if isinstance(g, Materialized):
+        return g.values.nbytes
+    if isinstance(g, OuterSum):
+        return sum(f.values.nbytes if isinstance(f, DenseFactor) else f.ids.nbytes for f in (g.row, g.col))
+    return None
+
+
 def _dense(f: Factor) -> Tensor | None:
     return f.values if isinstance(f, DenseFactor) else None
 

@@ -28,13 +28,17 @@ their own call, ``Hold``): no parameter gradient is computed for nothing.
 
 The calls the norm pass reaches last (the bottom of the network) are the ones the sum pass would reach
 last, after recomputing and back-propagating through everything above them. The norm pass keeps the
-per-example gradients of the last-arriving calls, as many as fit in the factor bytes of the embeddings
-and ``KEEP_SEGMENTS`` checkpointed segments (``keep_budget``), and the sum pass asks autograd only for
-the anchors of the others: autograd runs only the nodes that lead to what is asked for, so the sum pass
-stops above the kept calls, and their sums come from the very factors their norms were taken of. A kept
-call is never upstream of an asked one (it arrived after all of them), and the sum pass ignores a kept
-call that reports anyway, so every call is summed exactly once (``SumPass.finish`` checks that every
-call that was not kept arrived).
+per-example gradients of the last-arriving calls, as many as the bytes they hold fit in the factor bytes
+of the embeddings and ``KEEP_SEGMENTS`` checkpointed segments (``keep_budget``), and the sum pass asks
+autograd only for the anchors of the others: autograd runs only the nodes that lead to what is asked for,
+so the sum pass stops above the kept calls, and their sums come from the very per-example gradients their
+norms were taken of. A kept call is never upstream of an asked one (it arrived after all of them), and
+the sum pass ignores a kept call that reports anyway, so every call is summed exactly once
+(``SumPass.finish`` checks that every call that was not kept arrived). When every call is kept there is
+no sum pass at all. A low-rank adapter's gradient is held materialised, (b, r, d) in float32 where its
+factors take (b, T, r + d) (``NormPass``): with bf16 factors, every call of an L-layer model fits roughly
+when 2 L r <= T (Llama-1B, 16 layers with rank-16 adapters on all projections, at T = 1024 holds about
+half the budget).
 
 Reentrant checkpointing refuses ``autograd.grad``; under it both passes run ``Tensor.backward``, the
 gradients autograd accumulates into ``p.grad`` meanwhile are set aside and restored (``run_pass``), and
@@ -55,7 +59,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from hush_hf.clipping.factors import PerExampleGrad, combine_uses, squared_norm_of_sum, weighted_sum
+from hush_hf.clipping.factors import (
+    Materialized,
+    PerExampleGrad,
+    combine_uses,
+    held_bytes,
+    squared_norm_of_sum,
+    weighted_sum,
+)
 from hush_hf.clipping.module_walk import reruns_forward
 
 KEEP_SEGMENTS = 1.0
@@ -133,8 +144,12 @@ class NormPass:
 
     ``expected[name]``: the calls of the forward that use the parameter; ``rebuild``: names whose
     ``sum_i G_i`` (all clip factors 1) is also kept, for the self-check. ``keep_bytes``: what the
-    last-arriving calls may hold for the sum pass, by ``call_bytes`` (each call's estimated factor
-    bytes, by call index; see the module docstring).
+    last-arriving calls may hold for the sum pass (see the module docstring), counted as the bytes of
+    what they hold (``held_bytes``; ``call_bytes``, each call's estimated factor bytes by call index,
+    for a form whose bytes are not known). A parameter's only use that ``combine_uses`` materialises is
+    held materialised, as its norm was taken: a low-rank adapter's (b, r, d) gradients are a small part
+    of its factors, so with LoRA the kept calls can be all of them, and the sum pass, with its second
+    recomputation and backward pass, is not run at all.
     """
 
     batch: int
@@ -152,6 +167,7 @@ class NormPass:
     dtypes: set[torch.dtype] = field(default_factory=set)
     calls: dict[int, set[str]] = field(default_factory=dict)  # arrived calls (in order): their parameters
     kept: dict[int, list[tuple[str, PerExampleGrad, torch.Size]]] = field(default_factory=dict)
+    kept_sizes: dict[int, int] = field(default_factory=dict)  # bytes held by each kept call
     kept_bytes: int = 0
 
     def __post_init__(self) -> None:
@@ -165,38 +181,44 @@ class NormPass:
         self.pending.setdefault(name, []).append(use)
         self.arrived[name] += 1
         if self.arrived[name] >= self.expected[name]:
-            self._finish(name, shape)
+            combined = self._finish(name, shape)
+            if self.arrived[name] == 1 and len(combined) == 1 and isinstance(combined[0], Materialized):
+                use = combined[0]  # held as its norm was taken (the factors it was formed from are freed)
         self._keep(call, name, use, shape)
 
     def _keep(self, call: int, name: str, use: PerExampleGrad, shape: torch.Size) -> None:
-        """Hold ``use`` while its call is among the last-arriving ones that fit in ``keep_bytes``: a call
-        arriving evicts the oldest held ones until it fits, or all of them if it does not fit alone, so the
-        held calls are always the latest to arrive (a call's parameters arrive together)."""
+        """Hold ``use`` while its call is among the last-arriving ones that fit in ``keep_bytes``: a call's
+        use arriving evicts the oldest other held calls until it fits, or all of them, its own included,
+        if the call does not fit alone, so the held calls are always the latest to arrive (a call's
+        parameters arrive together)."""
         first = call not in self.calls
         self.calls.setdefault(call, set()).add(name)
-        if call in self.kept:
-            self.kept[call].append((name, use, shape))
-            return
-        if not first:
-            return  # evicted
-        size = self.call_bytes[call]
-        if size > self.keep_bytes:
-            self.kept.clear()
-            self.kept_bytes = 0
-            return
-        while self.kept_bytes + size > self.keep_bytes:
+        if self.keep_bytes <= 0 or (not first and call not in self.kept):
+            return  # nothing is kept, or the call was evicted or did not fit
+        size = held_bytes(use)
+        if size is None:  # a form whose bytes are not known here: the call's estimate, once
+            size = self.call_bytes[call] if first else 0
+        while self.kept_bytes + size > self.keep_bytes and next(iter(self.kept), call) != call:
             oldest = next(iter(self.kept))
             del self.kept[oldest]
-            self.kept_bytes -= self.call_bytes[oldest]
-        self.kept[call] = [(name, use, shape)]
+            self.kept_bytes -= self.kept_sizes.pop(oldest)
+        if self.kept_bytes + size > self.keep_bytes:
+            self.kept.clear()
+            self.kept_sizes.clear()
+            self.kept_bytes = 0
+            return
+        self.kept.setdefault(call, []).append((name, use, shape))
+        self.kept_sizes[call] = self.kept_sizes.get(call, 0) + size
         self.kept_bytes += size
 
-    def _finish(self, name: str, shape: torch.Size) -> None:
+    def _finish(self, name: str, shape: torch.Size) -> list[PerExampleGrad]:
+        """Adds the parameter's squared norms; returns its uses as they were taken (``combine_uses``)."""
         uses = combine_uses(self.pending.pop(name), self.vocab)
         self.squared += squared_norm_of_sum(uses, self.vocab).to(torch.float64)
         if name in self.rebuild:
             ones = torch.ones(self.batch, dtype=self.loss_dtype, device=self.device)
             self.rebuilt[name] = _sum_of(uses, ones, shape)
+        return uses
 
     def close(self, shapes: dict[str, torch.Size]) -> None:
         """Finish the parameters whose expected uses did not all arrive (outputs the loss never used)."""

@@ -1,0 +1,27 @@
+"""What a checkpointed LoRA step dispatches, counted as a GPU would run it (``bench/op_census.py``).
+
+Under gradient checkpointing the DP step ran two recomputing backward passes (norms, then clipped sums)
+where the plain step runs one; an H200 ran Llama-1B with LoRA and checkpointing at 3.6x the plain step.
+The adapters' per-example gradients are held materialised by the norm pass and fit its budget, so the
+sum pass is not run at all: the step dispatches about what the plain step does plus the per-example
+work. Counts are deterministic (no timing).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import op_census  # noqa: E402
+
+
+def test_a_checkpointed_lora_step_dispatches_at_most_one_and_a_half_plain_steps() -> None:
+    shape = dict(batch=2, seq=128, warmup=2, checkpointing=True)  # 4 layers, rank 16: 2 L r <= T
+    plain = op_census.census("llama-lora", torch.bfloat16, "plain", **shape).summary()
+    hush = op_census.census("llama-lora", torch.bfloat16, "hush", cuda=True, **shape).summary()
+    assert hush["kernels (CUDA)"] <= 1.5 * plain["kernels"]  # was 2.14x: a second backward pass
+    assert hush["casts (CUDA)"] <= 2 * plain["casts"]  # the issue's bound for a bf16 model (was 3.34x)
+    assert hush["syncs"] <= plain["syncs"] + 3  # the labels' check, the losses' and the norms' finiteness
