@@ -143,6 +143,14 @@ def test_norm_strategy_materialises_when_no_larger_than_the_factors() -> None:
     ids = OneHotFactor(torch.randint(0, ROWS, (B, 40), generator=g), ROWS)
     assert norm_strategy([OuterSum(ids, DenseFactor(torch.randn(B, 40, COLS, generator=g)))]) == "ghost"
     assert norm_strategy([dense_use(g, 40), random_grad("materialized", g, 0)]) == "ghost"
+    # Uses of two shapes, or none, keep the ghost form.
+    assert norm_strategy([dense_use(g, 40), dense_use(g, 40, cols=COLS + 1)]) == "ghost"
+    assert norm_strategy([]) == "ghost"
+    # The widest factor sets the materialised tensor's bytes: a float64 side makes it 8 bytes an entry.
+    use = dense_use(g, 3)
+    single = OuterSum(DenseFactor(use.row.values.float()), DenseFactor(use.col.values.float()))
+    assert norm_strategy([single]) == "materialize"  # 35 * 4 <= 3 * 12 * 4
+    assert norm_strategy([OuterSum(single.row, use.col)]) == "ghost"  # 35 * 8 > 3 * (5 * 4 + 7 * 8)
 
 
 def test_combined_uses_give_the_same_norm_and_clipped_sum() -> None:

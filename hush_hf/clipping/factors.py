@@ -116,10 +116,8 @@ def compute_dtype(*tensors: Tensor) -> torch.dtype:
     common dtypes: ``torch.promote_types`` is a dispatched operation, hundreds per step.)"""
     dtype = torch.float32
     for t in tensors:
-        if t.is_floating_point():
-            widened = _AT_LEAST_FLOAT32.get(t.dtype)
-            if widened is None:
-                dtype = torch.promote_types(dtype, t.dtype)
+        if t.dtype not in _AT_LEAST_FLOAT32 and t.dtype.is_floating_point:
+            dtype = torch.promote_types(dtype, t.dtype)
     return dtype
 
 
@@ -220,12 +218,6 @@ def materialize(g: OuterSum) -> Materialized:
     return Materialized(bmm_float32(row.transpose(1, 2), col, compute_dtype(row, col)))
 
 
-def _dense_outer_shape(g: PerExampleGrad) -> tuple[int, int] | None:
-    if isinstance(g, OuterSum) and isinstance(g.row, DenseFactor) and isinstance(g.col, DenseFactor):
-        return g.row.size, g.col.size
-    return None
-
-
 def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None) -> str:
     """``"materialize"`` or ``"ghost"``: how to get one parameter's per-example norm and clipped sum.
 
@@ -242,19 +234,25 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
     neither side reaches ``never_materialize_dim`` (the model's vocabulary): no per-example tensor
     with a vocabulary-sized dimension is ever formed.
     """
-    shapes = {_dense_outer_shape(g) for g in uses}
-    if len(shapes) != 1 or None in shapes:
+    # One pass over the uses: a few hundred a step, each decided twice (its zero steps, its form), and
+    # host work that a GPU step waits on.
+    rows = cols = -1
+    factor_bytes, itemsize = 0, 4  # the materialised tensor is kept in at least float32
+    for g in uses:
+        sides = (g.row, g.col) if isinstance(g, OuterSum) else (None, None)
+        if not (isinstance(sides[0], DenseFactor) and isinstance(sides[1], DenseFactor)):
+            return "ghost"
+        row, col = sides[0].values, sides[1].values
+        if rows < 0:
+            rows, cols = row.shape[-1], col.shape[-1]
+        elif (row.shape[-1], col.shape[-1]) != (rows, cols):
+            return "ghost"
+        factor_bytes += math.prod(row.shape[1:]) * row.element_size()
+        factor_bytes += math.prod(col.shape[1:]) * col.element_size()
+        itemsize = max(itemsize, compute_dtype(row, col).itemsize)
+    if rows < 0 or (never_materialize_dim is not None and max(rows, cols) >= never_materialize_dim):
         return "ghost"
-    ((rows, cols),) = shapes
-    if never_materialize_dim is not None and max(rows, cols) >= never_materialize_dim:
-        return "ghost"
-    factor_bytes = sum(
-        math.prod(f.values.shape[1:]) * f.values.element_size()  # type: ignore[union-attr]
-        for g in uses
-        for f in (g.row, g.col)  # type: ignore[union-attr]
-    )
-    dtype = compute_dtype(*(f.values for g in uses for f in (g.row, g.col)))  # type: ignore[union-attr]
-    return "materialize" if rows * cols * dtype.itemsize <= factor_bytes else "ghost"
+    return "materialize" if rows * cols * itemsize <= factor_bytes else "ghost"
 
 
 def combine_uses(
