@@ -211,3 +211,47 @@ def test_compacting_many_uses_reads_back_twice_in_all() -> None:
         torch.testing.assert_close(
             materialize(one).values, materialize(drop_zero_steps(original)).values, rtol=0, atol=0
         )
+
+
+def _wide_llama_reads(padded: bool, checkpointing: bool) -> tuple[int, torch.Tensor]:
+    """A 2-layer Llama wide enough (256) that at 32 steps every weight takes the ghost route, whose uses
+    are checked for zero steps; ``padded``: each example's last 12 positions are padding (masked out,
+    no target). Reads and norms of the second (verified) step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).double().train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(3, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    labels = ids.clone()
+    if padded:
+        mask[:, 20:] = 0
+        labels[:, 20:] = -100
+    with GhostClipper(model, 1.0) as clipper:
+        for _ in range(2):
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            loss = example_cross_entropy(logits, labels, causal=True)
+            with host_reads() as reads:
+                norms = clipper.clipped_backward(loss)
+    return reads.syncs, norms
+
+
+def test_a_checkpointed_pass_stops_checking_zero_steps_once_a_use_has_too_few() -> None:
+    """Without padding the output layer's use has one zero step in 32 (the last position's), too few to
+    compact, and so has every layer below: the step checks once, and the sum pass not again (was a read
+    per use in each pass: 24 in all). With 12 of 32 steps padded every use is still checked and
+    compacted. Norms as without checkpointing, either way."""
+    reads, norms = _wide_llama_reads(padded=False, checkpointing=True)
+    assert reads == FINITE_CHECKS + 1
+    _, reference = _wide_llama_reads(padded=False, checkpointing=False)
+    torch.testing.assert_close(norms, reference, rtol=1e-10, atol=0)
+    reads, norms = _wide_llama_reads(padded=True, checkpointing=True)
+    assert reads > 16  # each use's check and compacted width (34)
+    _, reference = _wide_llama_reads(padded=True, checkpointing=False)
+    torch.testing.assert_close(norms, reference, rtol=1e-10, atol=0)

@@ -169,6 +169,7 @@ class NormPass:
     kept: dict[int, list[tuple[str, PerExampleGrad, torch.Size]]] = field(default_factory=dict)
     kept_sizes: dict[int, int] = field(default_factory=dict)  # bytes held by each kept call
     kept_bytes: int = 0
+    not_worth: set[tuple[int, ...]] = field(default_factory=set)  # see ``drop_zero_steps_if_costly``
 
     def __post_init__(self) -> None:
         self.squared = torch.zeros(self.batch, dtype=torch.float64, device=self.device)
@@ -227,7 +228,8 @@ class NormPass:
 
     def sum_pass(self, coef: Tensor) -> SumPass:
         """The sum pass that follows: it skips the kept calls and starts from their sums."""
-        sums = SumPass(coef, frozenset(self.kept), frozenset(self.calls.keys() - self.kept.keys()))
+        asked = frozenset(self.calls.keys() - self.kept.keys())
+        sums = SumPass(coef, frozenset(self.kept), asked, self.not_worth)
         for uses in self.kept.values():
             for name, use, shape in uses:
                 sums.add(name, use, shape, None)
@@ -245,11 +247,13 @@ class NormPass:
 @dataclass
 class SumPass:
     """Pass 2: ``sum_i c_i G_i`` of every call, added up per parameter. ``skip``: calls whose sums the norm
-    pass kept (added already); ``expect``: the calls that must arrive (``finish``)."""
+    pass kept (added already); ``expect``: the calls that must arrive (``finish``); ``not_worth``: the
+    shapes whose zero steps are not checked (the norm pass's, which this pass's checks add to)."""
 
     coef: Tensor
     skip: frozenset[int] = frozenset()
     expect: frozenset[int] = frozenset()
+    not_worth: set[tuple[int, ...]] = field(default_factory=set)  # see ``drop_zero_steps_if_costly``
     sums: dict[str, Tensor] = field(default_factory=dict)
     arrived: set[int] = field(default_factory=set)
 

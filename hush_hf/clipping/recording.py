@@ -328,7 +328,7 @@ class CallRecorder:
             grads = captured_grads(module, capture, dy, batch, tokens)
         for n in layer.param_names:
             name, shape = self._names[(id(module), n)], module.get_parameter(n).shape
-            state.add(name, drop_zero_steps_if_costly(grads[n], self._vocab), shape, call)
+            state.add(name, drop_zero_steps_if_costly(grads[n], self._vocab, state.not_worth), shape, call)
 
     def _receive_whole(self, tag: _TapTag, node: Any, grad: Tensor) -> None:
         """Gradient hook of a ``within`` tap's output: the gradient it gets from everything that read it."""
@@ -362,6 +362,7 @@ class CallRecorder:
             grads = layer.rule.grads(module, x, g)
         for n in layer.param_names:
             name, shape = self._names[(id(module), n)], module.get_parameter(n).shape
-            state.add(name, drop_zero_steps_if_costly(grads[n], self._vocab), shape, tag.call)
+            use = drop_zero_steps_if_costly(grads[n], self._vocab, state.not_worth)
+            state.add(name, use, shape, tag.call)
 
     # ----------------------------------------------------------------------------- checks

@@ -99,14 +99,39 @@ def drop_zero_steps(g: PerExampleGrad) -> PerExampleGrad:
     return _compact(g)  # type: ignore[arg-type]
 
 
-def drop_zero_steps_if_costly(g: PerExampleGrad, vocab: int | None) -> PerExampleGrad:
+def drop_zero_steps_if_costly(
+    g: PerExampleGrad, vocab: int | None, not_worth: set[tuple[int, ...]] | None = None
+) -> PerExampleGrad:
     """``drop_zero_steps`` for one use arriving on its own (a layer call's gradient hook under gradient
-    checkpointing), except a use that ``norm_strategy`` materialises (a low-rank adapter's, a small
-    projection's): that costs ``T rows cols`` with or without its zero steps, little either way, so it is
-    returned as it is, without the device-to-host read the check needs. On a GPU each read drains the
-    queue: one per use made the checkpointed step of Llama-1B with LoRA host-bound on an H200 (hundreds
-    a step). Exact either way: only zero terms are ever left out. ``vocab``: see ``norm_strategy``."""
-    return g if _materialized_anyway(g, vocab) else drop_zero_steps(g)
+    checkpointing), without the device-to-host read its check takes where the check is not worth it. On
+    a GPU each read drains the queue: one per use made the checkpointed step of Llama-1B with LoRA
+    host-bound on an H200 (hundreds a step). Exact either way: only zero terms are ever left out, and a
+    use returned as it is has all its steps. ``vocab``: see ``norm_strategy``. Not checked:
+
+    - a use that ``norm_strategy`` materialises (a low-rank adapter's, a small projection's): that
+      costs ``T rows cols`` with or without its zero steps, little either way;
+    - a use of a (b, T) shape in ``not_worth`` (the pass's), to which a use whose check found too few
+      zero steps to compact adds its shape. A backward pass reaches the output layer first, whose zero
+      steps are the positions without a target; a layer below gets a gradient at every position that
+      a target's position reads (all of them in an encoder, all up to the last target in a decoder), so
+      it has no more zero steps. One read then settles a pass for a causal LM without padding, where a
+      read per use was spent to find nothing to drop (a masked LM: one read per use until a layer below
+      the head finds too few).
+    """
+    if _materialized_anyway(g, vocab):
+        return g
+    firsts = _first_entries(g)
+    if firsts is None:
+        return g
+    shape = tuple(firsts[0].shape)
+    if not_worth is not None and shape in not_worth:
+        return g
+    maybe_zero = (firsts[0] == 0) | (firsts[1] == 0)
+    if not _worth_compacting(int(maybe_zero.sum(dim=1).min()), shape[1]):
+        if not_worth is not None:
+            not_worth.add(shape)
+        return g
+    return _compact(g)  # type: ignore[arg-type]
 
 
 def _materialized_anyway(g: PerExampleGrad, vocab: int | None) -> bool:
