@@ -52,7 +52,7 @@ def _in_layout_of(p: nn.Parameter, grad: Tensor, dtype: torch.dtype, *, copy: bo
     Autograd lays a gradient out as its parameter (the gradient-layout contract), and fused optimizers
     rely on it: CUDA's fused AdamW refuses a gradient whose strides differ from its parameter's."""
     if isinstance(p, DTensor) or isinstance(grad, DTensor) or grad.stride() == p.stride():
-        return grad.to(dtype, copy=copy)
+        return grad if not copy and grad.dtype == dtype else grad.to(dtype, copy=copy)
     return torch.empty_like(p, dtype=dtype).copy_(grad)
 
 

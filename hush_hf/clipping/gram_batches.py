@@ -40,7 +40,7 @@ from hush_hf.clipping.factors import (
     exact_sum,
     squared_norm_of_sum,
 )
-from hush_hf.clipping.float32_products import bmm_float32, float32_output_supported
+from hush_hf.clipping.float32_products import as_dtype, bmm_float32, float32_output_supported
 
 BATCH_BYTES = 2**26
 """At most this many bytes (64 MiB) of stacked factors and Gram matrices per batch (``batch_footprint``)."""
@@ -111,8 +111,8 @@ def _batch_norms(batch: list[tuple[int, OuterSum]], out: list[Tensor | None]) ->
             k, k_row, k_col = members[0]
             out[k] = _gram_dot(k_row, k_col)
             continue
-        rows = torch.stack([k_row.to(dtype) for _, k_row, _ in members])
-        cols = torch.stack([k_col.to(dtype) for _, _, k_col in members])
+        rows = torch.stack([as_dtype(k_row, dtype) for _, k_row, _ in members])
+        cols = torch.stack([as_dtype(k_col, dtype) for _, _, k_col in members])
         rows.mul_(cols)
         del cols
         sums = exact_sum(rows, dim=(2, 3))  # (U, b), float64
