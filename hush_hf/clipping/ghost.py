@@ -397,7 +397,7 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         parameters and the loss (bf16 under bf16 autocast): it sets the clip margin."""
         tensors = [t for c in calls for t in (c.x, c.x_source) if isinstance(t, Tensor)]
         tensors += [p for _, p in self._params] + [loss]
-        dtypes = {t.dtype for t in tensors if t.is_floating_point()} | (extra or set())
+        dtypes = {d for d in {t.dtype for t in tensors} if d.is_floating_point} | (extra or set())
         dtypes |= {c.out_dtype for c in calls if c.out_dtype.is_floating_point}
         unknown = dtypes - set(CLIP_MARGINS)
         if unknown:
