@@ -101,6 +101,21 @@ def test_a_single_materialised_use_is_held_as_its_norm_was_taken() -> None:
     torch.testing.assert_close(sums["w1"].double(), weighted, rtol=1e-5, atol=1e-5)
 
 
+def test_a_parameter_of_two_calls_holds_each_call_own_use() -> None:
+    """A parameter used by two calls is materialised as the sum of both uses when its norm is taken (at
+    the second call): each kept call holds its own use, not that sum, or the first would count twice."""
+    torch.manual_seed(0)
+    uses = [OuterSum(DenseFactor(torch.randn(2, 16, 3, dtype=torch.float64)),
+                     DenseFactor(torch.randn(2, 16, 4, dtype=torch.float64))) for _ in range(2)]  # fmt: skip
+    state = NormPass(2, Counter({"w": 2}), None, set(), torch.device("cpu"), torch.float64, 1e9, [0, 0])
+    for call, g in enumerate(uses):
+        state.add("w", g, torch.Size([3, 4]), call)
+    assert list(state.kept) == [0, 1] and all(isinstance(u, OuterSum) for _, u, _ in state.kept[1])
+    coef = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    expected = sum(torch.einsum("b,btr,btc->rc", coef, g.row.values, g.col.values) for g in uses)
+    torch.testing.assert_close(state.sum_pass(coef).finish()["w"], expected)
+
+
 def test_the_sum_pass_skips_kept_calls_and_refuses_a_missing_one() -> None:
     state = norm_pass(3, keep_units=3)
     for call in range(3):

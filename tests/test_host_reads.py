@@ -255,3 +255,41 @@ def test_a_checkpointed_pass_stops_checking_zero_steps_once_a_use_has_too_few() 
     assert reads > 16  # each use's check and compacted width (34)
     _, reference = _wide_llama_reads(padded=True, checkpointing=False)
     torch.testing.assert_close(norms, reference, rtol=1e-10, atol=0)
+
+
+def test_the_sum_pass_drops_the_zero_steps_the_norm_pass_dropped(monkeypatch) -> None:
+    """Prompt-masked labels (only the last 8 of 32 positions have targets): the output layer's use is
+    compacted to 8 steps in the norm pass, and a layer below then finds too few zero steps to compact.
+    The sum pass follows the norm pass's decision per call, so the output layer's clipped sum is again
+    taken over 8 steps (not 32, as when it inherited the shapes the layers below settled)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hush_hf.clipping import recompute
+    from hush_hf.clipping.factors import OuterSum
+
+    steps: list[tuple[str, int]] = []
+    for cls, tag in ((recompute.NormPass, "norm"), (recompute.SumPass, "sum")):
+        original = cls.add
+
+        def add(self, name, use, shape, call, original=original, tag=tag):
+            if "lm_head" in name and isinstance(use, OuterSum):
+                steps.append((tag, use.row.values.shape[1]))
+            return original(self, name, use, shape, call)
+
+        monkeypatch.setattr(cls, "add", add)
+    monkeypatch.setattr(recompute, "KEEP_SEGMENTS", 0.0)  # nothing kept: every call reaches the sum pass
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).double().train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(3, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, :24] = -100
+    with GhostClipper(model, 1.0) as clipper:
+        for _ in range(2):
+            steps.clear()
+            clipper.clipped_backward(example_cross_entropy(model(input_ids=ids).logits, labels, causal=True))
+    assert steps == [("norm", 8), ("sum", 8)]

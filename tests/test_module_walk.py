@@ -87,6 +87,14 @@ def test_checkpointing_read_from_flags_and_wrappers_at_every_walk() -> None:
     assert walk_model(plain).recomputes is True
     assert walk_model(nn.Sequential(checkpoint_wrapper(nn.Linear(2, 2)))).recomputes is True
 
+    class Later(nn.Linear):
+        pass
+
+    later = nn.Sequential(Later(2, 2))
+    assert walk_model(later).recomputes is False
+    Later.gradient_checkpointing = True  # a class flag set after a walk (a user's patch): seen at the next
+    assert walk_model(later).recomputes is True
+
 
 def test_a_module_whose_class_fsdp2_swapped_is_seen() -> None:
     # fully_shard swaps a managed module's class for a subclass of FSDPModule and of its own class.

@@ -237,7 +237,7 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
     # One pass over the uses: a few hundred a step, each decided twice (its zero steps, its form), and
     # host work that a GPU step waits on.
     rows = cols = -1
-    factor_bytes, itemsize = 0, 4  # the materialised tensor is kept in at least float32
+    factor_bytes = 0
     for g in uses:
         sides = (g.row, g.col) if isinstance(g, OuterSum) else (None, None)
         if not (isinstance(sides[0], DenseFactor) and isinstance(sides[1], DenseFactor)):
@@ -249,10 +249,11 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
             return "ghost"
         factor_bytes += math.prod(row.shape[1:]) * row.element_size()
         factor_bytes += math.prod(col.shape[1:]) * col.element_size()
-        itemsize = max(itemsize, compute_dtype(row, col).itemsize)
     if rows < 0 or (never_materialize_dim is not None and max(rows, cols) >= never_materialize_dim):
         return "ghost"
-    return "materialize" if rows * cols * itemsize <= factor_bytes else "ghost"
+    # Kept in at least float32 (and refused, as the products would be, for a dtype with no promotion).
+    dtype = compute_dtype(*(f.values for g in uses for f in (g.row, g.col)))  # type: ignore[union-attr]
+    return "materialize" if rows * cols * dtype.itemsize <= factor_bytes else "ghost"
 
 
 def combine_uses(

@@ -68,6 +68,7 @@ from hush_hf.clipping.factors import (
     weighted_sum,
 )
 from hush_hf.clipping.module_walk import reruns_forward
+from hush_hf.clipping.zero_steps import drop_zero_steps_if_costly
 
 KEEP_SEGMENTS = 1.0
 """The norm pass keeps the last-arriving calls' per-example gradients up to this many checkpointed
@@ -170,6 +171,7 @@ class NormPass:
     kept_sizes: dict[int, int] = field(default_factory=dict)  # bytes held by each kept call
     kept_bytes: int = 0
     not_worth: set[tuple[int, ...]] = field(default_factory=set)  # see ``drop_zero_steps_if_costly``
+    compacted: dict[tuple[int, str], bool] = field(default_factory=dict)  # (call, name): steps dropped?
 
     def __post_init__(self) -> None:
         self.squared = torch.zeros(self.batch, dtype=torch.float64, device=self.device)
@@ -177,6 +179,13 @@ class NormPass:
     @property
     def seen(self) -> set[str]:
         return set(self.arrived)
+
+    def pruned(self, g: PerExampleGrad, vocab: int | None, call: int, name: str) -> PerExampleGrad:
+        """``g`` with its zero steps dropped where that is worth a read (``drop_zero_steps_if_costly``),
+        the decision kept per (call, parameter) for the sum pass."""
+        out = drop_zero_steps_if_costly(g, vocab, self.not_worth)
+        self.compacted[(call, name)] = out is not g
+        return out
 
     def add(self, name: str, use: PerExampleGrad, shape: torch.Size, call: int) -> None:
         self.pending.setdefault(name, []).append(use)
@@ -229,7 +238,7 @@ class NormPass:
     def sum_pass(self, coef: Tensor) -> SumPass:
         """The sum pass that follows: it skips the kept calls and starts from their sums."""
         asked = frozenset(self.calls.keys() - self.kept.keys())
-        sums = SumPass(coef, frozenset(self.kept), asked, self.not_worth)
+        sums = SumPass(coef, frozenset(self.kept), asked, self.compacted)
         for uses in self.kept.values():
             for name, use, shape in uses:
                 sums.add(name, use, shape, None)
@@ -247,15 +256,25 @@ class NormPass:
 @dataclass
 class SumPass:
     """Pass 2: ``sum_i c_i G_i`` of every call, added up per parameter. ``skip``: calls whose sums the norm
-    pass kept (added already); ``expect``: the calls that must arrive (``finish``); ``not_worth``: the
-    shapes whose zero steps are not checked (the norm pass's, which this pass's checks add to)."""
+    pass kept (added already); ``expect``: the calls that must arrive (``finish``); ``compacted``: the
+    norm pass's decisions, per (call, parameter), whether to drop zero steps (``NormPass.pruned``)."""
 
     coef: Tensor
     skip: frozenset[int] = frozenset()
     expect: frozenset[int] = frozenset()
-    not_worth: set[tuple[int, ...]] = field(default_factory=set)  # see ``drop_zero_steps_if_costly``
+    compacted: dict[tuple[int, str], bool] = field(default_factory=dict)
+    not_worth: set[tuple[int, ...]] = field(default_factory=set)
     sums: dict[str, Tensor] = field(default_factory=dict)
     arrived: set[int] = field(default_factory=set)
+
+    def pruned(self, g: PerExampleGrad, vocab: int | None, call: int | None, name: str) -> PerExampleGrad:
+        """``g`` with its zero steps dropped as the norm pass decided for this call's use: not checked
+        again where it found nothing worth dropping, checked where it dropped some (the recomputed call
+        has the same values), and decided as in the norm pass for a call it did not see."""
+        decided = self.compacted.get((call, name)) if call is not None else None
+        if decided is False:
+            return g
+        return drop_zero_steps_if_costly(g, vocab, None if decided else self.not_worth)
 
     def add(self, name: str, use: PerExampleGrad, shape: torch.Size, call: int | None) -> None:
         if call in self.skip:

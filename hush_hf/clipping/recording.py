@@ -36,7 +36,6 @@ from hush_hf.clipping.rules_generic import (
     replaying,
 )
 from hush_hf.clipping.rules_moe import captured_grads
-from hush_hf.clipping.zero_steps import drop_zero_steps_if_costly
 
 
 def _answer_once(module: nn.Module, method: str, value: Tensor) -> None:
@@ -328,7 +327,7 @@ class CallRecorder:
             grads = captured_grads(module, capture, dy, batch, tokens)
         for n in layer.param_names:
             name, shape = self._names[(id(module), n)], module.get_parameter(n).shape
-            state.add(name, drop_zero_steps_if_costly(grads[n], self._vocab, state.not_worth), shape, call)
+            state.add(name, state.pruned(grads[n], self._vocab, call, name), shape, call)
 
     def _receive_whole(self, tag: _TapTag, node: Any, grad: Tensor) -> None:
         """Gradient hook of a ``within`` tap's output: the gradient it gets from everything that read it."""
@@ -362,7 +361,6 @@ class CallRecorder:
             grads = layer.rule.grads(module, x, g)
         for n in layer.param_names:
             name, shape = self._names[(id(module), n)], module.get_parameter(n).shape
-            use = drop_zero_steps_if_costly(grads[n], self._vocab, state.not_worth)
-            state.add(name, use, shape, tag.call)
+            state.add(name, state.pruned(grads[n], self._vocab, tag.call, name), shape, tag.call)
 
     # ----------------------------------------------------------------------------- checks
