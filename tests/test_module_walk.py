@@ -12,6 +12,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.fsdp import FSDPModule
 
 from hush_hf.clipping.module_walk import modules_in_order, trainable_ids, walk_model
+from hush_hf.clipping.recompute import checkpointed_segments
 from tests.model_families import FAMILIES
 
 
@@ -102,3 +103,13 @@ def test_a_module_whose_class_fsdp2_swapped_is_seen() -> None:
     assert walk_model(model).fsdp is False
     model[1].__class__ = type("FSDPLinear", (FSDPModule, nn.Linear), {})
     assert walk_model(model).fsdp is True
+
+
+def test_a_checkpoint_wrapper_that_fsdp2_swapped_still_recomputes() -> None:
+    """After ``fully_shard`` a ``checkpoint_wrapper``'s class is ``FSDPCheckpointWrapper``: still seen as
+    re-running its forward, so that FSDP2 with checkpointing is refused as it should be."""
+    wrapped = checkpoint_wrapper(nn.Linear(2, 2))
+    wrapped.__class__ = type("FSDPCheckpointWrapper", (FSDPModule, type(wrapped)), {})
+    walk = walk_model(nn.Sequential(wrapped))
+    assert walk.recomputes is True and walk.fsdp is True
+    assert checkpointed_segments(nn.Sequential(wrapped)) == [wrapped]

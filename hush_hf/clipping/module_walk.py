@@ -67,7 +67,13 @@ def checkpointing_flag(module: nn.Module) -> bool:
 
 def reruns_forward(module: nn.Module) -> bool:
     """Whether ``module`` may re-run its forward inside the backward pass (see ``ModelWalk.recomputes``)."""
-    return type(module).__name__ == "CheckpointWrapper" or checkpointing_flag(module)
+    return _is_checkpoint_wrapper(type(module)) or checkpointing_flag(module)
+
+
+def _is_checkpoint_wrapper(cls: type) -> bool:
+    """torch's ``CheckpointWrapper``, by name (torch's distributed module is not imported for it), or a
+    subclass: FSDP2's ``fully_shard`` swaps a wrapped module's class for ``FSDPCheckpointWrapper``."""
+    return any(base.__name__ == "CheckpointWrapper" for base in cls.__mro__)
 
 
 class _ClassKind(NamedTuple):
@@ -81,7 +87,7 @@ def _kind(cls: type) -> _ClassKind:
     set later, as by a user's patch, is seen at the next walk). FSDP2 swaps a managed module's class for
     a subclass of ``FSDPModule`` made for it, so a managed module is told by its class."""
     return _ClassKind(
-        cls.__name__ == "CheckpointWrapper", hasattr(cls, _CHECKPOINT_FLAG), issubclass(cls, FSDPModule)
+        _is_checkpoint_wrapper(cls), hasattr(cls, _CHECKPOINT_FLAG), issubclass(cls, FSDPModule)
     )
 
 
