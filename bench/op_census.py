@@ -25,6 +25,9 @@ stall each on a GPU (AdamW's reads of its CPU step counters left out). Ratios
 are hush over plain. Models: 4-layer GPT-2 (tied, Conv1D) and Llama (untied, RMSNorm), built from
 configs with small widths, random init, random tokens; ``bfloat16`` casts the whole model
 (bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32).
+``llama-lora``: the Llama with rank-16 LoRA adapters on all seven projections, its base frozen (as the
+GPU table's LoRA rows); ``--checkpointing``: transformers' gradient checkpointing (non-reentrant) in
+both steps.
 ``--top N`` also prints the N most frequent operations of each step. ``--breakdown N`` prints, for
 each step, the N Python call sites that dispatch the most kernels, the most casts and the most views
 (no kernel, but a dispatch and a tensor's metadata each): the innermost
