@@ -213,10 +213,8 @@ def test_compacting_many_uses_reads_back_twice_in_all() -> None:
         )
 
 
-def _wide_llama_reads(padded: bool, checkpointing: bool) -> tuple[int, torch.Tensor]:
-    """A 2-layer Llama wide enough (256) that at 32 steps every weight takes the ghost route, whose uses
-    are checked for zero steps; ``padded``: each example's last 12 positions are padding (masked out,
-    no target). Reads and norms of the second (verified) step."""
+def _wide_llama() -> torch.nn.Module:
+    """A 2-layer Llama wide enough (256) that at 32 steps every weight takes the ghost route, in float64."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -224,7 +222,13 @@ def _wide_llama_reads(padded: bool, checkpointing: bool) -> tuple[int, torch.Ten
         vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     )  # fmt: skip
-    model = LlamaForCausalLM(config).double().train()
+    return LlamaForCausalLM(config).double().train()
+
+
+def _wide_llama_reads(padded: bool, checkpointing: bool) -> tuple[int, torch.Tensor]:
+    """``_wide_llama``'s reads and norms in its second (verified) step: its weights' uses are checked for
+    zero steps; ``padded``: each example's last 12 positions are padding (masked out, no target)."""
+    model = _wide_llama()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(3, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
@@ -262,8 +266,6 @@ def test_the_sum_pass_drops_the_zero_steps_the_norm_pass_dropped(monkeypatch) ->
     compacted to 8 steps in the norm pass, and a layer below then finds too few zero steps to compact.
     The sum pass follows the norm pass's decision per call, so the output layer's clipped sum is again
     taken over 8 steps (not 32, as when it inherited the shapes the layers below settled)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from hush_hf.clipping import recompute
     from hush_hf.clipping.factors import OuterSum
 
@@ -278,12 +280,7 @@ def test_the_sum_pass_drops_the_zero_steps_the_norm_pass_dropped(monkeypatch) ->
 
         monkeypatch.setattr(cls, "add", add)
     monkeypatch.setattr(recompute, "KEEP_SEGMENTS", 0.0)  # nothing kept: every call reaches the sum pass
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).double().train()
+    model = _wide_llama()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(3, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
     labels = ids.clone()
