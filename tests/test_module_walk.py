@@ -27,6 +27,17 @@ def _reference_recomputes(model: nn.Module) -> bool:
     )
 
 
+def _reference_segments(model: nn.Module) -> list[nn.Module]:
+    """The flagged modules (by name) with no flagged module inside them: the names' prefixes."""
+    flagged = {
+        name: m
+        for name, m in model.named_modules()
+        if getattr(m, "gradient_checkpointing", False) is True or type(m).__name__ == "CheckpointWrapper"
+    }
+    outer = {n for n in flagged for other in flagged if other != n and (not n or other.startswith(f"{n}."))}
+    return [m for name, m in flagged.items() if name not in outer]
+
+
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_every_family_walks_like_modules_and_named_parameters(family) -> None:
     model = family.build(family.ties[0])
@@ -37,6 +48,15 @@ def test_every_family_walks_like_modules_and_named_parameters(family) -> None:
     if hasattr(model, "gradient_checkpointing_enable") and model.supports_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         assert walk_model(model).recomputes is True is _reference_recomputes(model)
+        segments, within = checkpointed_segments(model)
+        assert segments == _reference_segments(model) and len(segments) >= 2
+        # Every module inside a segment maps to it; one shared by several (VeRA's projections) to the first
+        # (its bytes only size the kept calls' budget).
+        reference: dict[int, list[int]] = {}
+        for k, segment in enumerate(segments):
+            for m in segment.modules():
+                reference.setdefault(id(m), []).append(k)
+        assert within == {key: ks[0] for key, ks in reference.items()}
 
 
 def test_shared_and_missing_children_walk_like_modules() -> None:
@@ -112,4 +132,4 @@ def test_a_checkpoint_wrapper_that_fsdp2_swapped_still_recomputes() -> None:
     wrapped.__class__ = type("FSDPCheckpointWrapper", (FSDPModule, type(wrapped)), {})
     walk = walk_model(nn.Sequential(wrapped))
     assert walk.recomputes is True and walk.fsdp is True
-    assert checkpointed_segments(nn.Sequential(wrapped)) == [wrapped]
+    assert checkpointed_segments(nn.Sequential(wrapped))[0] == [wrapped]

@@ -65,37 +65,37 @@ def checkpointing_flag(module: nn.Module) -> bool:
     return value is True
 
 
-def reruns_forward(module: nn.Module) -> bool:
-    """Whether ``module`` may re-run its forward inside the backward pass (see ``ModelWalk.recomputes``)."""
-    return _is_checkpoint_wrapper(type(module)) or checkpointing_flag(module)
-
-
 def _is_checkpoint_wrapper(cls: type) -> bool:
     """torch's ``CheckpointWrapper``, by name (torch's distributed module is not imported for it), or a
     subclass: FSDP2's ``fully_shard`` swaps a wrapped module's class for ``FSDPCheckpointWrapper``."""
     return any(base.__name__ == "CheckpointWrapper" for base in cls.__mro__)
 
 
-class _ClassKind(NamedTuple):
+class ClassKind(NamedTuple):
     wrapper: bool  # torch's CheckpointWrapper (always re-runs its module)
     flagged: bool  # the class (or a base) has a ``gradient_checkpointing`` attribute to read
     fsdp: bool
 
 
-def _kind(cls: type) -> _ClassKind:
+def class_kind(cls: type) -> ClassKind:
     """What a module's class says, read once per class and walk (not kept across walks: a class attribute
     set later, as by a user's patch, is seen at the next walk). FSDP2 swaps a managed module's class for
     a subclass of ``FSDPModule`` made for it, so a managed module is told by its class."""
-    return _ClassKind(
-        _is_checkpoint_wrapper(cls), hasattr(cls, _CHECKPOINT_FLAG), issubclass(cls, FSDPModule)
-    )
+    return ClassKind(_is_checkpoint_wrapper(cls), hasattr(cls, _CHECKPOINT_FLAG), issubclass(cls, FSDPModule))
+
+
+def reruns_forward(module: nn.Module, kind: ClassKind) -> bool:
+    """Whether ``module`` (of a class that says ``kind``) may re-run its forward in the backward pass (see
+    ``ModelWalk.recomputes``); the flag is read only where the class or the instance has one."""
+    flagged = kind.flagged or _CHECKPOINT_FLAG in module.__dict__
+    return kind.wrapper or (flagged and checkpointing_flag(module))
 
 
 def walk_model(model: nn.Module) -> ModelWalk:
     """``model``'s modules with what the engine reads from them, in one pass (see ``ModelWalk``)."""
     modules: list[nn.Module] = []
     seen_modules: set[int] = set()
-    kinds: dict[type, _ClassKind] = {}
+    kinds: dict[type, ClassKind] = {}
     recomputes = fsdp = False
     stack = [model]
     while stack:
@@ -106,9 +106,9 @@ def walk_model(model: nn.Module) -> ModelWalk:
         seen_modules.add(key)
         modules.append(module)
         cls = module.__class__
-        kind = kinds[cls] if cls in kinds else kinds.setdefault(cls, _kind(cls))
+        kind = kinds[cls] if cls in kinds else kinds.setdefault(cls, class_kind(cls))
         fsdp = fsdp or kind.fsdp
-        if not recomputes:  # (the flag is read only where the class or the instance has one)
+        if not recomputes:  # ``reruns_forward``, inline: this runs for every module of every micro-batch
             flagged = kind.flagged or _CHECKPOINT_FLAG in module.__dict__
             recomputes = kind.wrapper or (flagged and checkpointing_flag(module))
         children = module._modules

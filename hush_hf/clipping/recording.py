@@ -102,9 +102,8 @@ class CallRecorder:
             self._forwards += 1
             self._forward_walk = walk_model(self._model)  # also read by ``_check_usable``
             self._tapping = self._forward_walk.recomputes
-            segments = checkpointed_segments(self._model) if self._tapping else []
+            segments, self._in_segment = checkpointed_segments(self._model) if self._tapping else ([], {})
             self._segment_bytes, self._bottom_bytes = [0] * len(segments), 0
-            self._in_segment = {id(m): k for k, segment in enumerate(segments) for m in segment.modules()}
             self._in_forward = True
             self._anchors, self._call_bytes = [], []
 
