@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import FSDPModule
 
-from hush_hf.clipping.module_walk import modules_in_order, trainable_ids, walk_model
+from hush_hf.clipping.module_walk import trainable_ids, walk_model
 from hush_hf.clipping.recompute import checkpointed_segments
 from tests.model_families import FAMILIES
 
@@ -65,7 +65,7 @@ def test_shared_and_missing_children_walk_like_modules() -> None:
     model = nn.Sequential(shared, inner, nn.ModuleList([inner, nn.ReLU()]))
     model.register_module("absent", None)
     model.add_module("again", shared)
-    walked = modules_in_order(model)
+    walked = walk_model(model).modules
     assert walked == list(model.modules())
     assert len({id(m) for m in walked}) == len(walked) == 6  # root, shared, inner, its Linear, list, ReLU
 

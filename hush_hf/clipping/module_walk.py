@@ -115,9 +115,3 @@ def walk_model(model: nn.Module) -> ModelWalk:
         if children:  # depth first: the first child on top (a child met again is skipped when popped)
             stack.extend(reversed(children.values()))
     return ModelWalk(modules, recomputes, fsdp)
-
-
-def modules_in_order(model: nn.Module) -> list[nn.Module]:
-    """Every module of ``model`` once, in ``model.modules()`` order (depth first, parent before its
-    children, children in registration order; a module registered twice at its first place only)."""
-    return walk_model(model).modules

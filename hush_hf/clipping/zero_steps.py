@@ -44,22 +44,6 @@ def _take_steps(f: Factor, index: Tensor) -> Factor:
     return OneHotFactor(torch.gather(f.ids, 1, index), f.size)
 
 
-def _maybe_zero_bound(g: PerExampleGrad) -> tuple[Tensor, int] | None:
-    """(the fewest steps of an example that may be zero, as a 0-dim tensor; T) for an ``OuterSum`` with a
-    dense factor, else None (nothing to drop). A zero step has a zero first entry on some side: a cheap
-    upper bound on each example's zero steps, which settles most calls (no step is zero) without
-    reading the whole factors."""
-    if not isinstance(g, OuterSum):
-        return None
-    dense = [v for v in (_dense(g.row), _dense(g.col)) if v is not None]
-    if not dense or dense[0].dim() != 3 or dense[0].shape[-1] == 0 or dense[0].shape[:2].numel() == 0:
-        return None
-    maybe_zero = dense[0][:, :, 0] == 0
-    for v in dense[1:]:
-        maybe_zero |= v[:, :, 0] == 0
-    return maybe_zero.sum(dim=1).min(), dense[0].shape[1]
-
-
 def _worth_compacting(bound: int, steps: int) -> bool:
     return steps - bound <= _COMPACT_BELOW * steps
 
@@ -85,16 +69,29 @@ def _compact_to(g: OuterSum, mask: Tensor, keep: int) -> PerExampleGrad:
     return OuterSum(_take_steps(g.row, index), _take_steps(g.col, index))
 
 
-def drop_zero_steps(g: PerExampleGrad) -> PerExampleGrad:
+def drop_zero_steps(g: PerExampleGrad, not_worth: set[tuple[int, ...]] | None = None) -> PerExampleGrad:
     """The same per-example gradient with the steps t whose term row_t col_t^T is zero left out.
 
     A masked-LM head gets an output gradient only at the ~15% masked positions (padding and ignored
     labels likewise), and every Gram or matmul over T steps costs that much less on the rest. Exact:
     a zero step adds nothing to G_i. Each example keeps its nonzero steps, padded to the largest count
-    with steps whose dense factor is zero.
+    with steps whose dense factor is zero. A zero step has a zero first entry on some side: a cheap
+    upper bound on each example's zero steps settles most uses (no step is zero), one read, without
+    reading the whole factors.
+
+    ``not_worth``: the (b, T) shapes not to check (returned as they are, with all their steps), to which
+    a use whose check finds too few zero steps to compact adds its shape (``drop_zero_steps_if_costly``).
     """
-    found = _maybe_zero_bound(g)
-    if found is None or not _worth_compacting(int(found[0]), found[1]):
+    firsts = _first_entries(g)
+    if firsts is None:
+        return g
+    shape = tuple(firsts[0].shape)
+    if not_worth is not None and shape in not_worth:
+        return g
+    maybe_zero = (firsts[0] == 0) | (firsts[1] == 0)
+    if not _worth_compacting(int(maybe_zero.sum(dim=1).min()), shape[1]):
+        if not_worth is not None:
+            not_worth.add(shape)
         return g
     return _compact(g)  # type: ignore[arg-type]
 
@@ -118,20 +115,7 @@ def drop_zero_steps_if_costly(
       read per use was spent to find nothing to drop (a masked LM: one read per use until a layer below
       the head finds too few).
     """
-    if _materialized_anyway(g, vocab):
-        return g
-    firsts = _first_entries(g)
-    if firsts is None:
-        return g
-    shape = tuple(firsts[0].shape)
-    if not_worth is not None and shape in not_worth:
-        return g
-    maybe_zero = (firsts[0] == 0) | (firsts[1] == 0)
-    if not _worth_compacting(int(maybe_zero.sum(dim=1).min()), shape[1]):
-        if not_worth is not None:
-            not_worth.add(shape)
-        return g
-    return _compact(g)  # type: ignore[arg-type]
+    return g if _materialized_anyway(g, vocab) else drop_zero_steps(g, not_worth)
 
 
 def _materialized_anyway(g: PerExampleGrad, vocab: int | None) -> bool:
@@ -150,7 +134,7 @@ def _first_entries(g: PerExampleGrad) -> tuple[Tensor, Tensor] | None:
 
 
 def drop_zero_steps_all(uses: Sequence[PerExampleGrad], vocab: int | None = None) -> list[PerExampleGrad]:
-    """``drop_zero_steps`` of every use, its cheap bound (see ``_maybe_zero_bound``) taken for all uses of
+    """``drop_zero_steps`` of every use, its cheap bound (see ``drop_zero_steps``) taken for all uses of
     one (b, T) shape at once and read with one device-to-host transfer for the whole list (instead of a
     few small operations and one stall of the step per use on a GPU), and the compacted widths of the
     uses worth compacting with one more (not one each). Uses that are materialised anyway
