@@ -76,12 +76,23 @@ SMOKE = {
 """Config changes that shrink each family for a CPU smoke run of the harness (``tests/test_bench_gpu.py``)."""
 
 
-def build_model(family: str, tied: bool, seq: int, lora: bool, device: str = "cuda", smoke: bool = False):
-    """Random-init model, built on ``device`` (no Hub): (model, causal). ``smoke``: the family shrunk."""
+def build_model(
+    family: str,
+    tied: bool,
+    seq: int,
+    lora: bool,
+    device: str = "cuda",
+    smoke: bool = False,
+    layers: int | None = None,
+):
+    """Random-init model, built on ``device`` (no Hub): (model, causal). ``smoke``: the family shrunk;
+    ``layers``: that many transformer layers instead of the family's."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    shrink = SMOKE[family] if smoke else {}
+    shrink = dict(SMOKE[family]) if smoke else {}
+    if layers is not None:
+        shrink["n_layer" if family == "gpt2" else "num_hidden_layers"] = layers
     with torch.device(device):
         if family == "gpt2":
             config = GPT2Config(n_positions=max(1024, seq), tie_word_embeddings=tied, **shrink)

@@ -1,6 +1,6 @@
 """Census of the aten operations one training step dispatches: plain step against the hush_hf DP step.
 
-    .venv/bin/python bench/op_census.py [--models gpt2 llama llama-lora] [--dtypes float32 bfloat16]
+    .venv/bin/python bench/op_census.py [--models gpt2 llama llama-lora] [--dtypes float32 bfloat16 autocast]
                                         [--batch 8] [--seq 64] [--checkpointing] [--top 0]
 
 On a GPU every dispatched operation that is not a view is at least one kernel launch, and a DP step on
@@ -24,7 +24,9 @@ reads (``_local_scalar_dense``: ``.item()``, ``int(t)``, ``bool(t)``; ``nonzero`
 stall each on a GPU (AdamW's reads of its CPU step counters left out). Ratios
 are hush over plain. Models: 4-layer GPT-2 (tied, Conv1D) and Llama (untied, RMSNorm), built from
 configs with small widths, random init, random tokens; ``bfloat16`` casts the whole model
-(bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32).
+(bf16 weights, as ``Trainer(bf16=True)`` without autocast would not; the clipped sums stay float32);
+``autocast`` keeps the float32 model and runs its forward and loss under bf16 autocast, as
+``Trainer(bf16=True)`` does (the trainer row of the GPU table).
 ``llama-lora``: the Llama with rank-16 LoRA adapters on all seven projections, its base frozen (as the
 GPU table's LoRA rows); ``--checkpointing``: transformers' gradient checkpointing (non-reentrant) in
 both steps.
@@ -262,10 +264,29 @@ def build_model(family: str, dtype: torch.dtype, checkpointing: bool = False):
 
 
 def make_step(
-    family: str, dtype: torch.dtype, contender: str, batch: int, seq: int, checkpointing: bool = False
+    family: str,
+    dtype: torch.dtype,
+    contender: str,
+    batch: int,
+    seq: int,
+    checkpointing: bool = False,
+    autocast: bool = False,
 ):
     """A closure running one full training step of ``contender``."""
     model, causal = build_model(family, dtype, checkpointing)
+    return step_of(model, causal, contender, batch, seq, autocast)
+
+
+def step_of(model, causal: bool, contender: str, batch: int, seq: int, autocast: bool = False):
+    """A closure running one full training step of ``contender`` on ``model``: a random (batch, seq)
+    batch of token ids (seed 0) that is its own labels, AdamW (foreach) on the trainable parameters.
+    ``autocast``: the forward and the loss under bf16 autocast, the backward outside it, as ``Trainer``
+    runs ``bf16=True``."""
+    device = next(model.parameters()).device.type
+
+    def mixed():
+        return torch.autocast(device, torch.bfloat16) if autocast else contextlib.nullcontext()
+
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator)
     inputs = {
@@ -279,7 +300,9 @@ def make_step(
     if contender == "plain":
 
         def step(k: int) -> None:
-            model(**inputs, labels=labels).loss.backward()
+            with mixed():
+                loss = model(**inputs, labels=labels).loss
+            loss.backward()
             optimizer_step(optimizer)
 
         return step
@@ -290,7 +313,8 @@ def make_step(
     clipper = GhostClipper(model, 1.0)
 
     def dp_step(k: int) -> None:
-        loss = example_cross_entropy(model(**inputs).logits, labels, causal=causal)
+        with mixed():
+            loss = example_cross_entropy(model(**inputs).logits, labels, causal=causal)
         clipper.clipped_backward(loss)
         privatize_gradients_(
             trainable, noise_multiplier=1.0, clip_norm=1.0, expected_batch_size=batch, dp_seed=1, step=k
@@ -310,10 +334,12 @@ def census(
     sites: bool = False,
     cuda: bool = False,
     checkpointing: bool = False,
+    autocast: bool = False,
 ) -> OpCensus:
-    """One step's census; ``cuda``: with the engine's CUDA routes (``cuda_routes``), warm-up included."""
+    """One step's census; ``cuda``: with the engine's CUDA routes (``cuda_routes``), warm-up included;
+    ``autocast``: a float32 model run under bf16 autocast (``step_of``)."""
     with cuda_routes() if cuda else contextlib.nullcontext():
-        step = make_step(family, dtype, contender, batch, seq, checkpointing)
+        step = make_step(family, dtype, contender, batch, seq, checkpointing, autocast)
         for k in range(warmup):
             step(k)
         with counted(sites) as counter:
@@ -336,7 +362,13 @@ def main() -> None:
         "--models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama", "llama-lora"]
     )
     dtypes = ["float32", "bfloat16"]
-    parser.add_argument("--dtypes", nargs="+", default=dtypes, choices=dtypes)
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=dtypes,
+        choices=[*dtypes, "autocast"],
+        help="autocast: float32 weights, the forward under bf16 autocast (Trainer's bf16=True)",
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=2)
@@ -364,7 +396,8 @@ def main() -> None:
     print("|---|---|" + "---|" * len(columns))
     for family in args.models:
         for dtype_name in args.dtypes:
-            dtype = getattr(torch, dtype_name)
+            autocast = dtype_name == "autocast"
+            dtype = torch.float32 if autocast else getattr(torch, dtype_name)
             found = {
                 c: census(
                     family,
@@ -376,6 +409,7 @@ def main() -> None:
                     bool(args.breakdown),
                     False,
                     args.checkpointing,
+                    autocast,
                 )
                 for c in ("plain", "hush")
             }
@@ -401,6 +435,7 @@ def main() -> None:
                     bool(args.breakdown),
                     True,
                     args.checkpointing,
+                    autocast,
                 )
                 routed = cuda.summary()
                 cells = [
