@@ -125,19 +125,23 @@ def dense_use(g: torch.Generator, steps: int, rows: int = ROWS, cols: int = COLS
     )
 
 
-def test_norm_strategy_materialises_when_no_larger_than_the_factors() -> None:
-    """Materialised (kept for the norm and the clipped sum) iff rows * cols <= (sum_u T_u)(rows + cols),
-    in bytes; it never costs more time than ghost norms plus the clipped-sum matmul."""
+def test_norm_strategy_materialises_up_to_a_quarter_more_bytes_than_the_factors() -> None:
+    """Materialised (kept for the norm and the clipped sum) iff its bytes are at most 5/4 of the factors',
+    rows * cols * 4 <= 5/4 (sum_u T_u)(rows * s_row + cols * s_col); it never costs more time than ghost
+    norms plus the clipped-sum matmul."""
     g = torch.Generator().manual_seed(5)
-    # rows + cols = 12, rows * cols = 35: T = 2 -> ghost (35 > 24); T = 3 -> materialise (35 <= 36).
+    # 10 x 10: 100 values against 20 a step; at the boundary, T = 4: 100 <= 5/4 * 80 -> materialise.
+    assert norm_strategy([dense_use(g, 3, rows=10, cols=10)]) == "ghost"  # 100 > 75
+    assert norm_strategy([dense_use(g, 4, rows=10, cols=10)]) == "materialize"
+    # rows + cols = 12, rows * cols = 35: T = 2 -> ghost (35 > 30); T = 3 -> materialise (35 <= 45).
     assert norm_strategy([dense_use(g, 2)]) == "ghost"
     assert norm_strategy([dense_use(g, 3)]) == "materialize"
     # Two uses count their steps together: 1 + 1 -> ghost, 2 + 1 -> materialise.
     assert norm_strategy([dense_use(g, 1), dense_use(g, 1)]) == "ghost"
     assert norm_strategy([dense_use(g, 2), dense_use(g, 1)]) == "materialize"
-    # bf16 factors (2 bytes) against a float32 sum (4 bytes): 6 steps needed (140 <= 144 bytes).
+    # bf16 factors (2 bytes) against a float32 sum (4 bytes): 5 steps needed (140 <= 5/4 * 120 bytes).
     half = [OuterSum(DenseFactor(u.row.values.bfloat16()), DenseFactor(u.col.values.bfloat16())) for u in
-            (dense_use(g, 5), dense_use(g, 6))]  # fmt: skip
+            (dense_use(g, 4), dense_use(g, 5))]  # fmt: skip
     assert [norm_strategy([u]) for u in half] == ["ghost", "materialize"]
     # A one-hot side (embedding rows) or a materialised use keeps the ghost form.
     ids = OneHotFactor(torch.randint(0, ROWS, (B, 40), generator=g), ROWS)
@@ -147,10 +151,12 @@ def test_norm_strategy_materialises_when_no_larger_than_the_factors() -> None:
     assert norm_strategy([dense_use(g, 40), dense_use(g, 40, cols=COLS + 1)]) == "ghost"
     assert norm_strategy([]) == "ghost"
     # The widest factor sets the materialised tensor's bytes: a float64 side makes it 8 bytes an entry.
-    use = dense_use(g, 3)
-    single = OuterSum(DenseFactor(use.row.values.float()), DenseFactor(use.col.values.float()))
-    assert norm_strategy([single]) == "materialize"  # 35 * 4 <= 3 * 12 * 4
-    assert norm_strategy([OuterSum(single.row, use.col)]) == "ghost"  # 35 * 8 > 3 * (5 * 4 + 7 * 8)
+    uses = {t: dense_use(g, t) for t in (3, 4)}
+    single = OuterSum(DenseFactor(uses[3].row.values.float()), DenseFactor(uses[3].col.values.float()))
+    assert norm_strategy([single]) == "materialize"  # 35 * 4 <= 5/4 * 3 * (7 * 4 + 5 * 4)
+    assert norm_strategy([OuterSum(single.row, uses[3].col)]) == "ghost"  # 35 * 8 > 5/4 * 3 * (7 * 4 + 5 * 8)
+    mixed = OuterSum(DenseFactor(uses[4].row.values.float()), uses[4].col)
+    assert norm_strategy([mixed]) == "materialize"  # 35 * 8 <= 5/4 * 4 * (7 * 4 + 5 * 8)
 
 
 def test_combined_uses_give_the_same_norm_and_clipped_sum() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import torch
@@ -218,6 +219,12 @@ def materialize(g: OuterSum) -> Materialized:
     return Materialized(bmm_float32(row.transpose(1, 2), col, compute_dtype(row, col)))
 
 
+MATERIALIZE_BYTES_RATIO = Fraction(5, 4)
+"""A use's per-example gradient is formed and kept when it takes at most this many times the bytes of
+the factors it replaces (``norm_strategy``): the memory a step's clipping holds against the time of its
+norms' Gram matrices."""
+
+
 def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None) -> str:
     """``"materialize"`` or ``"ghost"``: how to get one parameter's per-example norm and clipped sum.
 
@@ -227,9 +234,12 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
     from the factors, one ``(sum_u T_u) rows cols`` matmul; materialise: ``G = sum_u row_u^T col_u``
     formed once, ``(sum_u T_u) rows cols``, kept in place of the factors (``combine_uses``), so the
     norm and the clipped sum ``sum_i c_i G_i`` (``rows cols``) are read off it. With T_u >= 1 the
-    materialised way never costs more time; it is chosen when its (b, rows, cols) tensor is no larger
-    than the factors it replaces, ``rows cols <= (sum_u T_u)(rows + cols)`` (in bytes: it is kept in
-    at least float32), so it never raises the memory either. Only when every use has two dense
+    materialised way never costs more time: it saves the Gram matrices. It is chosen when its
+    (b, rows, cols) tensor (kept in at least float32) takes at most ``MATERIALIZE_BYTES_RATIO`` times
+    the bytes of the factors it replaces, ``rows cols <= 5/4 (sum_u T_u)(rows + cols)`` in float32:
+    what it holds beyond them is at most a quarter of theirs, and the Gram matrices it saves cost at
+    least 4/5 of a weight gradient's FLOPs (GPT-2 124M at T = 512: every layer's weights, 1.23x -> 1.07x
+    the plain step's matrix FLOPs, ``bench/step_flops.py``). Only when every use has two dense
     factors of one shape (a one-hot side is an embedding table: its rows are a vocabulary) and
     neither side reaches ``never_materialize_dim`` (the model's vocabulary): no per-example tensor
     with a vocabulary-sized dimension is ever formed.
@@ -253,7 +263,12 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
         return "ghost"
     # Kept in at least float32 (and refused, as the products would be, for a dtype with no promotion).
     dtype = compute_dtype(*(f.values for g in uses for f in (g.row, g.col)))  # type: ignore[union-attr]
-    return "materialize" if rows * cols * dtype.itemsize <= factor_bytes else "ghost"
+    ratio = MATERIALIZE_BYTES_RATIO
+    return (
+        "materialize"
+        if rows * cols * dtype.itemsize * ratio.denominator <= factor_bytes * ratio.numerator
+        else "ghost"
+    )
 
 
 def combine_uses(

@@ -10,8 +10,8 @@ gradient and the input of that expert's product; see ``rules_moe``). Example i's
 so ``||G_i||^2 = sum_e ||G_i[e]||^2`` and, for two uses of W, ``<G_i, H_i> = sum_e <G_i[e], H_i[e]>``.
 Each (example, expert) block is taken like one weight of ``factors`` (mixed ghost clipping, Bu et al. 2023):
 from the Gram matrices of its pairs, ``sum_{p, q} <row_p, row_q><col_p, col_q>``, or from the block G_i[e]
-formed, whichever ``factors.norm_strategy``'s rule picks for that (example, expert) group (formed only when
-the (rows x cols) block is no larger than the group's factors it stands for). Blocks are formed one at a
+formed, for that (example, expert) group (formed only when the block is no larger than its factors;
+``factors.norm_strategy`` keeps a whole weight's up to 5/4 of them). Blocks are formed one at a
 time: never a per-example copy, (b, rows, cols), let alone one of all experts, (b, E, rows, cols). On CPU
 each group's Gram matrices are taken on their own (``PER_GROUP_DEVICES``); elsewhere (a kernel launch per
 group would cost more than the products) they are batched by size: each group padded to its size class (a
@@ -174,7 +174,7 @@ class RoutedOuterSum(ExtensionGrad):
         for e in sorted(mine.keys() & theirs.keys()):
             a, c = mine[e], theirs[e]
             steps = a.row.shape[1] + c.row.shape[1]
-            # factors.norm_strategy's rule: form the block when it is no larger than the pairs' factors.
+            # Form the block when it is no larger than the pairs' factors (one at a time, not kept).
             if rows * cols * dtype.itemsize <= steps * pair_bytes:
                 total += exact_sum(_blocks(a, dtype) * _blocks(c, dtype), dim=1)
             else:
@@ -185,7 +185,7 @@ class RoutedOuterSum(ExtensionGrad):
 
     def _squared_norms(self) -> Tensor:
         """``||G_i||^2 = sum_e ||G_i[e]||^2``, group by group: a group of n pairs whose block is no larger
-        than its factors (``factors.norm_strategy``'s rule) is formed, one at a time; the others take
+        than its factors is formed, one at a time; the others take
         ``sum_{p,q} <row_p, row_q><col_p, col_q>``, batched by size: each group padded to its size class W
         (``_padded_width``; the padding masked out), one Gram product per W. Work: at most 2.25x the
         unpadded Gram matrices', whatever the routing (an expert most of one example's tokens go to
