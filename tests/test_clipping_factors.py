@@ -493,3 +493,21 @@ def test_clipped_sums_of_uses_sharing_a_factor_equal_the_sums_without_sharing(
     for use, expected in zip(uses, separate, strict=True):
         assert torch.equal(weighted_sum(use, weights, memo), expected)
     assert not memo._kept and not memo._left
+
+
+def test_zero_steps_are_checked_for_a_use_materialised_only_beyond_its_factors_bytes() -> None:
+    """A use kept materialised because its gradient is no larger than its factors (a low-rank adapter's)
+    skips the zero-step check; one the 5/4 rule keeps (a full layer's weight) is compacted as before."""
+    g = torch.Generator().manual_seed(11)
+
+    def padded(steps: int, live: int) -> OuterSum:
+        use = dense_use(g, steps, rows=10, cols=10)
+        use.col.values[:, live:] = 0  # no output gradient past `live` steps: padding
+        return use
+
+    beyond, within = padded(4, 1), padded(8, 2)  # 100 values against 80 and 160 a factor pair holds
+    assert norm_strategy([beyond]) == norm_strategy([within]) == "materialize"
+    out = drop_zero_steps_all([beyond, within])
+    assert out[0].row.values.shape[1] == 1  # compacted to its one nonzero step
+    assert out[1] is within
+    torch.testing.assert_close(materialize_use(out[0]).values, materialize_use(beyond).values)

@@ -225,7 +225,11 @@ the factors it replaces (``norm_strategy``): the memory a step's clipping holds 
 norms' Gram matrices."""
 
 
-def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | None = None) -> str:
+def norm_strategy(
+    uses: Sequence[PerExampleGrad],
+    never_materialize_dim: int | None = None,
+    bytes_ratio: Fraction = MATERIALIZE_BYTES_RATIO,
+) -> str:
     """``"materialize"`` or ``"ghost"``: how to get one parameter's per-example norm and clipped sum.
 
     Mixed ghost clipping (Bu et al. 2023, "Differentially private optimization on large model at
@@ -242,7 +246,7 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
     the plain step's matrix FLOPs, ``bench/step_flops.py``). Only when every use has two dense
     factors of one shape (a one-hot side is an embedding table: its rows are a vocabulary) and
     neither side reaches ``never_materialize_dim`` (the model's vocabulary): no per-example tensor
-    with a vocabulary-sized dimension is ever formed.
+    with a vocabulary-sized dimension is ever formed. ``bytes_ratio``: another limit than 5/4.
     """
     # One pass over the uses: a few hundred a step, each decided twice (its zero steps, its form), and
     # host work that a GPU step waits on.
@@ -263,10 +267,9 @@ def norm_strategy(uses: Sequence[PerExampleGrad], never_materialize_dim: int | N
         return "ghost"
     # Kept in at least float32 (and refused, as the products would be, for a dtype with no promotion).
     dtype = compute_dtype(*(f.values for g in uses for f in (g.row, g.col)))  # type: ignore[union-attr]
-    ratio = MATERIALIZE_BYTES_RATIO
     return (
         "materialize"
-        if rows * cols * dtype.itemsize * ratio.denominator <= factor_bytes * ratio.numerator
+        if rows * cols * dtype.itemsize * bytes_ratio.denominator <= factor_bytes * bytes_ratio.numerator
         else "ghost"
     )
 

@@ -9,6 +9,7 @@ they are dropped. Exact: only zero terms are left out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -25,6 +26,10 @@ from hush_hf.clipping.factors import (
 
 _COMPACT_BELOW = 0.75
 """Drop zero steps when at most this fraction of the T steps carries a nonzero term (``drop_zero_steps``)."""
+
+_NO_LARGER = Fraction(1)
+"""Left unchecked for zero steps: a use whose per-example gradient is no larger than its factors
+(``drop_zero_steps_if_costly``)."""
 
 
 def _nonzero_rows(f: Factor) -> Tensor | None:
@@ -105,8 +110,10 @@ def drop_zero_steps_if_costly(
     host-bound on an H200 (hundreds a step). Exact either way: only zero terms are ever left out, and a
     use returned as it is has all its steps. ``vocab``: see ``norm_strategy``. Not checked:
 
-    - a use that ``norm_strategy`` materialises (a low-rank adapter's, a small projection's): that
-      costs ``T rows cols`` with or without its zero steps, little either way;
+    - a use whose per-example gradient takes no more bytes than its factors (a low-rank adapter's, a
+      small projection's): ``norm_strategy`` materialises it, at ``T rows cols`` with or without its
+      zero steps, little either way. (A use it materialises only up to 5/4 of its factors' bytes, a
+      full layer's weight at T near its width, is still checked: padding can halve its product.);
     - a use of a (b, T) shape in ``not_worth`` (the pass's), to which a use whose check found too few
       zero steps to compact adds its shape. A backward pass reaches the output layer first, whose zero
       steps are the positions without a target; a layer below gets a gradient at every position that
@@ -119,7 +126,7 @@ def drop_zero_steps_if_costly(
 
 
 def _materialized_anyway(g: PerExampleGrad, vocab: int | None) -> bool:
-    return isinstance(g, OuterSum) and norm_strategy([g], vocab) == "materialize"
+    return isinstance(g, OuterSum) and norm_strategy([g], vocab, bytes_ratio=_NO_LARGER) == "materialize"
 
 
 def _first_entries(g: PerExampleGrad) -> tuple[Tensor, Tensor] | None:
