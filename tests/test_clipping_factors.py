@@ -127,8 +127,8 @@ def dense_use(g: torch.Generator, steps: int, rows: int = ROWS, cols: int = COLS
 
 def test_norm_strategy_materialises_up_to_a_quarter_more_bytes_than_the_factors() -> None:
     """Materialised (kept for the norm and the clipped sum) iff its bytes are at most 5/4 of the factors',
-    rows * cols * 4 <= 5/4 (sum_u T_u)(rows * s_row + cols * s_col); it never costs more time than ghost
-    norms plus the clipped-sum matmul."""
+    rows * cols * 4 <= 5/4 (sum_u T_u)(rows * s_row + cols * s_col), with full-precision float products
+    (float64 here); it never costs more FLOPs than ghost norms plus the clipped-sum matmul."""
     g = torch.Generator().manual_seed(5)
     # 10 x 10: 100 values against 20 a step; at the boundary, T = 4: 100 <= 5/4 * 80 -> materialise.
     assert norm_strategy([dense_use(g, 3, rows=10, cols=10)]) == "ghost"  # 100 > 75
@@ -139,9 +139,10 @@ def test_norm_strategy_materialises_up_to_a_quarter_more_bytes_than_the_factors(
     # Two uses count their steps together: 1 + 1 -> ghost, 2 + 1 -> materialise.
     assert norm_strategy([dense_use(g, 1), dense_use(g, 1)]) == "ghost"
     assert norm_strategy([dense_use(g, 2), dense_use(g, 1)]) == "materialize"
-    # bf16 factors (2 bytes) against a float32 sum (4 bytes): 5 steps needed (140 <= 5/4 * 120 bytes).
+    # bf16 factors (2 bytes) against a float32 sum (4 bytes), whose products are fast: kept only when no
+    # larger than the factors, 6 steps (140 <= 144 bytes; 5/4 would take 5).
     half = [OuterSum(DenseFactor(u.row.values.bfloat16()), DenseFactor(u.col.values.bfloat16())) for u in
-            (dense_use(g, 4), dense_use(g, 5))]  # fmt: skip
+            (dense_use(g, 5), dense_use(g, 6))]  # fmt: skip
     assert [norm_strategy([u]) for u in half] == ["ghost", "materialize"]
     # A one-hot side (embedding rows) or a materialised use keeps the ghost form.
     ids = OneHotFactor(torch.randint(0, ROWS, (B, 40), generator=g), ROWS)
@@ -511,3 +512,22 @@ def test_zero_steps_are_checked_for_a_use_materialised_only_beyond_its_factors_b
     assert out[0].row.values.shape[1] == 1  # compacted to its one nonzero step
     assert out[1] is within
     torch.testing.assert_close(materialize_use(out[0]).values, materialize_use(beyond).values)
+
+
+def test_norm_strategy_keeps_a_gradient_beyond_its_factors_bytes_only_with_full_float32_products() -> None:
+    """Under TF32 (``"high"``) the Gram matrices cost ~8x less and the 5/4 band stays in ghost form; float64
+    factors never run in TF32; bf16 factors are fast products whatever the setting."""
+    g = torch.Generator().manual_seed(12)
+    band = dense_use(g, 4, rows=10, cols=10)  # 100 values against 80 a step pair: 5/4 exactly
+    single = OuterSum(DenseFactor(band.row.values.float()), DenseFactor(band.col.values.float()))
+    no_larger = dense_use(g, 5, rows=10, cols=10)
+    no_larger = OuterSum(DenseFactor(no_larger.row.values.float()), DenseFactor(no_larger.col.values.float()))
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert norm_strategy([single]) == norm_strategy([band]) == "materialize"
+        torch.set_float32_matmul_precision("high")
+        assert norm_strategy([single]) == "ghost"
+        assert norm_strategy([band]) == norm_strategy([no_larger]) == "materialize"
+    finally:
+        torch.set_float32_matmul_precision(before)

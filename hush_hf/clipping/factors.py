@@ -33,6 +33,7 @@ from hush_hf.clipping.float32_products import (
     bmm_float32,
     float32_output_supported,
 )
+from hush_hf.clipping.precision import low_precision_step
 from hush_hf.clipping.tensor_views import as_rows, as_shape
 
 if TYPE_CHECKING:
@@ -221,14 +222,16 @@ def materialize(g: OuterSum) -> Materialized:
 
 MATERIALIZE_BYTES_RATIO = Fraction(5, 4)
 """A use's per-example gradient is formed and kept when it takes at most this many times the bytes of
-the factors it replaces (``norm_strategy``): the memory a step's clipping holds against the time of its
-norms' Gram matrices."""
+the factors it replaces, where float32 products run at full precision (``norm_strategy``): the memory a
+step's clipping holds against the time of its norms' Gram matrices."""
+
+_NO_LARGER = Fraction(1)
 
 
 def norm_strategy(
     uses: Sequence[PerExampleGrad],
     never_materialize_dim: int | None = None,
-    bytes_ratio: Fraction = MATERIALIZE_BYTES_RATIO,
+    bytes_ratio: Fraction | None = None,
 ) -> str:
     """``"materialize"`` or ``"ghost"``: how to get one parameter's per-example norm and clipped sum.
 
@@ -237,16 +240,20 @@ def norm_strategy(
     ghost: the norm from Gram matrices, ``sum_{u<=v} T_u T_v (rows + cols)``, then the clipped sum
     from the factors, one ``(sum_u T_u) rows cols`` matmul; materialise: ``G = sum_u row_u^T col_u``
     formed once, ``(sum_u T_u) rows cols``, kept in place of the factors (``combine_uses``), so the
-    norm and the clipped sum ``sum_i c_i G_i`` (``rows cols``) are read off it. With T_u >= 1 the
-    materialised way never costs more time: it saves the Gram matrices. It is chosen when its
-    (b, rows, cols) tensor (kept in at least float32) takes at most ``MATERIALIZE_BYTES_RATIO`` times
-    the bytes of the factors it replaces, ``rows cols <= 5/4 (sum_u T_u)(rows + cols)`` in float32:
-    what it holds beyond them is at most a quarter of theirs, and the Gram matrices it saves cost at
-    least 4/5 of a weight gradient's FLOPs (GPT-2 124M at T = 512: every layer's weights, 1.23x -> 1.07x
-    the plain step's matrix FLOPs, ``bench/step_flops.py``). Only when every use has two dense
-    factors of one shape (a one-hot side is an embedding table: its rows are a vocabulary) and
-    neither side reaches ``never_materialize_dim`` (the model's vocabulary): no per-example tensor
-    with a vocabulary-sized dimension is ever formed. ``bytes_ratio``: another limit than 5/4.
+    norm and the clipped sum ``sum_i c_i G_i`` (``rows cols``) are read off it. Materialising saves the
+    Gram matrices' FLOPs and costs a few passes over the (b, rows, cols) tensor (kept in at least
+    float32: formed, squared and summed for the norm, weighted for the sum). It is chosen when that
+    tensor takes at most the bytes of the factors it replaces, ``rows cols <= (sum_u T_u)(rows + cols)``
+    in float32, so it never raises the memory; and, where float32 products run at full precision (on
+    a CPU, or ``"highest"`` on a GPU: ``precision.reduced_float32_matmuls``), up to
+    ``MATERIALIZE_BYTES_RATIO`` = 5/4 of them: then the Gram matrices it saves cost at least 4/5 of a
+    weight gradient's FLOPs at float32's slow rate (GPT-2 124M at T = 512: every layer's weights, 1.23x
+    -> 1.07x the plain step's matrix FLOPs, ``bench/step_flops.py``). Under TF32 or with bf16 factors
+    they cost about 8x less, about what the passes over the larger tensor would. Only when every use
+    has two dense factors of one shape (a one-hot side is an embedding table: its rows are a
+    vocabulary) and neither side reaches ``never_materialize_dim`` (the model's vocabulary): no
+    per-example tensor with a vocabulary-sized dimension is ever formed. ``bytes_ratio``: a fixed limit
+    instead.
     """
     # One pass over the uses: a few hundred a step, each decided twice (its zero steps, its form), and
     # host work that a GPU step waits on.
@@ -266,12 +273,22 @@ def norm_strategy(
     if rows < 0 or (never_materialize_dim is not None and max(rows, cols) >= never_materialize_dim):
         return "ghost"
     # Kept in at least float32 (and refused, as the products would be, for a dtype with no promotion).
-    dtype = compute_dtype(*(f.values for g in uses for f in (g.row, g.col)))  # type: ignore[union-attr]
-    return (
-        "materialize"
-        if rows * cols * dtype.itemsize * bytes_ratio.denominator <= factor_bytes * bytes_ratio.numerator
-        else "ghost"
-    )
+    values = [f.values for g in uses for f in (g.row, g.col)]  # type: ignore[union-attr]
+    dtype = compute_dtype(*values)
+    held = rows * cols * dtype.itemsize
+    if bytes_ratio is None:
+        if held <= factor_bytes:
+            return "materialize"
+        bytes_ratio = _NO_LARGER if _fast_products(values) else MATERIALIZE_BYTES_RATIO
+    within = held * bytes_ratio.denominator <= factor_bytes * bytes_ratio.numerator
+    return "materialize" if within else "ghost"
+
+
+def _fast_products(values: Sequence[Tensor]) -> bool:
+    """Whether these factors' products run faster than full float32: a bf16/fp16 factor, or float32
+    products that may round to TF32/bf16 on their device (``precision.low_precision_step``)."""
+    narrowest = min((v.dtype for v in values), key=lambda d: torch.finfo(d).bits)
+    return low_precision_step(narrowest, values[0].device.type)
 
 
 def combine_uses(

@@ -29,7 +29,7 @@ _COMPACT_BELOW = 0.75
 
 _NO_LARGER = Fraction(1)
 """Left unchecked for zero steps: a use whose per-example gradient is no larger than its factors
-(``drop_zero_steps_if_costly``)."""
+(``drop_zero_steps_if_costly``), whatever the precision of the products."""
 
 
 def _nonzero_rows(f: Factor) -> Tensor | None:
@@ -113,7 +113,8 @@ def drop_zero_steps_if_costly(
     - a use whose per-example gradient takes no more bytes than its factors (a low-rank adapter's, a
       small projection's): ``norm_strategy`` materialises it, at ``T rows cols`` with or without its
       zero steps, little either way. (A use it materialises only up to 5/4 of its factors' bytes, a
-      full layer's weight at T near its width, is still checked: padding can halve its product.);
+      full float32 layer's weight at T near its width, is still checked: padding can halve its
+      product.);
     - a use of a (b, T) shape in ``not_worth`` (the pass's), to which a use whose check found too few
       zero steps to compact adds its shape. A backward pass reaches the output layer first, whose zero
       steps are the positions without a target; a layer below gets a gradient at every position that
