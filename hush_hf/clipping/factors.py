@@ -33,7 +33,7 @@ from hush_hf.clipping.float32_products import (
     bmm_float32,
     float32_output_supported,
 )
-from hush_hf.clipping.precision import low_precision_step
+from hush_hf.clipping.precision import reduced_float32_matmuls
 from hush_hf.clipping.tensor_views import as_rows, as_shape
 
 if TYPE_CHECKING:
@@ -225,7 +225,8 @@ MATERIALIZE_BYTES_RATIO = Fraction(5, 4)
 the factors it replaces, where float32 products run at full precision (``norm_strategy``): the memory a
 step's clipping holds against the time of its norms' Gram matrices."""
 
-_NO_LARGER = Fraction(1)
+_MATERIALIZE_NUM_DEN = MATERIALIZE_BYTES_RATIO.as_integer_ratio()
+_HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
 
 
 def norm_strategy(
@@ -276,19 +277,23 @@ def norm_strategy(
     values = [f.values for g in uses for f in (g.row, g.col)]  # type: ignore[union-attr]
     dtype = compute_dtype(*values)
     held = rows * cols * dtype.itemsize
-    if bytes_ratio is None:
+    if bytes_ratio is None:  # integers, not Fraction arithmetic: a few hundred calls a micro-batch
         if held <= factor_bytes:
             return "materialize"
-        bytes_ratio = _NO_LARGER if _fast_products(values) else MATERIALIZE_BYTES_RATIO
-    within = held * bytes_ratio.denominator <= factor_bytes * bytes_ratio.numerator
-    return "materialize" if within else "ghost"
+        num, den = _MATERIALIZE_NUM_DEN
+        within = held * den <= factor_bytes * num
+        return "materialize" if within and not _fast_products(values) else "ghost"
+    num, den = bytes_ratio.as_integer_ratio()
+    return "materialize" if held * den <= factor_bytes * num else "ghost"
 
 
 def _fast_products(values: Sequence[Tensor]) -> bool:
-    """Whether these factors' products run faster than full float32: a bf16/fp16 factor, or float32
-    products that may round to TF32/bf16 on their device (``precision.low_precision_step``)."""
-    narrowest = min((v.dtype for v in values), key=lambda d: torch.finfo(d).bits)
-    return low_precision_step(narrowest, values[0].device.type)
+    """Whether these factors' products run faster than full float32: a bf16/fp16 factor, or a float32 one
+    whose products may round to TF32/bf16 on its device (float64 products never do)."""
+    dtypes = {v.dtype for v in values}
+    return bool(dtypes & _HALF_DTYPES) or (
+        torch.float32 in dtypes and reduced_float32_matmuls(values[0].device.type)
+    )
 
 
 def combine_uses(
