@@ -11,7 +11,7 @@ so ``||G_i||^2 = sum_e ||G_i[e]||^2`` and, for two uses of W, ``<G_i, H_i> = sum
 Each (example, expert) block is taken like one weight of ``factors`` (mixed ghost clipping, Bu et al. 2023):
 from the Gram matrices of its pairs, ``sum_{p, q} <row_p, row_q><col_p, col_q>``, or from the block G_i[e]
 formed, for that (example, expert) group (formed only when the block is no larger than its factors;
-``factors.norm_strategy`` keeps a whole weight's up to 5/4 of them). Blocks are formed one at a
+``factors.norm_strategy`` keeps a whole weight's, up to 5/4 in float32). Blocks are formed one at a
 time: never a per-example copy, (b, rows, cols), let alone one of all experts, (b, E, rows, cols). On CPU
 each group's Gram matrices are taken on their own (``PER_GROUP_DEVICES``); elsewhere (a kernel launch per
 group would cost more than the products) they are batched by size: each group padded to its size class (a
