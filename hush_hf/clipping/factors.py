@@ -204,6 +204,8 @@ def inner(g: PerExampleGrad, h: PerExampleGrad) -> Tensor:
         return h.inner(g)
     if isinstance(g, OuterSum) and isinstance(h, OuterSum):
         return _gram_dot(gram(g.row, h.row), gram(g.col, h.col))
+    if isinstance(g, Materialized) and g is h:
+        return squared_rows(g.values.flatten(1))
     if isinstance(g, Materialized) and isinstance(h, Materialized):
         dtype = compute_dtype(g.values, h.values)
         return exact_sum(as_dtype(g.values, dtype).flatten(1) * as_dtype(h.values, dtype).flatten(1), dim=1)
@@ -481,6 +483,25 @@ _NORM_CHUNK_BYTES = 2**19
 thread: 13 ms, against 119 ms for the whole square at once and 227 ms widening it to float64 first)."""
 
 
+def squared_rows(block: Tensor) -> Tensor:
+    """``sum_j block[i, j]^2`` for every row i of a (b, N) block, shape (b,): each value squared in (at
+    least) float32, the squares summed in float64 (``exact_sum``); all terms are >= 0, so the sum loses
+    no more than each square's rounding, 2^-24 relative in float32. On CPU a cache-sized chunk of
+    columns at a time (``_NORM_CHUNK_BYTES``): no batch-wide temporary, nor its float64 copy
+    (``torch.sum`` with ``dtype=float64`` converts its input first)."""
+    dtype = compute_dtype(block)
+    width = block.shape[1]
+    on_cpu = block.device.type == "cpu"
+    step = max(1, _NORM_CHUNK_BYTES // (4 * max(1, block.shape[0])) if on_cpu else width)
+    total: Tensor | None = None
+    for start in range(0, max(width, 1), step):
+        part = as_dtype(block[:, start : start + step], dtype)
+        term = exact_sum(part * part, dim=1)
+        total = term if total is None else total.add_(term)
+    assert total is not None
+    return total
+
+
 @dataclass(frozen=True)
 class Packed:
     """The whole-stored per-example gradients of several parameters: ``blocks`` of shape (b, N_j), the
@@ -497,17 +518,9 @@ class Packed:
         float32, the squares summed in float64 (``exact_sum``). The terms are all >= 0, so the sum loses
         no more than each product's rounding, 2^-24 relative in float32. On CPU the columns are taken a
         cache-sized chunk at a time (no batch-wide temporary)."""
-        total: Tensor | None = None
-        for block in self.blocks:
-            dtype = compute_dtype(block)
-            width = block.shape[1]
-            on_cpu = block.device.type == "cpu"
-            step = max(1, _NORM_CHUNK_BYTES // (4 * max(1, block.shape[0])) if on_cpu else width)
-            for start in range(0, width, step):
-                part = as_dtype(block[:, start : start + step], dtype)
-                term = exact_sum(part * part, dim=1)
-                total = term if total is None else total.add_(term)
-        assert total is not None
+        total = squared_rows(self.blocks[0])
+        for block in self.blocks[1:]:
+            total.add_(squared_rows(block))
         return total
 
     def weighted_sums(self, weights: Tensor) -> dict[str, Tensor]:
