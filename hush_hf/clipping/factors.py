@@ -234,7 +234,8 @@ _HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
 def norm_strategy(
     uses: Sequence[PerExampleGrad],
     never_materialize_dim: int | None = None,
-    bytes_ratio: Fraction | None = None,
+    *,
+    beyond_factors: bool = True,
 ) -> str:
     """``"materialize"`` or ``"ghost"``: how to get one parameter's per-example norm and clipped sum.
 
@@ -255,8 +256,8 @@ def norm_strategy(
     they cost about 8x less, about what the passes over the larger tensor would. Only when every use
     has two dense factors of one shape (a one-hot side is an embedding table: its rows are a
     vocabulary) and neither side reaches ``never_materialize_dim`` (the model's vocabulary): no
-    per-example tensor with a vocabulary-sized dimension is ever formed. ``bytes_ratio``: a fixed limit
-    instead.
+    per-example tensor with a vocabulary-sized dimension is ever formed. ``beyond_factors=False``: only
+    up to the factors' own bytes, whatever the precision.
     """
     # One pass over the uses: a few hundred a step, each decided twice (its zero steps, its form), and
     # host work that a GPU step waits on.
@@ -279,14 +280,13 @@ def norm_strategy(
     values = [f.values for g in uses for f in (g.row, g.col)]  # type: ignore[union-attr]
     dtype = compute_dtype(*values)
     held = rows * cols * dtype.itemsize
-    if bytes_ratio is None:  # integers, not Fraction arithmetic: a few hundred calls a micro-batch
-        if held <= factor_bytes:
-            return "materialize"
-        num, den = _MATERIALIZE_NUM_DEN
-        within = held * den <= factor_bytes * num
-        return "materialize" if within and not _fast_products(values) else "ghost"
-    num, den = bytes_ratio.as_integer_ratio()
-    return "materialize" if held * den <= factor_bytes * num else "ghost"
+    if held <= factor_bytes:
+        return "materialize"
+    if not beyond_factors:
+        return "ghost"
+    num, den = _MATERIALIZE_NUM_DEN  # integers, not Fraction arithmetic: a few hundred calls a micro-batch
+    within = held * den <= factor_bytes * num
+    return "materialize" if within and not _fast_products(values) else "ghost"
 
 
 def _fast_products(values: Sequence[Tensor]) -> bool:

@@ -9,7 +9,6 @@ they are dropped. Exact: only zero terms are left out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -26,10 +25,6 @@ from hush_hf.clipping.factors import (
 
 _COMPACT_BELOW = 0.75
 """Drop zero steps when at most this fraction of the T steps carries a nonzero term (``drop_zero_steps``)."""
-
-_NO_LARGER = Fraction(1)
-"""Left unchecked for zero steps: a use whose per-example gradient is no larger than its factors
-(``drop_zero_steps_if_costly``), whatever the precision of the products."""
 
 
 def _nonzero_rows(f: Factor) -> Tensor | None:
@@ -127,7 +122,7 @@ def drop_zero_steps_if_costly(
 
 
 def _materialized_anyway(g: PerExampleGrad, vocab: int | None) -> bool:
-    return isinstance(g, OuterSum) and norm_strategy([g], vocab, bytes_ratio=_NO_LARGER) == "materialize"
+    return isinstance(g, OuterSum) and norm_strategy([g], vocab, beyond_factors=False) == "materialize"
 
 
 def _first_entries(g: PerExampleGrad) -> tuple[Tensor, Tensor] | None:
