@@ -95,6 +95,18 @@ def test_gpu_exactness_rows_run_on_cpu() -> None:
     assert float(cells[4]) <= 1.0 and cells[5] == "0 calls"
 
 
+def test_gpu_exactness_times_the_grouped_norm_on_cpu() -> None:
+    """The kept gradient's norm line runs on the CPU at a small size: the grouped route within its bound."""
+    import re
+
+    import gpu_exactness
+
+    line = gpu_exactness.grouped_norm_line("cpu", batch=4, width=8 * 1000 + 3)
+    error, bound = (float(x) for x in re.search(r"relative error (\S+) \(bound (\S+)\)", line).groups())
+    assert bound == pytest.approx(11.1 * 2.0**-24, rel=1e-2) and error <= bound
+    assert "single route" in line
+
+
 def test_gpu_exactness_plants_a_misuse_that_tf32_still_catches_on_cpu() -> None:
     import gpu_exactness
 

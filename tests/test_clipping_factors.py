@@ -17,6 +17,7 @@ from hush_hf.clipping.factors import (
     OuterSum,
     combine_uses,
     gram,
+    grouped_squared_rows,
     inner,
     norm_strategy,
     pack_small,
@@ -30,6 +31,7 @@ from hush_hf.clipping.float32_products import (
     bf16_toward_zero,
     bmm_float32,
 )
+from hush_hf.clipping.layer_calls import CLIP_MARGINS
 from hush_hf.clipping.zero_steps import drop_zero_steps, drop_zero_steps_all, drop_zero_steps_if_costly
 
 B, ROWS, COLS = 3, 7, 5
@@ -533,26 +535,97 @@ def test_norm_strategy_keeps_a_gradient_beyond_its_factors_bytes_only_with_full_
         torch.set_float32_matmul_precision(before)
 
 
+class _LargestOutput:
+    """The largest tensor any dispatched operation writes inside the ``with`` (views allocate nothing)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        record = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if isinstance(out, Tensor) and not func.is_view:
+                    record.largest = max(record.largest, out.numel() * out.element_size())
+                return out
+
+        self.largest, self._mode = 0, Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+
 def test_a_kept_gradients_norm_on_cpu_takes_its_columns_a_chunk_at_a_time() -> None:
     """A kept (materialised) gradient's squared norm: float64-exact, and on CPU no temporary of its size
     (``torch.sum`` with ``dtype=float64`` converts its whole input first): 9x faster there at GPT-2's
     (768 x 3072) weight."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class LargestOutput(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if isinstance(out, Tensor) and not func.is_view:  # a view allocates nothing
-                LargestOutput.largest = max(LargestOutput.largest, out.numel() * out.element_size())
-            return out
-
     g = torch.Generator().manual_seed(13)
     values = torch.randn(B, 256, 512, generator=g)  # 1.5 MiB, three chunks' worth of columns
     kept = Materialized(values)
-    with LargestOutput():
+    with _LargestOutput() as record:
         norms = inner(kept, kept)
     expected = values.double().pow(2).flatten(1).sum(1)
     torch.testing.assert_close(norms, expected, rtol=2**-24, atol=0)  # each square rounded once
-    assert LargestOutput.largest <= 2**20  # one chunk's float64 squares, not the whole block's
+    assert record.largest <= 2**20  # one chunk's float64 squares, not the whole block's
+
+
+GROUPED_BOUND = 11.1 * 2.0**-24
+"""``grouped_squared_rows``' stated bound on a squared norm's relative error (gamma_8 + 3u, float32)."""
+
+
+def float32_groups_emulated(block: Tensor) -> Tensor:
+    """The grouped route's partials with the least favourable float32 arithmetic it may meet on a GPU: each
+    square rounded, a group's 8 squares added one by one in float32 (a CPU ``vector_norm`` may accumulate
+    in float64 instead, which would hide them), the square root and its square rounded; (b, N // 8)."""
+    b, width = block.shape
+    groups = block[:, : width - width % 8].reshape(b, 8, -1)
+    acc = groups[:, 0] * groups[:, 0]
+    for k in range(1, 8):
+        acc = acc + groups[:, k] * groups[:, k]
+    partial = torch.sqrt(acc)
+    return partial * partial
+
+
+@pytest.mark.parametrize("values", ["normal", "heavy-tailed", "equal", "one-large"])
+def test_grouped_squared_rows_stays_within_its_bound_and_the_float32_clip_margin(values: str) -> None:
+    """Against float64, within 11.1 u of the squared norm: the route as this machine runs it, and each of its
+    partial sums with the worst float32 arithmetic emulated (all terms >= 0, so the total's relative error
+    is at most its partials' largest). The norm's error, half that, fits under float32's clip margin 2^-20
+    with the 2^-24 the other routes spend. Equal values are the classic adversary of sequential sums."""
+    g = torch.Generator().manual_seed(14)
+    shape = (6, 8 * 4099 + 5)  # columns beyond whole groups: the tail's own sum
+    block = {
+        "normal": lambda: torch.randn(shape, generator=g),
+        "heavy-tailed": lambda: torch.exp(4 * torch.randn(shape, generator=g)),
+        "equal": lambda: torch.full(shape, 1 + 2**-12 + 2**-20),
+        "one-large": lambda: torch.randn(shape, generator=g).index_fill_(1, torch.tensor([7]), 1e6),
+    }[values]()
+    exact = block.double().pow(2).sum(1)
+    got = grouped_squared_rows(block)
+    assert got.dtype == torch.float64
+    assert ((got - exact) / exact).abs().max() <= GROUPED_BOUND
+    b, width = block.shape
+    exact_partials = block[:, : width - width % 8].double().reshape(b, 8, -1).pow(2).sum(1)
+    emulated = ((float32_groups_emulated(block).double() - exact_partials) / exact_partials).abs().max()
+    assert emulated <= GROUPED_BOUND
+    assert emulated > 2.0**-25  # the emulated float32 arithmetic does round: the check is not vacuous
+    assert CLIP_MARGINS[torch.float32] > GROUPED_BOUND / 2 + 2.0**-24
+
+
+def test_a_kept_gradients_norm_off_cpu_writes_no_temporary_of_its_size() -> None:
+    """Off CPU (the meta device stands in for a GPU: the same route, shapes only) a large float32 block's
+    norm writes an eighth of its bytes (the float32 partial sums; ``sum``'s float64 copy of them, a quarter,
+    is made inside its kernel here, unseen), where the single route writes its square (and a GPU a float64
+    copy of that: 3x the block); a small block keeps the single route's two kernels."""
+    large = Materialized(torch.empty(32, 768, 3072, device="meta"))  # GPT-2's MLP weight at batch 32
+    with _LargestOutput() as record:
+        norms = inner(large, large)
+    assert norms.shape == (32,) and norms.dtype == torch.float64
+    assert record.largest * 8 == large.values.numel() * large.values.element_size()
+    small = Materialized(torch.empty(4, 256, 512, device="meta"))
+    with _LargestOutput() as record:
+        inner(small, small)
+    assert record.largest == small.values.numel() * small.values.element_size()  # its square
