@@ -478,6 +478,10 @@ their own, as stored (on CPU a copy of them costs as much as their norm). Other 
 packed parameter (``PACK_BELOW``): there each block is a kernel launch or two, and LoRA's adapters
 (r x d, e.g. 16 x 2048) are hundreds of small blocks."""
 
+CHUNKED_NORM_DEVICES = frozenset({"cpu"})
+"""Device types on which ``squared_rows`` takes a block's columns a cache-sized chunk at a time; elsewhere
+(GPUs) a block streams whole, grouped when large (``grouped_squared_rows``)."""
+
 _NORM_CHUNK_BYTES = 2**19
 """``Packed.squared_norms`` on CPU squares this many bytes at a time, in cache (16 x 796,928 values, one
 thread: 13 ms, against 119 ms for the whole square at once and 227 ms widening it to float64 first)."""
@@ -492,7 +496,7 @@ def squared_rows(block: Tensor) -> Tensor:
     takes ``grouped_squared_rows``: a GPU streams it once instead of seven times."""
     dtype = compute_dtype(block)
     width = block.shape[1]
-    on_cpu = block.device.type == "cpu"
+    on_cpu = block.device.type in CHUNKED_NORM_DEVICES
     if (
         not on_cpu
         and block.dtype == torch.float32

@@ -1,0 +1,83 @@
+"""``bench/step_roofline.py``: kernels' FLOPs and bytes, and a step's time extrapolated from shallow builds.
+
+The script prices every kernel of a step at ``max(FLOPs / R, bytes / W)`` and extrapolates the step from 2
+and 3 layers and batches of 2 and 3 to the GPU table's depth and batch. Checked here: the counts of known
+kernels against their closed forms, and the extrapolation against a direct count of a 4-layer build at
+batch 5 (smoke-size models, both steps), with FLOPs alone and bytes alone (each affine in both).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import step_roofline  # noqa: E402
+
+
+def test_kernel_costs_count_a_products_flops_and_every_tensor_it_reads_and_writes() -> None:
+    a, b = torch.randn(6, 5), torch.randn(5, 7)
+    with step_roofline.KernelCosts() as costs:
+        c = a @ b
+        c.add_(1.0)  # in place: c read and written, counted once
+        c.t()  # a view: no kernel
+    assert costs.kernels == [(2 * 6 * 5 * 7, 4 * (6 * 5 + 5 * 7 + 6 * 7)), (0, 4 * 6 * 7)]
+
+
+def test_a_reduction_into_a_wider_dtype_costs_the_copy_a_gpu_makes_first() -> None:
+    """``sum(dtype=float64)`` of float32 converts its input on CUDA (read 4, write 8 bytes a value), then
+    reads the copy; a bf16 input summed into float32 is read as it is."""
+    x, h = torch.randn(10, 3), torch.randn(10, 3).bfloat16()
+    with step_roofline.KernelCosts() as costs:
+        x.sum(dim=1, dtype=torch.float64)
+        h.sum(dim=1, dtype=torch.float32)
+    assert costs.kernels == [(0, 30 * (4 + 8)), (0, 30 * 8 + 10 * 8), (0, 30 * 2 + 10 * 4)]
+
+
+def test_the_rate_solved_gives_the_plain_steps_measured_time() -> None:
+    kernels = [(10**9, 10**6)] * 10 + [(0, 10**8)] * 5
+    plain = step_roofline.Extrapolated({key: kernels for key in ((2, 2), (2, 3), (3, 2), (3, 3))})
+    rate = step_roofline.solve_rate(plain, 2, 2, 4e12, target=0.01)
+    assert plain.at(2, 2, rate, 4e12) == pytest.approx(0.01, rel=1e-9)
+    assert rate == pytest.approx(10 * 10**9 / (0.01 - 5 * 10**8 / 4e12), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-1b-lora"])
+@pytest.mark.parametrize("priced", ["flops", "bytes"])
+def test_a_steps_time_is_extrapolated_exactly_in_depth_and_batch(name: str, priced: str, monkeypatch) -> None:
+    monkeypatch.setattr(step_roofline, "LAUNCH_SECONDS", 0.0)
+    rate, bandwidth = (1e12, math.inf) if priced == "flops" else (math.inf, 1e12)
+    for contender in ("plain", "hush"):
+        shallow = step_roofline.counted(name, contender, smoke=True)
+        direct = step_roofline.seconds(
+            step_roofline.step_costs(name, contender, 4, 5, smoke=True), rate, bandwidth
+        )
+        assert direct > 0
+        assert shallow.at(4, 5, rate, bandwidth) == pytest.approx(direct, rel=1e-9), (contender, priced)
+
+
+def test_gpu_routes_stream_a_kept_gradient_and_keep_the_five_fourths_band_ghost_under_tf32() -> None:
+    """On this CPU a kept gradient's norm goes a cache-sized chunk at a time (a few kernels per chunk); the
+    GPU's route streams it in four. Under TF32 a use in the 5/4 band stays in ghost form, as on a GPU."""
+    from hush_hf.clipping import factors
+    from hush_hf.clipping.factors import DenseFactor, Materialized, OuterSum, inner, norm_strategy
+
+    kept = Materialized(torch.randn(32, 64, 4096))  # 32 MiB of float32: 64 chunks on CPU
+    with step_roofline.KernelCosts() as on_cpu:
+        expected = inner(kept, kept)
+    with step_roofline.gpu_routes(tf32=False), step_roofline.KernelCosts() as on_gpu:
+        got = inner(kept, kept)
+    assert len(on_gpu.kernels) == 4 < 64 < len(on_cpu.kernels)
+    torch.testing.assert_close(got, expected, rtol=11.1 * 2.0**-24, atol=0)
+    g = torch.Generator().manual_seed(0)
+    band = OuterSum(*(DenseFactor(torch.randn(2, 4, 10, generator=g)) for _ in "rc"))  # 100 values vs 80
+    with step_roofline.gpu_routes(tf32=False):
+        assert norm_strategy([band]) == "materialize"
+    with step_roofline.gpu_routes(tf32=True):
+        assert norm_strategy([band]) == "ghost"
+    assert "cpu" in factors.CHUNKED_NORM_DEVICES  # put back
+    assert factors.JOIN_BELOW == {"cpu": 2**12}
