@@ -95,18 +95,23 @@ class KernelCosts(TorchDispatchMode):
         return out
 
 
+TF32_ROUTES = "reduced_float32_matmuls"
+"""What an engine that takes other routes under TF32 asks (in ``factors``); the present one does not."""
+
+
 @contextlib.contextmanager
 def gpu_routes(tf32: bool) -> Iterator[None]:
     """The engine takes the routes it takes on a GPU, on this CPU: a kept gradient's norm streams its block
     (``factors.CHUNKED_NORM_DEVICES``: on CPU it goes a cache-sized chunk at a time, hundreds of kernels at
-    these sizes), every packed gradient is joined (``JOIN_BELOW``), and under ``tf32`` float32 products
-    count as reduced (``norm_strategy`` keeps its 5/4 band in ghost form there). An attribute that the
-    imported engine lacks (an earlier tree's) is left alone."""
+    these sizes), every packed gradient is joined (``JOIN_BELOW``); under ``tf32``, an engine that chooses
+    its routes by the float32 matmul precision (``reduced_float32_matmuls``: the tree the H200 measured
+    kept the 5/4 band in ghost form under TF32) sees reduced products. An attribute that the imported
+    engine lacks is left alone."""
     import hush_hf.clipping.factors as factors
 
     patches = {"CHUNKED_NORM_DEVICES": frozenset(), "JOIN_BELOW": {}}
     if tf32:
-        patches["reduced_float32_matmuls"] = lambda device_type: True
+        patches[TF32_ROUTES] = lambda device_type: True
     saved = {name: getattr(factors, name) for name in patches if hasattr(factors, name)}
     for name in saved:
         setattr(factors, name, patches[name])
@@ -210,13 +215,18 @@ def main() -> None:
     print(f"roofline of one step, float32 kernels, torch {torch.__version__}")
     print("| model, batch | precision | W (TB/s) | R (TFLOP/s) | plain | hush_hf predicted | measured |")
     print("|---|---|---|---|---|---|---|")
+    import hush_hf.clipping.factors as factors
+
+    routes_differ = hasattr(factors, TF32_ROUTES)  # an earlier tree's engine: TF32 counted apart
     for name in ("gpt2",):  # the row measured in fp32 and TF32
         family, _, batch, seq, _, _ = gpu_step.MODELS[name]
         layers = LAYERS[family]
         plain = counted(name, "plain", args.warmup)  # the same kernels under TF32
+        hush_fp32 = counted(name, "hush", args.warmup)
         for precision in ("fp32", "tf32"):
             target = MEASURED_PLAIN_SECONDS[family, precision]
-            hush = counted(name, "hush", args.warmup, tf32=precision == "tf32")
+            tf32 = precision == "tf32" and routes_differ
+            hush = counted(name, "hush", args.warmup, tf32=True) if tf32 else hush_fp32
             measured = MEASURED_HUSH_SECONDS.get((family, precision))
             for tb in args.bandwidth:
                 rate = solve_rate(plain, layers, batch, tb * 1e12, target)

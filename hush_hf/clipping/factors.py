@@ -33,7 +33,6 @@ from hush_hf.clipping.float32_products import (
     bmm_float32,
     float32_output_supported,
 )
-from hush_hf.clipping.precision import reduced_float32_matmuls
 from hush_hf.clipping.tensor_views import as_rows, as_shape
 
 if TYPE_CHECKING:
@@ -224,8 +223,8 @@ def materialize(g: OuterSum) -> Materialized:
 
 MATERIALIZE_BYTES_RATIO = Fraction(5, 4)
 """A use's per-example gradient is formed and kept when it takes at most this many times the bytes of
-the factors it replaces, where float32 products run at full precision (``norm_strategy``): the memory a
-step's clipping holds against the time of its norms' Gram matrices."""
+the float32 (or wider) factors it replaces (``norm_strategy``): the memory a step's clipping holds
+against the time of its norms' Gram matrices."""
 
 _MATERIALIZE_NUM_DEN = MATERIALIZE_BYTES_RATIO.as_integer_ratio()
 _HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
@@ -248,16 +247,18 @@ def norm_strategy(
     Gram matrices' FLOPs and costs a few passes over the (b, rows, cols) tensor (kept in at least
     float32: formed, squared and summed for the norm, weighted for the sum). It is chosen when that
     tensor takes at most the bytes of the factors it replaces, ``rows cols <= (sum_u T_u)(rows + cols)``
-    in float32, so it never raises the memory; and, where float32 products run at full precision (on
-    a CPU, or ``"highest"`` on a GPU: ``precision.reduced_float32_matmuls``), up to
-    ``MATERIALIZE_BYTES_RATIO`` = 5/4 of them: then the Gram matrices it saves cost at least 4/5 of a
-    weight gradient's FLOPs at float32's slow rate (GPT-2 124M at T = 512: every layer's weights, 1.23x
-    -> 1.07x the plain step's matrix FLOPs, ``bench/step_flops.py``). Under TF32 or with bf16 factors
-    they cost about 8x less, about what the passes over the larger tensor would. Only when every use
+    in float32, so it never raises the memory; and, for float32 (or wider) factors, up to
+    ``MATERIALIZE_BYTES_RATIO`` = 5/4 of them. There the Gram matrices it saves cost at least 4/5 of a
+    weight gradient's FLOPs, and, under TF32 as at full float32, as much again in memory traffic: the
+    factors stacked for batched products (``gram_batches``), the Gram pairs multiplied and summed in
+    float64. GPT-2 124M at T = 512 keeps every layer's weights: 1.23x -> 1.07x the plain step's matrix
+    FLOPs (``bench/step_flops.py``), and a step predicted at 1.09-1.10x in fp32 and 1.12-1.14x in TF32
+    (was 1.20-1.23x) from each kernel's FLOPs and bytes (``bench/step_roofline.py``). bf16/fp16 factors
+    only up to their bytes: the kept gradient is float32, twice their bytes a value. Only when every use
     has two dense factors of one shape (a one-hot side is an embedding table: its rows are a
     vocabulary) and neither side reaches ``never_materialize_dim`` (the model's vocabulary): no
     per-example tensor with a vocabulary-sized dimension is ever formed. ``beyond_factors=False``: only
-    up to the factors' own bytes, whatever the precision.
+    up to the factors' own bytes, whatever their dtype.
     """
     # One pass over the uses: a few hundred a step, each decided twice (its zero steps, its form), and
     # host work that a GPU step waits on.
@@ -285,17 +286,9 @@ def norm_strategy(
     if not beyond_factors:
         return "ghost"
     num, den = _MATERIALIZE_NUM_DEN  # integers, not Fraction arithmetic: a few hundred calls a micro-batch
-    within = held * den <= factor_bytes * num
-    return "materialize" if within and not _fast_products(values) else "ghost"
-
-
-def _fast_products(values: Sequence[Tensor]) -> bool:
-    """Whether these factors' products run faster than full float32: a bf16/fp16 factor, or a float32 one
-    whose products may round to TF32/bf16 on its device (float64 products never do)."""
-    dtypes = {v.dtype for v in values}
-    return bool(dtypes & _HALF_DTYPES) or (
-        torch.float32 in dtypes and reduced_float32_matmuls(values[0].device.type)
-    )
+    if held * den > factor_bytes * num:
+        return "ghost"
+    return "ghost" if any(v.dtype in _HALF_DTYPES for v in values) else "materialize"
 
 
 def combine_uses(
