@@ -109,7 +109,8 @@ def gpu_routes(tf32: bool) -> Iterator[None]:
     engine lacks is left alone."""
     import hush_hf.clipping.factors as factors
 
-    patches = {"CHUNKED_NORM_DEVICES": frozenset(), "JOIN_BELOW": {}}
+    # (An engine without CHUNKED_NORM_DEVICES chunked on CPU alone by _NORM_CHUNK_BYTES: one chunk, as a GPU.)
+    patches = {"CHUNKED_NORM_DEVICES": frozenset(), "JOIN_BELOW": {}, "_NORM_CHUNK_BYTES": 2**62}
     if tf32:
         patches[TF32_ROUTES] = lambda device_type: True
     saved = {name: getattr(factors, name) for name in patches if hasattr(factors, name)}
