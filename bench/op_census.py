@@ -83,10 +83,12 @@ _EMULATING = [False]  # inside an emulated CUDA-only product: its operand wideni
 
 
 @contextlib.contextmanager
-def cuda_routes():
+def cuda_routes(emulate=None):
     """The engine takes its CUDA-only routes on this machine (see the module docstring): bf16/fp16
     operand pairs count as ``out_dtype``-capable whatever their device, and each such product is
-    emulated by a widening of its operands (flagged) and a float32 product (one kernel, as on CUDA)."""
+    emulated by a widening of its operands (flagged) and a float32 product (one kernel, as on CUDA).
+    ``emulate(product)``: another emulation of ``out_dtype`` products (``product`` is ``torch.mm`` or
+    ``torch.bmm``)."""
     import hush_hf.clipping.factors as factors
     import hush_hf.clipping.float32_products as products
     import hush_hf.clipping.gram_batches as gram_batches
@@ -109,8 +111,8 @@ def cuda_routes():
         (factors, "float32_output_supported", supported),
         (gram_batches, "float32_output_supported", supported),
         (products, "float32_output_supported", supported),
-        (products, "_mm_out_float32", emulated(torch.mm)),
-        (products, "_bmm_out_float32", emulated(torch.bmm)),
+        (products, "_mm_out_float32", (emulate or emulated)(torch.mm)),
+        (products, "_bmm_out_float32", (emulate or emulated)(torch.bmm)),
     ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:

@@ -1,21 +1,26 @@
-"""A float32 step's time on a GPU predicted from what it dispatches: each kernel's FLOPs and bytes.
+"""A step's time on a GPU predicted from what it dispatches: each kernel's FLOPs and bytes.
 
-    .venv/bin/python bench/step_roofline.py [--bandwidth 3.0 4.0 4.8]
+    .venv/bin/python bench/step_roofline.py [--rows gpt2/fp32 gpt2/tf32 gpt2-tied/bf16 llama-1b/bf16 ...]
+                                            [--bandwidth 3.0 4.0 4.8]
 
 ``bench/step_flops.py`` counts a step's matrix FLOPs, which bound a float32 step on a GPU; but a DP step
 also streams per-example gradients, Gram matrices and their float64 sums through memory, which FLOPs do
 not see. This counts, for every kernel one full step dispatches (a ``TorchDispatchMode`` below autograd;
-views and metadata left out, as in ``op_census``), its FLOPs (``torch.utils.flop_counter``'s formulas)
-and the bytes of the tensors it reads and writes (an in-place operand once), and prices it on a roofline:
+views, metadata and allocations left out), its FLOPs (``torch.utils.flop_counter``'s formulas) and the
+bytes of the tensors it reads and writes (an in-place operand once), and prices it on a roofline:
 ``max(FLOPs / R, bytes / W)`` plus a launch floor, summed over the step. W is the memory bandwidth
-(``--bandwidth``, TB/s: an H200 streams about 4 of its nominal 4.8); R, the matrix rate, is solved so
-that the plain step takes the time measured on the H200 (docs/benchmarks.md, "The step table") at that
-precision: the prediction for hush_hf is then a ratio to plain that the measured plain time anchors.
+(``--bandwidth``, TB/s: an H200's nominal is 4.8); R, the matrix rate, is solved so that the plain step
+takes the time measured on the H200 (docs/benchmarks.md, "The step table") for that row: the prediction
+for hush_hf is then a ratio to plain that the measured plain time anchors, and no hush_hf time enters it.
 
 The models of ``bench/gpu_step.py`` are built at their widths and sequence lengths with 2 and 3 layers
 and batches of 2 and 3 (every kernel's FLOPs and bytes are affine in both), and the step's time is
-extrapolated to the GPU table's depth and batch. float32 only (fp32 and TF32 rows: the same kernels,
-another R); this CPU multiplies bf16 at under 1 GFLOP/s.
+extrapolated to the GPU table's depth and batch, by the engine's GPU routes (``gpu_routes``). A bf16
+row's matrix products (and attention) are not computed: this CPU multiplies bf16 at under 1 GFLOP/s. Each
+returns a tensor of its output's shape, strides and dtype, filled with a constant, and is priced as it
+is; the CUDA-only ``out_dtype`` products of ``float32_products`` likewise (bf16 operands, float32
+output). The step's values are then meaningless, so its first-call self-check is skipped; its routes
+depend on sizes and on which steps carry a target, which the fake products keep.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pathlib import Path
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import flop_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,12 +45,17 @@ import gpu_step  # noqa: E402
 import op_census  # noqa: E402
 from step_flops import LAYERS  # noqa: E402
 
-MEASURED_PLAIN_SECONDS = {("gpt2", "fp32"): 0.322, ("gpt2", "tf32"): 0.137}
-"""The plain step's time on the H200 (docs/benchmarks.md, "The step table"): R is solved to give it."""
-
-MEASURED_HUSH_SECONDS = {("gpt2", "fp32"): 0.396, ("gpt2", "tf32"): 0.164}
-"""hush_hf's measured time on the same run (tree of 2026-11-28, before the 5/4 rule): what a prediction
-for that tree is checked against."""
+H200 = {
+    ("gpt2", "fp32"): (0.322, 0.396, 322.7, 390.7),
+    ("gpt2", "tf32"): (0.137, 0.164, 138.0, 160.2),
+    ("gpt2-tied", "bf16"): (0.086, 0.154, 84.9, 146.0),
+    ("llama-1b", "bf16"): (0.118, 0.223, 124.7, 217.2),
+    ("llama-1b-lora", "bf16"): (0.112, 0.159, 111.1, 110.0),
+}
+"""Per (``gpu_step.MODELS`` row, precision), on the H200 (docs/benchmarks.md, "The step table" and "Where the
+time goes"), the tree of 2026-11-28: plain's and hush_hf's wall seconds, then their device milliseconds
+under the profiler. R is solved from plain's wall time; the rest is what a prediction for that tree is
+checked against (LoRA's hush_hf step was bound by the host, so there its device time is the one)."""
 
 LAUNCH_SECONDS = 3e-6
 """The least time a kernel takes on the device, however small (launch and tail)."""
@@ -62,19 +72,63 @@ def _widened_copy(inputs: list[torch.Tensor], dtype: torch.dtype | None) -> int:
     return inputs[0].numel() * dtype.itemsize
 
 
-class KernelCosts(TorchDispatchMode):
-    """Each kernel's (FLOPs, bytes) of one step, in dispatch order."""
+ALLOCATIONS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}
+"""Dispatched operations that launch no kernel (an allocation)."""
 
-    def __init__(self) -> None:
+FAKE_VALUE = 2.0**-6
+"""What a fake product's output holds: finite, nonzero, exact in every float dtype."""
+
+
+def _is_product(name: str) -> bool:
+    return name in op_census.MATMULS or "scaled_dot_product" in name
+
+
+def _filled_like(meta: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype).fill_(FAKE_VALUE)
+
+
+def _fake(func, args, kwargs):
+    """``func``'s outputs, shaped, strided and typed as it would make them (from its meta kernel), holding
+    ``FAKE_VALUE``; an ``out=`` tensor is filled in place."""
+    meta_args, meta_kwargs = pytree.tree_map_only(
+        torch.Tensor,
+        lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"),
+        (args, kwargs),
+    )
+    if isinstance(kwargs.get("out"), torch.Tensor):
+        return kwargs["out"].fill_(FAKE_VALUE)
+    return pytree.tree_map_only(torch.Tensor, _filled_like, func(*meta_args, **meta_kwargs))
+
+
+class KernelCosts(TorchDispatchMode):
+    """Each kernel's (FLOPs, bytes) of one step, in dispatch order. ``fake``: matrix products and attention
+    are not computed (``_fake``), only priced."""
+
+    active: list[KernelCosts] = []  # the modes entered, innermost last
+
+    def __init__(self, fake: bool = False) -> None:
         super().__init__()
+        self.fake = fake
         self.kernels: list[tuple[int, int]] = []
         self.names: list[str] = []  # each kernel's operation
 
+    def __enter__(self):
+        KernelCosts.active.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        KernelCosts.active.remove(self)
+        return super().__exit__(*exc)
+
+    def record(self, flops: int, moved: int, name: str) -> None:
+        self.kernels.append((int(flops), int(moved)))
+        self.names.append(name)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         name = func.__name__.split(".")[0]
-        if func.is_view or name in op_census.NO_KERNEL:
+        out = _fake(func, args, kwargs) if self.fake and _is_product(name) else func(*args, **kwargs)
+        if func.is_view or name in op_census.NO_KERNEL or name in ALLOCATIONS:
             return out
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         written = [
@@ -87,12 +141,43 @@ class KernelCosts(TorchDispatchMode):
         flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
         widened = _widened_copy(inputs, kwargs.get("dtype"))
         if widened:  # the copy: a kernel that reads the input and writes it widened, which the op reads
-            self.kernels.append((0, inputs[0].numel() * inputs[0].element_size() + widened))
-            self.names.append("_to_copy (in the reduction)")
+            self.record(0, inputs[0].numel() * inputs[0].element_size() + widened, "_to_copy (in reduction)")
             moved += widened - inputs[0].numel() * inputs[0].element_size()
-        self.kernels.append((int(flops), int(moved)))
-        self.names.append(name)
+        self.record(flops, moved, name)
         return out
+
+
+def _out_float32(product):
+    """The emulation of a CUDA ``out_dtype`` product (``op_census.cuda_routes``): bf16/fp16 operands, a
+    float32 output of ``FAKE_VALUE``, one kernel priced in the innermost ``KernelCosts``."""
+
+    def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        with _disable_current_modes():
+            out = torch.empty((*a.shape[:-1], b.shape[-1]), dtype=torch.float32).fill_(FAKE_VALUE)
+        flops = 2 * a.numel() * b.shape[-1]  # (..., n, k) @ (..., k, m): 2 n k m per batch entry
+        KernelCosts.active[-1].record(
+            flops, a.nbytes + b.nbytes + out.nbytes, f"{product.__name__} (out_dtype)"
+        )
+        return out
+
+    return run
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """The engine's first-call self-check skipped: it compares values, which fake products do not have."""
+    from hush_hf.clipping.ghost import GhostClipper
+
+    def no_check(self, loss):
+        self._unverified.clear()
+        return set()
+
+    saved = GhostClipper._names_to_check
+    GhostClipper._names_to_check = no_check
+    try:
+        yield
+    finally:
+        GhostClipper._names_to_check = saved
 
 
 TF32_ROUTES = "reduced_float32_matmuls"
@@ -130,11 +215,11 @@ def step_costs(
     batch: int,
     warmup: int = 2,
     smoke: bool = False,
-    tf32: bool = False,
+    precision: str = "fp32",
 ) -> list[tuple[int, int]]:
     """(FLOPs, bytes) of every kernel of one ``contender`` step, ``gpu_step.MODELS[name]`` with ``layers``
     layers and ``batch`` sequences (after ``warmup`` steps: the self-check's), by the engine's GPU routes
-    (``gpu_routes``)."""
+    (``gpu_routes``); ``precision`` ``"bf16"``: a bf16 model whose products are faked (module docstring)."""
     family, tied, _, seq, lora, checkpointing = gpu_step.MODELS[name]
     if smoke:
         seq = 16
@@ -142,11 +227,19 @@ def step_costs(
     model, causal = gpu_step.build_model(family, tied, seq, lora, "cpu", smoke, layers)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    bf16 = precision == "bf16"
+    if bf16:
+        model = model.to(torch.bfloat16)
     step = op_census.step_of(model.train(), causal, contender, batch, seq)
-    with gpu_routes(tf32):
-        for k in range(warmup):
-            step(k)
-        costs = KernelCosts()
+    faked = contextlib.ExitStack()
+    if bf16:
+        faked.enter_context(op_census.cuda_routes(_out_float32))
+        faked.enter_context(unchecked())
+    with faked, gpu_routes(precision == "tf32"):
+        with KernelCosts(fake=bf16):
+            for k in range(warmup):
+                step(k)
+        costs = KernelCosts(fake=bf16)
         with costs:
             step(warmup)
     return costs.kernels
@@ -188,9 +281,11 @@ class Extrapolated:
 
 
 def counted(
-    name: str, contender: str, warmup: int = 2, smoke: bool = False, tf32: bool = False
+    name: str, contender: str, warmup: int = 2, smoke: bool = False, precision: str = "fp32"
 ) -> Extrapolated:
-    runs = {(n, b): step_costs(name, contender, n, b, warmup, smoke, tf32) for n in SHALLOW for b in SHALLOW}
+    runs = {
+        (n, b): step_costs(name, contender, n, b, warmup, smoke, precision) for n in SHALLOW for b in SHALLOW
+    }
     return Extrapolated(runs)
 
 
@@ -209,35 +304,43 @@ def solve_rate(plain: Extrapolated, layers: int, batch: int, bandwidth: float, t
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    rows = [f"{name}/{precision}" for name, precision in H200]
+    parser.add_argument("--rows", nargs="+", default=rows, choices=rows)
     parser.add_argument("--bandwidth", type=float, nargs="+", default=[3.0, 4.0, 4.8], help="TB/s")
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    print(f"roofline of one step, float32 kernels, torch {torch.__version__}")
-    print("| model, batch | precision | W (TB/s) | R (TFLOP/s) | plain | hush_hf predicted | measured |")
-    print("|---|---|---|---|---|---|---|")
     import hush_hf.clipping.factors as factors
 
     routes_differ = hasattr(factors, TF32_ROUTES)  # an earlier tree's engine: TF32 counted apart
-    for name in ("gpt2",):  # the row measured in fp32 and TF32
+    print(f"roofline of one step, torch {torch.__version__}")
+    header = (
+        "model, batch | precision | W (TB/s) | R (TFLOP/s) | plain | hush_hf predicted | H200: wall, device"
+    )
+    print(f"| {header} |")
+    print("|---|---|---|---|---|---|---|")
+    counts: dict[tuple[str, str], Extrapolated] = {}
+    for row in args.rows:
+        name, precision = row.split("/")
         family, _, batch, seq, _, _ = gpu_step.MODELS[name]
         layers = LAYERS[family]
-        plain = counted(name, "plain", args.warmup)  # the same kernels under TF32
-        hush_fp32 = counted(name, "hush", args.warmup)
-        for precision in ("fp32", "tf32"):
-            target = MEASURED_PLAIN_SECONDS[family, precision]
-            tf32 = precision == "tf32" and routes_differ
-            hush = counted(name, "hush", args.warmup, tf32=True) if tf32 else hush_fp32
-            measured = MEASURED_HUSH_SECONDS.get((family, precision))
-            for tb in args.bandwidth:
-                rate = solve_rate(plain, layers, batch, tb * 1e12, target)
-                predicted = hush.at(layers, batch, rate, tb * 1e12)
-                seen = f"{measured:.3f} s ({measured / target:.2f}x, earlier tree)" if measured else ""
-                print(
-                    f"| {name}, {batch}x{seq} | {precision} | {tb:.1f} | {rate / 1e12:.1f} | "
-                    f"{target:.3f} s | {predicted:.3f} s (**{predicted / target:.3f}x**) | {seen} |",
-                    flush=True,
-                )
+        kind = "bf16" if precision == "bf16" else "fp32"  # fp32's kernels run again under TF32
+        if (name, kind) not in counts:
+            counts[name, kind] = counted(name, "plain", args.warmup, precision=kind)
+        hush_kind = "tf32" if precision == "tf32" and routes_differ else kind
+        if (name, "hush " + hush_kind) not in counts:
+            counts[name, "hush " + hush_kind] = counted(name, "hush", args.warmup, precision=hush_kind)
+        plain, hush = counts[name, kind], counts[name, "hush " + hush_kind]
+        plain_s, hush_s, plain_ms, hush_ms = H200[name, precision]
+        for tb in args.bandwidth:
+            rate = solve_rate(plain, layers, batch, tb * 1e12, plain_s)
+            predicted = hush.at(layers, batch, rate, tb * 1e12)
+            print(
+                f"| {name}, {batch}x{seq} | {precision} | {tb:.1f} | {rate / 1e12:.1f} | {plain_s:.3f} s | "
+                f"{predicted:.3f} s (**{predicted / plain_s:.3f}x**) | "
+                f"{hush_s / plain_s:.2f}x, {hush_ms / plain_ms:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -87,3 +87,55 @@ def test_gpu_routes_under_tf32_answer_an_engine_that_asks_the_matmul_precision(m
     with step_roofline.gpu_routes(tf32=True):
         assert factors.reduced_float32_matmuls("cuda") is True
     assert factors.reduced_float32_matmuls("cuda") is False
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda: torch.randn(6, 5).bfloat16() @ torch.randn(5, 7).bfloat16(),
+        lambda: torch.bmm(torch.randn(3, 6, 5), torch.randn(3, 7, 5).transpose(1, 2)),
+        lambda: torch.addmm(torch.randn(7), torch.randn(6, 5), torch.randn(5, 7)),
+        lambda: torch.nn.functional.scaled_dot_product_attention(*torch.randn(3, 2, 4, 16, 8).bfloat16()),
+    ],
+)
+def test_a_fake_product_has_the_real_ones_shape_strides_dtype_and_price(op) -> None:
+    with step_roofline.KernelCosts() as real_costs:
+        real = op()
+    with step_roofline.KernelCosts(fake=True) as fake_costs:
+        fake = op()
+    assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype)
+    assert bool((fake == step_roofline.FAKE_VALUE).all())
+    assert fake_costs.kernels == real_costs.kernels and fake_costs.names == real_costs.names
+
+
+@pytest.mark.parametrize("name", ["gpt2-tied", "llama-1b-lora"])
+def test_a_bf16_step_with_fake_products_dispatches_the_real_steps_kernels(name: str) -> None:
+    """The engine's routes depend on sizes and on which steps carry a target, not on the products' values:
+    with the self-check skipped in both, a bf16 step whose products are faked prices the same kernels as
+    the step computed (smoke size, CPU routes)."""
+    import gpu_step
+    import op_census
+
+    family, tied, _, _, lora, _ = gpu_step.MODELS[name]
+    found = {}
+    for fake in (False, True):
+        torch.manual_seed(0)
+        model, causal = gpu_step.build_model(family, tied, 16, lora, "cpu", smoke=True, layers=2)
+        step = op_census.step_of(model.to(torch.bfloat16).train(), causal, "hush", 2, 16)
+        with step_roofline.unchecked(), step_roofline.gpu_routes(tf32=False):
+            with step_roofline.KernelCosts(fake=fake):
+                step(0)
+            with step_roofline.KernelCosts(fake=fake) as costs:
+                step(1)
+        found[fake] = costs
+    assert found[True].names == found[False].names
+    assert found[True].kernels == found[False].kernels
+
+
+def test_a_cuda_out_dtype_product_is_one_kernel_of_bf16_operands_and_a_float32_output() -> None:
+    a, b = torch.randn(4, 6, 5).bfloat16(), torch.randn(4, 5, 7).bfloat16()
+    with step_roofline.KernelCosts(fake=True) as costs:
+        out = step_roofline._out_float32(torch.bmm)(a, b)
+    assert out.shape == (4, 6, 7) and out.dtype == torch.float32
+    assert costs.kernels == [(2 * 4 * 6 * 5 * 7, 2 * (4 * 6 * 5 + 4 * 5 * 7) + 4 * 4 * 6 * 7)]
+    assert costs.names == ["bmm (out_dtype)"]

@@ -252,8 +252,8 @@ def norm_strategy(
     weight gradient's FLOPs, and, under TF32 as at full float32, as much again in memory traffic: the
     factors stacked for batched products (``gram_batches``), the Gram pairs multiplied and summed in
     float64. GPT-2 124M at T = 512 keeps every layer's weights: 1.23x -> 1.07x the plain step's matrix
-    FLOPs (``bench/step_flops.py``), and a step predicted at 1.09-1.10x in fp32 and 1.12-1.14x in TF32
-    (was 1.20-1.23x) from each kernel's FLOPs and bytes (``bench/step_roofline.py``). bf16/fp16 factors
+    FLOPs (``bench/step_flops.py``), and a step predicted at 1.09-1.10x in fp32 and 1.11-1.14x in TF32
+    (was 1.18-1.22x) from each kernel's FLOPs and bytes (``bench/step_roofline.py``). bf16/fp16 factors
     only up to their bytes: the kept gradient is float32, twice their bytes a value. Only when every use
     has two dense factors of one shape (a one-hot side is an embedding table: its rows are a
     vocabulary) and neither side reaches ``never_materialize_dim`` (the model's vocabulary): no
