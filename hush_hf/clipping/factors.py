@@ -518,11 +518,11 @@ GPT-2's 768 x 3072 at batch 32 is 302 MB); smaller ones keep two kernels, not fo
 def grouped_squared_rows(block: Tensor) -> Tensor:
     """``sum_j block[i, j]^2`` for a float32 (b, N) block, shape (b,) in float64, in one pass over it.
 
-    Column j's square joins group ``j // (N // 8)`` (whole groups: the last ``N % 8`` columns are summed
-    on their own). One fused ``vector_norm`` per group gives ``s_k = sqrt(sum of its 8 squares)`` in
-    float32, and ``sum_k s_k^2`` is summed in float64 (``exact_sum``) over an eighth of the values. The
-    single route (``x * x``, its float64 copy, the sum) writes 3x the block and reads it 4x; this reads
-    it once and writes a quarter of it.
+    With ``M = N // 8``, partial k sums the squares of columns k, k + M, ..., k + 7M (strided: a GPU reads
+    them coalesced); the last ``N % 8`` columns are summed on their own. One fused ``vector_norm`` gives
+    every ``s_k = sqrt(partial k)`` in float32, and ``sum_k s_k^2`` is summed in float64 (``exact_sum``)
+    over an eighth of the values. The single route (``x * x``, its float64 copy, the sum) writes 3x the
+    block and reads it 4x; this reads it once and writes under half of its size in all.
 
     Error, all terms >= 0 so any summation order is bounded relative to the sum: a group's 8 squares
     and 7 additions lose at most ``gamma_8 <= 8u`` (u = 2^-24), the square root and the square of the
