@@ -38,10 +38,9 @@ LAYERS = {"gpt2": 12, "llama-1b": 16}
 """The full models' layer counts (``gpu_step.build_model``)."""
 
 
-def step_flops(
-    name: str, contender: str, layers: int, batch: int, warmup: int = 2, smoke: bool = False
-) -> Counter[str]:
-    """FLOPs of one ``contender`` step by operation, for ``gpu_step.MODELS[name]`` with ``layers`` layers."""
+def shallow_model(name: str, layers: int, smoke: bool = False) -> tuple[torch.nn.Module, bool, int]:
+    """(model, causal, sequence length): ``gpu_step.MODELS[name]`` on the CPU with ``layers`` layers (seed 0),
+    checkpointed where the row is; ``smoke``: the family shrunk, sequences of 16."""
     family, tied, _, seq, lora, checkpointing = gpu_step.MODELS[name]
     if smoke:
         seq = 16
@@ -49,6 +48,14 @@ def step_flops(
     model, causal = gpu_step.build_model(family, tied, seq, lora, "cpu", smoke, layers)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, causal, seq
+
+
+def step_flops(
+    name: str, contender: str, layers: int, batch: int, warmup: int = 2, smoke: bool = False
+) -> Counter[str]:
+    """FLOPs of one ``contender`` step by operation, for ``gpu_step.MODELS[name]`` with ``layers`` layers."""
+    model, causal, seq = shallow_model(name, layers, smoke)
     step = op_census.step_of(model.train(), causal, contender, batch, seq)
     for k in range(warmup):
         step(k)

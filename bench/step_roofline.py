@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_step  # noqa: E402
 import op_census  # noqa: E402
-from step_flops import LAYERS  # noqa: E402
+from step_flops import LAYERS, shallow_model  # noqa: E402
 
 H200 = {
     ("gpt2", "fp32"): (0.322, 0.396, 322.7, 390.7),
@@ -220,13 +220,7 @@ def step_costs(
     """(FLOPs, bytes) of every kernel of one ``contender`` step, ``gpu_step.MODELS[name]`` with ``layers``
     layers and ``batch`` sequences (after ``warmup`` steps: the self-check's), by the engine's GPU routes
     (``gpu_routes``); ``precision`` ``"bf16"``: a bf16 model whose products are faked (module docstring)."""
-    family, tied, _, seq, lora, checkpointing = gpu_step.MODELS[name]
-    if smoke:
-        seq = 16
-    torch.manual_seed(0)
-    model, causal = gpu_step.build_model(family, tied, seq, lora, "cpu", smoke, layers)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model, causal, seq = shallow_model(name, layers, smoke)
     bf16 = precision == "bf16"
     if bf16:
         model = model.to(torch.bfloat16)

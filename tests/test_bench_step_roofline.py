@@ -113,15 +113,13 @@ def test_a_bf16_step_with_fake_products_dispatches_the_real_steps_kernels(name: 
     """The engine's routes depend on sizes and on which steps carry a target, not on the products' values:
     with the self-check skipped in both, a bf16 step whose products are faked prices the same kernels as
     the step computed (smoke size, CPU routes)."""
-    import gpu_step
     import op_census
+    from step_flops import shallow_model
 
-    family, tied, _, _, lora, _ = gpu_step.MODELS[name]
     found = {}
     for fake in (False, True):
-        torch.manual_seed(0)
-        model, causal = gpu_step.build_model(family, tied, 16, lora, "cpu", smoke=True, layers=2)
-        step = op_census.step_of(model.to(torch.bfloat16).train(), causal, "hush", 2, 16)
+        model, causal, seq = shallow_model(name, 2, smoke=True)
+        step = op_census.step_of(model.to(torch.bfloat16).train(), causal, "hush", 2, seq)
         with step_roofline.unchecked(), step_roofline.gpu_routes(tf32=False):
             with step_roofline.KernelCosts(fake=fake):
                 step(0)
