@@ -51,11 +51,12 @@ H200 = {
     ("gpt2-tied", "bf16"): (0.086, 0.154, 84.9, 146.0),
     ("llama-1b", "bf16"): (0.118, 0.223, 124.7, 217.2),
     ("llama-1b-lora", "bf16"): (0.112, 0.159, 111.1, 110.0),
+    ("llama-1b-lora-ckpt", "bf16"): (0.157, 0.562, 148.1, 259.4),
 }
 """Per (``gpu_step.MODELS`` row, precision), on the H200 (docs/benchmarks.md, "The step table" and "Where the
 time goes"), the tree of 2026-11-28: plain's and hush_hf's wall seconds, then their device milliseconds
 under the profiler. R is solved from plain's wall time; the rest is what a prediction for that tree is
-checked against (LoRA's hush_hf step was bound by the host, so there its device time is the one)."""
+checked against (LoRA's hush_hf steps were bound by the host, so there their device time is the one)."""
 
 LAUNCH_SECONDS = 3e-6
 """The least time a kernel takes on the device, however small (launch and tail)."""
