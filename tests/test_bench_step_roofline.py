@@ -3,7 +3,8 @@
 The script prices every kernel of a step at ``max(FLOPs / R, bytes / W)`` and extrapolates the step from 2
 and 3 layers and batches of 2 and 3 to the GPU table's depth and batch. Checked here: the counts of known
 kernels against their closed forms, and the extrapolation against a direct count of a 4-layer build at
-batch 5 (smoke-size models, both steps), with FLOPs alone and bytes alone (each affine in both).
+batch 5 (smoke-size models, both steps), with FLOPs alone and bytes alone (each affine in both); the GPU's
+norm route; and, for bf16 rows, fake products against real ones and a faked step against a computed one.
 """
 
 from __future__ import annotations
