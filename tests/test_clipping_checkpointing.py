@@ -324,3 +324,58 @@ def test_trl_default_gradient_checkpointing_trains_exactly(tmp_path) -> None:
     trainer.train()
     assert any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
     close({n: before[n] - p.detach() for n, p in model.named_parameters()}, expected, rtol=1e-5)
+
+
+def test_the_graph_is_walked_for_a_reentrant_checkpoint_once_per_checkpoint_configuration(
+    monkeypatch,
+) -> None:
+    """The walk of the autograd graph that finds a reentrant checkpoint runs at the first checkpointed step
+    and again only when the checkpointing is configured anew: turned to reentrant mid-run, the next step
+    walks, finds it, and still gives the reference's norms and clipped sum."""
+    import hush_hf.clipping.checkpointed_step as checkpointed_step
+
+    walks: list[bool] = []
+
+    def counted(loss: Tensor) -> tuple[set[int], bool]:
+        found = checkpointed_step_walk(loss)
+        walks.append(found[1])
+        return found
+
+    checkpointed_step_walk = checkpointed_step._walk_graph
+    monkeypatch.setattr(checkpointed_step, "_walk_graph", counted)
+    model = tiny_gpt2().double()
+    kwargs, labels = batch_for(model, True)
+    loss_of = lambda out: reference_lm_loss(out.logits, labels, True)  # noqa: E731
+    grads = per_example_grads(copy.deepcopy(model), kwargs, loss_of)
+    max_norm = float(norms_of(grads).median())
+    expected = clipped_sum(grads, max_norm)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with GhostClipper(model, max_norm) as clipper:
+        for reentrant in (False, False, False, True, True):
+            if reentrant and not walks[-1]:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+            model.zero_grad(set_to_none=True)
+            loss = example_cross_entropy(model(**kwargs).logits, labels, causal=True)
+            norms = clipper.clipped_backward(loss)
+            torch.testing.assert_close(norms, norms_of(grads), rtol=1e-6, atol=0)
+            close({n: p.grad for n, p in model.named_parameters()}, expected, rtol=1e-5)
+    assert walks == [False, True]
+
+
+def test_a_reentrant_checkpoint_the_configuration_misses_is_refused_before_any_gradient(monkeypatch) -> None:
+    """Were a reentrant checkpoint to come in unseen (the configuration unchanged), ``autograd.grad`` refuses
+    it: the step raises, and no parameter has a gradient."""
+    import hush_hf.clipping.recording as recording
+
+    monkeypatch.setattr(recording, "checkpoint_configuration", lambda segments: ())
+    model = tiny_gpt2().double()
+    kwargs, labels = batch_for(model, True)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with GhostClipper(model, 1.0) as clipper:
+        clipper.clipped_backward(example_cross_entropy(model(**kwargs).logits, labels, causal=True))
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model.zero_grad(set_to_none=True)
+        loss = example_cross_entropy(model(**kwargs).logits, labels, causal=True)
+        with pytest.raises(RuntimeError, match="use_reentrant=True"):
+            clipper.clipped_backward(loss)
+    assert all(p.grad is None for p in model.parameters())

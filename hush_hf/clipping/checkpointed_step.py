@@ -19,6 +19,9 @@ from hush_hf.clipping.registry import UnsupportedLayerError
 class CheckpointedStep:
     """``GhostClipper.clipped_backward`` and ``per_example_norms`` when the forward was tapped."""
 
+    _checkpointing: tuple
+    _walked: tuple[tuple, bool] | None
+
     _anchors: list[Tensor]
     _anchors_by_call: Any
     _call_bytes: list[int]
@@ -26,6 +29,16 @@ class CheckpointedStep:
     _bottom_bytes: int
     _pass: Any
     _fsdp_managed: Callable[[], bool]
+
+    def _reentrant(self, loss: Tensor) -> bool:
+        """Whether the graph behind ``loss`` holds a reentrant ``torch.utils.checkpoint`` node, which refuses
+        ``autograd.grad`` (``layer_calls._walk_graph``). The walk visits every node of the graph, about a
+        tenth of a checkpointed LoRA step's Python calls, so it is taken again only when the checkpoint
+        configuration changes (``recompute.checkpoint_configuration``). A reentrant checkpoint that slipped
+        past it would make ``autograd.grad`` raise, before any gradient is written."""
+        if self._walked is None or self._walked[0] != self._checkpointing:
+            self._walked = (self._checkpointing, _walk_graph(loss)[1])
+        return self._walked[1]
 
     def _two_pass(self, per_example_loss: Tensor, *, apply: bool) -> Tensor:
         """The step under gradient checkpointing (see ``recompute``): pass 1 takes the norms call by call
@@ -44,7 +57,7 @@ class CheckpointedStep:
         if b == 0:
             return torch.zeros(0, dtype=torch.float64, device=loss.device)
         shapes = {name: p.shape for name, p in self._params}
-        anchors, (_, reentrant) = self._anchors_by_call(loss.device), _walk_graph(loss)
+        anchors, reentrant = self._anchors_by_call(loss.device), self._reentrant(loss)
         keyed = not reentrant and bool(self._anchors)  # ``autograd.grad`` passes, which can stop early
         keep = keep_budget(self._bottom_bytes, self._segment_bytes) if keyed and apply else 0.0
         rebuild, device = set(self._unverified), loss.device

@@ -177,6 +177,10 @@ class GhostClipper(CallRecorder, SelfCheck, CheckpointedStep):
         # and below the segments, the bytes of the calls made there (``recompute.keep_budget``).
         self._anchors, self._call_bytes, self._segment_bytes, self._bottom_bytes = [], [], [], 0
         self._in_segment: dict[int, int] = {}  # module id -> its checkpointed segment's index
+        # The last tapped forward's checkpoint configuration (``recompute.checkpoint_configuration``), and
+        # the one whose autograd graph was last walked for a reentrant checkpoint, with what that walk found.
+        self._checkpointing: tuple = ()
+        self._walked: tuple[tuple, bool] | None = None
         self._leaves: dict[torch.device, list[Tensor]] = {}  # the anchors, reused at every step
         self._graph_dtypes: set[torch.dtype] | None = None  # what the backward computes in (first step)
         self._pass: NormPass | SumPass | None = None  # the two-pass step's current backward

@@ -109,6 +109,17 @@ def checkpointed_segments(model: nn.Module) -> tuple[list[nn.Module], dict[int, 
     return [order[at] for at in segments], within
 
 
+def checkpoint_configuration(segments: list[nn.Module]) -> tuple[tuple[Any, ...], ...]:
+    """What says how each checkpointed segment re-runs its forward: the segment, and the checkpoint function
+    it was given (transformers' ``_gradient_checkpointing_func``, a partial that holds ``use_reentrant``;
+    torch's ``CheckpointWrapper`` keeps ``checkpoint_fn``). The objects themselves, compared by identity
+    (neither defines equality), so a function replaced by a new one is a new configuration. The
+    checkpointed step walks the autograd graph for a reentrant checkpoint again when this changes."""
+    return tuple(
+        (s, s.__dict__.get("_gradient_checkpointing_func"), s.__dict__.get("checkpoint_fn")) for s in segments
+    )
+
+
 def keep_budget(bottom_bytes: int, segment_bytes: list[int]) -> float:
     """Bytes of per-example gradients the norm pass keeps for the sum pass: the factor bytes of the calls
     made before the first checkpointed segment (``bottom_bytes``: the embeddings) and ``KEEP_SEGMENTS``

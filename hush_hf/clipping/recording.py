@@ -27,7 +27,14 @@ from hush_hf.clipping.layer_calls import (
     _unfold,
 )
 from hush_hf.clipping.module_walk import walk_model
-from hush_hf.clipping.recompute import Hold, NormPass, SumPass, Tap, checkpointed_segments
+from hush_hf.clipping.recompute import (
+    Hold,
+    NormPass,
+    SumPass,
+    Tap,
+    checkpoint_configuration,
+    checkpointed_segments,
+)
 from hush_hf.clipping.registry import (
     RecordedCall,
 )
@@ -104,6 +111,7 @@ class CallRecorder:
             self._tapping = self._forward_walk.recomputes
             segments, self._in_segment = checkpointed_segments(self._model) if self._tapping else ([], {})
             self._segment_bytes, self._bottom_bytes = [0] * len(segments), 0
+            self._checkpointing = checkpoint_configuration(segments)
             self._in_forward = True
             self._anchors, self._call_bytes = [], []
 
