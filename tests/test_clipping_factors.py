@@ -629,3 +629,45 @@ def test_a_kept_gradients_norm_off_cpu_writes_no_temporary_of_its_size() -> None
     with _LargestOutput() as record:
         inner(small, small)
     assert record.largest == small.values.numel() * small.values.element_size()  # its square
+
+
+def test_a_whole_float32_step_by_the_gpus_norm_route_gives_the_reference_norms_and_sum(monkeypatch) -> None:
+    """The route a GPU takes for kept gradients (``grouped_squared_rows``, forced here for every block: no CPU
+    chunking, no size floor) inside a real clipped step of a float32 GPT-2, self-check included: the norms
+    and the clipped sum of torch.func's float64 per-example gradients, within float32's rounding."""
+    import copy
+
+    import hush_hf.clipping.factors as factors
+    from hush_hf.clipping import GhostClipper, example_cross_entropy
+    from tests.test_clipping_reference import (
+        clipped_sum,
+        lm_batch,
+        norms_of,
+        per_example_grads,
+        reference_lm_loss,
+        tiny_gpt2,
+    )
+
+    grouped = []
+    monkeypatch.setattr(factors, "CHUNKED_NORM_DEVICES", frozenset())
+    monkeypatch.setattr(factors, "GROUPED_NORM_FROM_BYTES", 0)
+    monkeypatch.setattr(
+        factors, "grouped_squared_rows", lambda b: grouped.append(b.shape) or grouped_squared_rows(b)
+    )
+    model = tiny_gpt2().float()
+    kwargs, labels = lm_batch(True)
+    loss_of = lambda out: reference_lm_loss(out.logits, labels, True)  # noqa: E731
+    grads = per_example_grads(copy.deepcopy(model).double(), kwargs, loss_of)
+    max_norm = float(norms_of(grads).median())
+    with GhostClipper(model, max_norm) as clipper:
+        for _ in range(2):  # the first call runs the self-check too
+            model.zero_grad(set_to_none=True)
+            norms = clipper.clipped_backward(
+                example_cross_entropy(model(**kwargs).logits, labels, causal=True)
+            )
+            assert clipper.verified
+    assert grouped  # the route ran
+    torch.testing.assert_close(norms, norms_of(grads), rtol=1e-5, atol=0)
+    expected = clipped_sum(grads, max_norm * (1 - 2.0**-20))
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad.double(), expected[name], rtol=1e-4, atol=1e-6)
