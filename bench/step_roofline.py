@@ -29,7 +29,7 @@ import argparse
 import contextlib
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,12 +260,8 @@ class Extrapolated:
     runs: dict[tuple[int, int], list[tuple[int, int]]]
 
     def at(self, layers: int, batch: int, rate: float, bandwidth: float) -> float:
-        return self.extrapolate(layers, batch, lambda kernels: seconds(kernels, rate, bandwidth))
-
-    def extrapolate(self, layers: int, batch: int, value: Callable[[list[tuple[int, int]]], float]) -> float:
-        """``value`` of the step's kernels, bilinearly extrapolated from the counted runs."""
         (l0, l1), (b0, b1) = SHALLOW, SHALLOW
-        t = {key: value(kernels) for key, kernels in self.runs.items()}
+        t = {key: seconds(kernels, rate, bandwidth) for key, kernels in self.runs.items()}
         x, y = (layers - l0) / (l1 - l0), (batch - b0) / (b1 - b0)
         return (
             t[l0, b0]

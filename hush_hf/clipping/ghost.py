@@ -8,10 +8,10 @@ small cost") then gets the clipped sum from the same x and dy, with no second ba
 Linear weight, ``sum_i c_i sum_t dy_{i,t} x_{i,t}^T`` is one matmul with c_i folded into dy
 (``factors.weighted_sum``). One backward pass (without the parameter gradients) plus the norms and
 one weight-gradient-sized product per layer: about the cost of a plain step. A weight whose
-per-example gradient is no larger than its factors (up to 5/4 of them with full-precision float32
-products) is materialised once and kept, and both its norm and its clipped sum are read off it; the
-others take the norm from Gram matrices (mixed ghost clipping, ``factors.norm_strategy``); never with a
-vocabulary-sized dimension.
+per-example gradient is no larger than its factors (up to 5/4 of them for float32 factors, whatever
+the matmul precision) is materialised once and kept, and both its norm and its clipped sum are read off
+it; the others take the norm from Gram matrices (mixed ghost clipping, ``factors.norm_strategy``); never
+with a vocabulary-sized dimension.
 
 Why not Opacus's ``GradSampleHooksFastGradientClipping`` itself: it computes each layer's norm in
 isolation inside a per-layer backward hook and raises on tied parameters ("Parameter tying is not
