@@ -24,7 +24,10 @@ Then the planted misuse of ``tests/test_clipping_safety.py`` (an embedding read 
 carrying ~3% of the gradient) on CUDA under TF32: refused, while the same model without it passes. And a
 kept (materialised) gradient's squared norm at GPT-2's 768 x 3072 weight and batch 32, by the route a GPU
 takes (``factors.grouped_squared_rows``) against float64 and its stated bound, timed against the single
-route it replaced (the square, then ``sum`` in float64), with each route's peak of new memory.
+route it replaced (the square, then ``sum`` in float64), with each route's peak of new memory. And a
+clipped sum of two bf16 factors at Llama-1B's MLP shape (8 x 1024 positions, 2048 x 5632) by its two
+routes, one GEMM per example scaled in cuBLAS's epilogue (``_weighted_product_per_example``) and two
+exact bf16 pieces of the scaled factor (``_weighted_product_bf16``): each against float64, and timed.
 Without CUDA it exits at once with a message (status 2).
 """
 
@@ -129,7 +132,7 @@ class CudaRoutes:
 
         self.calls = 0
         self.patches = []
-        for name in ("_mm_out_float32", "_bmm_out_float32"):
+        for name in ("_mm_out_float32", "_bmm_out_float32", "_addmm_out_float32"):
             original = getattr(products, name)
             self.patches.append((products, name, original, self._counted(original)))
         if off:
@@ -140,9 +143,9 @@ class CudaRoutes:
                         self.patches.append((module, name, getattr(module, name), never))
 
     def _counted(self, original):
-        def counted(a, b):
+        def counted(*args, **kwargs):
             self.calls += 1
-            return original(a, b)
+            return original(*args, **kwargs)
 
         return counted
 
@@ -261,6 +264,37 @@ def grouped_norm_line(device: str = "cuda", batch: int = 32, width: int = 768 * 
     )
 
 
+def per_example_line(
+    device: str = "cuda", batch: int = 8, steps: int = 1024, n: int = 2048, m: int = 5632
+) -> str:
+    """``sum_i w~_i row_i^T col_i`` of two bf16 (batch, steps, n), (batch, steps, m) factors by the
+    per-example route and the pieces route: relative error to float64 and time of each."""
+    from hush_hf.clipping import float32_products as products
+
+    g = torch.Generator(device=device).manual_seed(0)
+    row = torch.randn(batch, steps, n, generator=g, device=device).bfloat16()
+    col = torch.randn(batch, steps, m, generator=g, device=device).bfloat16()
+    weights = torch.rand(batch, generator=g, device=device)
+    cut = products.bf16_toward_zero(weights).double()
+    exact = torch.einsum("btr,btk->rk", row.double() * cut.view(-1, 1, 1), col.double())
+    routes = {
+        "one GEMM per example": products._weighted_product_per_example,
+        "two pieces": products._weighted_product_bf16,
+    }
+    cells = []
+    for label, route in routes.items():
+        try:
+            got, seconds, _ = _timed(lambda route=route: route(row, col, weights), device)
+        except RuntimeError as error:  # a torch whose addmm does not accumulate bf16 products in float32
+            cells.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:120]}")
+            continue
+        error = float((got.double() - exact).norm() / exact.norm())
+        cells.append(f"{label} {seconds * 1e3:.2f} ms, relative error {error:.1e}")
+    return (
+        f"Clipped sum of bf16 factors {batch} x {steps} x ({n}, {m}) on {device}: " + "; ".join(cells) + "."
+    )
+
+
 def main() -> None:
     import gpu_step
 
@@ -285,6 +319,8 @@ def main() -> None:
     print(planted_misuse_under_tf32())
     print()
     print(grouped_norm_line())
+    print()
+    print(per_example_line())
 
 
 if __name__ == "__main__":

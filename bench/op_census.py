@@ -85,10 +85,11 @@ _EMULATING = [False]  # inside an emulated CUDA-only product: its operand wideni
 @contextlib.contextmanager
 def cuda_routes(emulate=None):
     """The engine takes its CUDA-only routes on this machine (see the module docstring): bf16/fp16
-    operand pairs count as ``out_dtype``-capable whatever their device, and each such product is
-    emulated by a widening of its operands (flagged) and a float32 product (one kernel, as on CUDA).
-    ``emulate(product)``: another emulation of ``out_dtype`` products (``product`` is ``torch.mm`` or
-    ``torch.bmm``)."""
+    operand pairs count as ``out_dtype``-capable whatever their device (and ``addmm`` as accumulating
+    into float32), and each such product is emulated by a widening of its operands (flagged) and a
+    float32 product (one kernel, as on CUDA). ``emulate(product)``: another emulation of ``out_dtype``
+    products (``product`` is ``torch.mm``, ``torch.bmm`` or ``torch.addmm``, called as the engine's
+    ``_mm_out_float32``, ``_bmm_out_float32``, ``_addmm_out_float32`` are)."""
     import hush_hf.clipping.factors as factors
     import hush_hf.clipping.float32_products as products
     import hush_hf.clipping.gram_batches as gram_batches
@@ -97,12 +98,15 @@ def cuda_routes(emulate=None):
         return a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
 
     def emulated(product):
-        def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        def run(*tensors: torch.Tensor, **scalars) -> torch.Tensor:
             _EMULATING[0] = True
             try:
+                *rest, a, b = tensors  # addmm: (out, a, b), accumulated in place
                 a, b = a.float(), b.float()
             finally:
                 _EMULATING[0] = False
+            if rest:
+                return product(*rest, a, b, **scalars, out=rest[0])
             return product(a, b)
 
         return run
@@ -113,6 +117,8 @@ def cuda_routes(emulate=None):
         (products, "float32_output_supported", supported),
         (products, "_mm_out_float32", (emulate or emulated)(torch.mm)),
         (products, "_bmm_out_float32", (emulate or emulated)(torch.bmm)),
+        (products, "_addmm_out_float32", (emulate or emulated)(torch.addmm)),
+        (products, "_accumulates_in_float32", lambda device: True),
     ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:

@@ -152,13 +152,14 @@ def _out_float32(product):
     """The emulation of a CUDA ``out_dtype`` product (``op_census.cuda_routes``): bf16/fp16 operands, a
     float32 output of ``FAKE_VALUE``, one kernel priced in the innermost ``KernelCosts``."""
 
-    def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def run(*tensors: torch.Tensor, beta: int = 0, **scalars) -> torch.Tensor:
+        *rest, a, b = tensors  # addmm: (out, a, b), in place; it reads ``out`` too unless beta = 0
         with _disable_current_modes():
-            out = torch.empty((*a.shape[:-1], b.shape[-1]), dtype=torch.float32).fill_(FAKE_VALUE)
+            out = rest[0] if rest else torch.empty((*a.shape[:-1], b.shape[-1]), dtype=torch.float32)
+            out.fill_(FAKE_VALUE)
         flops = 2 * a.numel() * b.shape[-1]  # (..., n, k) @ (..., k, m): 2 n k m per batch entry
-        KernelCosts.active[-1].record(
-            flops, a.nbytes + b.nbytes + out.nbytes, f"{product.__name__} (out_dtype)"
-        )
+        moved = a.nbytes + b.nbytes + out.nbytes * (2 if rest and beta else 1)
+        KernelCosts.active[-1].record(flops, moved, f"{product.__name__} (out_dtype)")
         return out
 
     return run

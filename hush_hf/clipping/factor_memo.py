@@ -75,13 +75,15 @@ def gram_requests(uses: Sequence[PerExampleGrad]) -> list[tuple[str, Tensor]]:
 
 def sum_requests(uses: Sequence[PerExampleGrad]) -> list[tuple[str, Tensor]]:
     """What the clipped sums of ``uses`` (``weighted_sum(..., memo=memo)``) ask for: the narrower factor
-    clip-weighted in the form its route multiplies (``"pieces"`` or ``"scaled"``), and on the
-    ``"scaled"`` route the wider one widened, when it needs widening."""
+    clip-weighted in the form its route multiplies (``"pieces"`` or ``"scaled"``; nothing on the
+    ``"examples"`` route), and on the ``"scaled"`` route the wider one widened, when it needs widening."""
     requests = []
     for g in uses:
         found = _dense_pair_route(g)
         if found is not None:
             route, narrow, wide, dtype = found
+            if route == "examples":  # nothing derived: each example's product reads the factors as they are
+                continue
             requests.append((route, narrow))
             if route == "scaled" and wide.dtype != dtype:
                 requests.append(("widened", wide))

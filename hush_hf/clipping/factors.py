@@ -28,10 +28,12 @@ from torch import Tensor
 
 from hush_hf.clipping.float32_products import (
     _weighted_product_bf16,
+    _weighted_product_per_example,
     as_dtype,
     bf16_products,
     bmm_float32,
     float32_output_supported,
+    per_example_products,
 )
 from hush_hf.clipping.tensor_views import as_rows, as_shape
 
@@ -398,14 +400,18 @@ def _weighted_rows(f: Factor, weights: Tensor, dtype: torch.dtype) -> Tensor:
 
 def _dense_pair_route(g: PerExampleGrad) -> tuple[str, Tensor, Tensor, torch.dtype] | None:
     """For an ``OuterSum`` of two dense factors: (route, narrower, wider values, dtype) of its clipped
-    sum, route ``"pieces"`` (two bf16 factors on CUDA, ``_weighted_product_bf16``) or ``"scaled"`` (the
-    weights folded into the narrower factor, the other widened); else None."""
+    sum, route ``"examples"`` (two bf16 factors on CUDA whose per-example products are large GEMMs,
+    ``_weighted_product_per_example``), ``"pieces"`` (other bf16 factors on CUDA,
+    ``_weighted_product_bf16``) or ``"scaled"`` (the weights folded into the narrower factor, the other
+    widened); else None."""
     if not (isinstance(g, OuterSum) and isinstance(g.row, DenseFactor) and isinstance(g.col, DenseFactor)):
         return None
     row, col = g.row.values, g.col.values
     dtype = compute_dtype(row, col)
     narrow, wide = (row, col) if row.shape[-1] <= col.shape[-1] else (col, row)
-    route = "pieces" if dtype == torch.float32 and bf16_products(row, col) else "scaled"
+    route = "scaled"
+    if dtype == torch.float32 and bf16_products(row, col):
+        route = "examples" if per_example_products(row, col) else "pieces"
     return route, narrow, wide, dtype
 
 
@@ -443,6 +449,8 @@ def weighted_sum(g: PerExampleGrad, weights: Tensor, memo: FactorMemo | None = N
     found = _dense_pair_route(g)
     if found is not None:
         route, narrow, wide, _ = found
+        if route == "examples":
+            return _weighted_product_per_example(row.values, col.values, weights)
         if route == "pieces":
             return _weighted_product_bf16(row.values, col.values, weights, memo)
         # Fold the weights into the narrower factor (for an output projection: the hidden states,

@@ -7,11 +7,14 @@ torch 2.13 has for CUDA only (``_mm_out_float32``, ``_bmm_out_float32``: the eng
 calls; ``bench/op_census.py --cuda-routes`` replaces them to count a GPU's step). Elsewhere the
 operands are widened first. A clipped sum of two bf16 factors folds its weights, cut to bf16's 8
 significant bits toward zero, into the narrower factor and splits that exactly into two bf16 pieces
-(``_weighted_product_bf16``).
+(``_weighted_product_bf16``); where one example's product is a large GEMM, it takes one GEMM per example
+instead, scaled by its weight in cuBLAS's float32 epilogue (``_weighted_product_per_example``; CUDA
+only, ``_addmm_out_float32``).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import torch
@@ -52,6 +55,25 @@ def _mm_out_float32(a: Tensor, b: Tensor) -> Tensor:
 def _bmm_out_float32(a: Tensor, b: Tensor) -> Tensor:
     """CUDA only: ``torch.bmm`` of two bf16/fp16 batches with float32 accumulation and output."""
     return torch.bmm(a, b, out_dtype=torch.float32)
+
+
+def _addmm_out_float32(out: Tensor, a: Tensor, b: Tensor, alpha: float, beta: int) -> Tensor:
+    """CUDA only: ``out <- beta out + alpha (a @ b)`` in place, two bf16/fp16 matrices with float32
+    accumulation, scaled and added to the float32 ``out`` in cuBLAS's float32 epilogue."""
+    return torch.addmm(out, a, b, out_dtype=torch.float32, beta=beta, alpha=alpha, out=out)
+
+
+@cache
+def _accumulates_in_float32(device: torch.device) -> bool:
+    """Whether this torch's ``addmm`` takes a float32 ``out`` (and input) with bf16 operands on
+    ``device`` (newer than the ``out_dtype`` products: older versions want the input in the operands'
+    dtype). Asked once per device, with a 1 x 1 product."""
+    one = torch.ones(1, 1, dtype=torch.bfloat16, device=device)
+    try:
+        _addmm_out_float32(torch.zeros(1, 1, device=device), one, one, alpha=0.5, beta=1)
+    except (RuntimeError, TypeError):
+        return False
+    return True
 
 
 def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -97,6 +119,68 @@ def bf16_toward_zero(weights: Tensor) -> Tensor:
     if weights.dtype == torch.float64:  # the float32 cast may round up (1 - 1e-9 becomes 1): step back
         w = torch.where(w.double().abs() > weights.abs(), torch.nextafter(w, torch.zeros_like(w)), w)
     return (w.view(torch.int32) & -65536).view(torch.float32)
+
+
+EXAMPLE_TOKENS = 512
+"""``per_example_products``: at least this many positions per example. One example's product then
+reads and writes its float32 result (8 bytes an entry) in less time than the pieces route's second
+GEMM takes (2 T FLOPs an entry): T > 2 R / W, about 300 on H100/H200-class GPUs (R ~ 700 TFLOP/s of
+bf16 GEMM, W ~ 4 TB/s)."""
+
+EXAMPLE_WORK = 2**30
+"""``per_example_products``: at least this many multiply-adds (T n m) per example's product, about 3 us
+of an H100/H200's bf16 GEMM: what the pieces route's second piece costs for that example, and about
+what the host takes to issue one product (a few microseconds, whatever its size). Above it one product
+per example costs the device less than the second piece, and the host keeps up with the device."""
+
+
+def per_example_products(row: Tensor, col: Tensor) -> bool:
+    """Whether the weighted sum of two bf16 (b, T, n) and (b, T, m) factors that take the bf16 route
+    (``bf16_products``, the caller's test) takes one GEMM per example (``_weighted_product_per_example``):
+    where ``addmm`` accumulates in float32, when each example's product is large (``EXAMPLE_TOKENS``,
+    ``EXAMPLE_WORK``). Shapes decide, not the batch size."""
+    t = row.shape[-2]
+    return (
+        t >= EXAMPLE_TOKENS
+        and t * row.shape[-1] * col.shape[-1] >= EXAMPLE_WORK
+        and _accumulates_in_float32(row.device)
+    )
+
+
+class _HostWeights:
+    """The last weights read to the host: ``bf16_toward_zero(weights)`` as Python floats, read once (one
+    device-to-host copy, a sync on a GPU) for every per-example product of a micro-batch that scales by
+    them. Matched by identity and version; the tensor is held, so its identity is not reused."""
+
+    weights: Tensor | None = None
+    version = -1
+    values: list[float] = []
+
+    @classmethod
+    def of(cls, weights: Tensor) -> list[float]:
+        if weights is not cls.weights or weights._version != cls.version:
+            cls.values = bf16_toward_zero(weights).tolist()
+            cls.weights, cls.version = weights, weights._version
+        return cls.values
+
+
+def _weighted_product_per_example(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
+    """``sum_i w~_i row_i^T col_i`` of two bf16 (b, T, n) and (b, T, m) factors, ``w~ =
+    bf16_toward_zero(weights)``, in float32, (n, m): one GEMM per example with a non-zero weight, bf16
+    operands with float32 accumulation, whose float32 result cuBLAS scales by w~_i and adds to the
+    running sum in its float32 epilogue (``_addmm_out_float32``, beta = 1 after the first). Each
+    example's scaled product rounds once per entry, relative 2^-24, like the float32 route's scaled
+    factor; no scaled copy, no pieces, and a weight gradient's FLOPs once instead of twice. The weights
+    come to the host once per micro-batch (``_HostWeights``). The same numbers as the other routes with
+    weights w~, up to float32 accumulation order."""
+    out = torch.empty(row.shape[-1], col.shape[-1], dtype=torch.float32, device=row.device)
+    beta = 0  # the first product writes ``out`` without reading it (cuBLAS ignores C when beta is 0)
+    # unbind: every example's view in one call (the host issues one product per example)
+    for w, r, c in zip(_HostWeights.of(weights), row.transpose(-1, -2).unbind(0), col.unbind(0), strict=True):
+        if w != 0.0:  # an example that contributes nothing (a dropped or padded row) costs no GEMM
+            _addmm_out_float32(out, r, c, alpha=w, beta=beta)
+            beta = 1
+    return out if beta else out.zero_()
 
 
 def _weighted_product_bf16(row: Tensor, col: Tensor, weights: Tensor, memo: Any = None) -> Tensor:

@@ -107,6 +107,8 @@ def weighted_sums(
         if size > budget:
             continue
         route = _dense_pair_route(g)[0]  # type: ignore[index]
+        if route == "examples":  # one GEMM per example and weight already: nothing to batch
+            continue
         row, col = g.row.values, g.col.values  # type: ignore[union-attr]
         key = (route, tuple(row.shape), tuple(col.shape), row.dtype, col.dtype, row.device)
         groups.setdefault(key, []).append((name, g, size))

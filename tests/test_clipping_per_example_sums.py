@@ -1,0 +1,178 @@
+"""The clipped sum of two bf16 factors, one example at a time (``_weighted_product_per_example``).
+
+On CUDA, where one example's product is a large GEMM, ``sum_i w~_i row_i^T col_i`` runs one bf16 GEMM per
+example with float32 accumulation, scaled by w~_i and added to the float32 sum in cuBLAS's epilogue
+(``addmm`` with ``out_dtype``), instead of the two exact bf16 pieces of the scaled factor (a weight
+gradient's FLOPs twice). The CPU has no such ``addmm``: here its calls are emulated by widening the bf16
+operands (the same numbers: a product of two bf16 numbers is exact in float32), and each call is checked
+to receive the bf16 factors as they are.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hush_hf.clipping.factors as factors
+import hush_hf.clipping.float32_products as products
+from hush_hf.clipping import GhostClipper, example_cross_entropy
+from hush_hf.clipping.clipped_sums import clipped_sum
+from hush_hf.clipping.factor_memo import FactorMemo, sum_requests
+from hush_hf.clipping.factors import DenseFactor, OuterSum, _dense_pair_route, weighted_sum
+from hush_hf.clipping.float32_products import bf16_toward_zero
+from tests.model_families import VOCAB, family_named
+
+B = 5
+
+
+class EmulatedAddmm:
+    """``_addmm_out_float32`` on this CPU: the bf16 operands widened, one float32 ``addmm`` in place.
+    Counts its calls and checks what CUDA's call would get: bf16 operands, a float32 ``out``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, out, a, b, alpha, beta):
+        assert a.dtype == b.dtype == torch.bfloat16 and out.dtype == torch.float32
+        self.calls += 1
+        return torch.addmm(out, a.float(), b.float(), beta=beta, alpha=alpha, out=out)
+
+
+@pytest.fixture
+def cuda_route(monkeypatch) -> EmulatedAddmm:
+    """Every pair of bf16 factors takes the per-example route, through ``EmulatedAddmm``."""
+    emulated = EmulatedAddmm()
+    monkeypatch.setattr(factors, "bf16_products", lambda a, b: a.dtype == b.dtype == torch.bfloat16)
+    monkeypatch.setattr(products, "_accumulates_in_float32", lambda device: True)
+    monkeypatch.setattr(products, "_addmm_out_float32", emulated)
+    monkeypatch.setattr(products, "EXAMPLE_TOKENS", 1)
+    monkeypatch.setattr(products, "EXAMPLE_WORK", 1)
+    return emulated
+
+
+def _use(narrow: str, g: torch.Generator) -> OuterSum:
+    small, large = torch.randn(B, 9, 6, generator=g), torch.randn(B, 9, 40, generator=g)
+    row, col = (small, large) if narrow == "row" else (large, small)
+    return OuterSum(DenseFactor(row.bfloat16()), DenseFactor(col.bfloat16()))
+
+
+@pytest.mark.parametrize("narrow", ["row", "col"])
+def test_the_per_example_route_equals_the_float32_route_with_the_cut_weights(narrow, cuda_route) -> None:
+    """Against a float64 reference with the weights cut toward zero (what every bf16 route on CUDA applies)
+    and against the float32 route with those weights; laid out as the parameter; an example whose weight
+    is 0 costs no product."""
+    g = torch.Generator().manual_seed(31)
+    use = _use(narrow, g)
+    weights = torch.rand(B, generator=g) / 3
+    weights[1], weights[3] = 0.0, 1.0  # a dropped example, an unclipped one
+    assert _dense_pair_route(use)[0] == "examples"
+    got = weighted_sum(use, weights)
+    assert cuda_route.calls == B - 1
+    assert got.dtype == torch.float32 and got.shape == (use.row.size, use.col.size) and got.is_contiguous()
+    cut = bf16_toward_zero(weights)
+    row, col = use.row.values.double(), use.col.values.double()
+    reference = torch.einsum("b,btr,btk->rk", cut.double(), row, col)
+    torch.testing.assert_close(got.double(), reference, rtol=1e-6, atol=1e-6)
+    widened = OuterSum(DenseFactor(use.row.values.float()), DenseFactor(use.col.values.float()))
+    torch.testing.assert_close(got, weighted_sum(widened, cut), rtol=1e-6, atol=1e-6)
+
+
+def test_all_zero_weights_give_zeros_without_a_product(cuda_route) -> None:
+    use = _use("row", torch.Generator().manual_seed(32))
+    got = weighted_sum(use, torch.zeros(B))
+    assert cuda_route.calls == 0 and torch.equal(got, torch.zeros(use.row.size, use.col.size))
+
+
+def test_the_weights_are_read_to_the_host_once_per_weights_tensor(cuda_route, monkeypatch) -> None:
+    """One device-to-host read (a sync on a GPU) for all the products that scale by one weights tensor,
+    another for a new tensor or the same one changed in place; the memo asks nothing of this route."""
+    reads = []
+    real = products.bf16_toward_zero
+    monkeypatch.setattr(products, "bf16_toward_zero", lambda w: reads.append(w) or real(w))
+    g = torch.Generator().manual_seed(33)
+    uses = [_use("row", g) for _ in range(3)]
+    assert sum_requests(uses) == []
+    weights = torch.rand(B, generator=g)
+    memo = FactorMemo(sum_requests(uses))
+    first = [weighted_sum(u, weights, memo) for u in uses]
+    assert len(reads) == 1
+    assert all(torch.equal(weighted_sum(u, weights), f) for u, f in zip(uses, first, strict=True))
+    assert len(reads) == 1
+    weights.mul_(0.5)  # the same tensor, new values: read again
+    halved = weighted_sum(uses[0], weights)
+    assert len(reads) == 2
+    torch.testing.assert_close(halved, first[0] * 0.5, rtol=1e-6, atol=1e-7)
+    weighted_sum(uses[0], weights.clone())
+    assert len(reads) == 3
+
+
+def _meta_use(steps: int, rows: int, cols: int, dtype=torch.bfloat16) -> OuterSum:
+    return OuterSum(
+        DenseFactor(torch.empty(8, steps, rows, dtype=dtype, device="meta")),
+        DenseFactor(torch.empty(8, steps, cols, dtype=dtype, device="meta")),
+    )
+
+
+def test_only_large_per_example_products_take_the_route(monkeypatch) -> None:
+    """Shapes decide (never the batch): T >= EXAMPLE_TOKENS positions and T n m >= EXAMPLE_WORK
+    multiply-adds per example, where ``addmm`` accumulates in float32; Llama-1B's MLP, query and output
+    projections and its output layer at 1024 positions, GPT-2's MLP and output layer at 512; not its
+    attention weights, nor anything at 256 positions, nor float32 factors."""
+    monkeypatch.setattr(factors, "bf16_products", lambda a, b: a.dtype == torch.bfloat16)
+    monkeypatch.setattr(products, "_accumulates_in_float32", lambda device: True)
+
+    def route(steps: int, rows: int, cols: int, dtype=torch.bfloat16) -> str:
+        return _dense_pair_route(_meta_use(steps, rows, cols, dtype))[0]  # type: ignore[index]
+
+    for rows, cols in ((5632, 2048), (2048, 5632), (2048, 2048), (32000, 2048)):
+        assert route(1024, rows, cols) == "examples"
+    assert route(1024, 256, 2048) == "pieces"  # a grouped-query key projection: 2^29 multiply-adds
+    for rows, cols in ((3072, 768), (768, 3072), (50257, 768)):
+        assert route(512, rows, cols) == "examples"
+    assert route(512, 2304, 768) == route(512, 768, 768) == "pieces"
+    assert route(256, 5632, 2048) == "pieces"
+    assert route(1024, 5632, 2048, torch.float32) == "scaled"
+    monkeypatch.setattr(products, "_accumulates_in_float32", lambda device: False)  # an older torch
+    assert route(1024, 5632, 2048) == "pieces"
+
+
+def test_the_cuda_call_is_valid_on_the_meta_device() -> None:
+    """``addmm`` with ``out_dtype`` and a float32 ``out`` accumulated in place (the meta device implements
+    CUDA's signature, and the probe a device is asked with passes there)."""
+    a = torch.empty(7, 3, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(3, 5, dtype=torch.bfloat16, device="meta")
+    out = torch.empty(7, 5, device="meta")
+    got = products._addmm_out_float32(out, a, b, alpha=0.25, beta=1)
+    assert got is out and got.dtype == torch.float32 and got.shape == (7, 5)
+    assert products._accumulates_in_float32(torch.device("meta"))
+
+
+def _step(monkeypatch, route: str) -> dict[str, torch.Tensor]:
+    """One bf16 Llama step (self-check included) and a second one; the float32 clipped sums of both."""
+    if route == "examples":
+        monkeypatch.setattr(products, "EXAMPLE_TOKENS", 1)
+        monkeypatch.setattr(products, "EXAMPLE_WORK", 1)
+    else:
+        monkeypatch.setattr(products, "EXAMPLE_WORK", 2**62)
+    torch.manual_seed(0)
+    model = family_named("Llama").build(False).to(torch.bfloat16)
+    ids = torch.randint(3, VOCAB, (B, 12), generator=torch.Generator().manual_seed(1))
+    with GhostClipper(model, 0.05) as clipper:
+        for _ in range(2):  # the first runs the self-check against autograd
+            logits = model(input_ids=ids).logits
+            clipper.clipped_backward(example_cross_entropy(logits, ids, causal=True))
+    return {n: clipped_sum(p).clone() for n, p in model.named_parameters()}
+
+
+def test_a_bf16_llama_step_sums_the_same_by_either_route(cuda_route, monkeypatch) -> None:
+    """A whole step, every weight matrix on the per-example route (the self-check passes), against the
+    same step on the pieces route: the same clipped sums, within float32 accumulation order."""
+    per_example = _step(monkeypatch, "examples")
+    assert cuda_route.calls > 0
+    calls = cuda_route.calls
+    pieces = _step(monkeypatch, "pieces")
+    assert cuda_route.calls == calls  # no per-example product on the pieces route
+    assert per_example.keys() == pieces.keys()
+    for name, total in per_example.items():
+        assert total.dtype == torch.float32
+        torch.testing.assert_close(total, pieces[name], rtol=1e-5, atol=1e-7)
