@@ -116,8 +116,9 @@ def _meta_use(steps: int, rows: int, cols: int, dtype=torch.bfloat16) -> OuterSu
 def test_only_large_per_example_products_take_the_route(monkeypatch) -> None:
     """Shapes decide (never the batch): T >= EXAMPLE_TOKENS positions and T n m >= EXAMPLE_WORK
     multiply-adds per example, where ``addmm`` accumulates in float32; Llama-1B's MLP, query and output
-    projections and its output layer at 1024 positions, GPT-2's MLP and output layer at 512; not its
-    attention weights, nor anything at 256 positions, nor float32 factors."""
+    projections and its output layer at 1024 positions, GPT-2's MLP, query-key-value and output layer at
+    512; not Llama's grouped key and value weights nor GPT-2's attention output, nor anything at 256
+    positions, nor float32 factors."""
     monkeypatch.setattr(factors, "bf16_products", lambda a, b: a.dtype == torch.bfloat16)
     monkeypatch.setattr(products, "_accumulates_in_float32", lambda device: True)
 
@@ -127,9 +128,9 @@ def test_only_large_per_example_products_take_the_route(monkeypatch) -> None:
     for rows, cols in ((5632, 2048), (2048, 5632), (2048, 2048), (32000, 2048)):
         assert route(1024, rows, cols) == "examples"
     assert route(1024, 256, 2048) == "pieces"  # a grouped-query key projection: 2^29 multiply-adds
-    for rows, cols in ((3072, 768), (768, 3072), (50257, 768)):
+    for rows, cols in ((3072, 768), (768, 3072), (50257, 768), (768, 2304)):
         assert route(512, rows, cols) == "examples"
-    assert route(512, 2304, 768) == route(512, 768, 768) == "pieces"
+    assert route(512, 768, 768) == "pieces"
     assert route(256, 5632, 2048) == "pieces"
     assert route(1024, 5632, 2048, torch.float32) == "scaled"
     monkeypatch.setattr(products, "_accumulates_in_float32", lambda device: False)  # an older torch
@@ -166,8 +167,13 @@ def _step(monkeypatch, route: str) -> dict[str, torch.Tensor]:
 
 def test_a_bf16_llama_step_sums_the_same_by_either_route(cuda_route, monkeypatch) -> None:
     """A whole step, every weight matrix on the per-example route (the self-check passes), against the
-    same step on the pieces route: the same clipped sums, within float32 accumulation order."""
+    same step on the pieces route: the same clipped sums, within float32 accumulation order. The clip
+    weights come to the host once per micro-batch."""
+    reads = []
+    real = products.bf16_toward_zero
+    monkeypatch.setattr(products, "bf16_toward_zero", lambda w: reads.append(w) or real(w))
     per_example = _step(monkeypatch, "examples")
+    assert len(reads) == 2  # two micro-batches, a product per example and weight matrix in each
     assert cuda_route.calls > 0
     calls = cuda_route.calls
     pieces = _step(monkeypatch, "pieces")

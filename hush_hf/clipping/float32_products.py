@@ -124,14 +124,15 @@ def bf16_toward_zero(weights: Tensor) -> Tensor:
 EXAMPLE_TOKENS = 512
 """``per_example_products``: at least this many positions per example. One example's product then
 reads and writes its float32 result (8 bytes an entry) in less time than the pieces route's second
-GEMM takes (2 T FLOPs an entry): T > 2 R / W, about 300 on H100/H200-class GPUs (R ~ 700 TFLOP/s of
-bf16 GEMM, W ~ 4 TB/s)."""
+GEMM takes (2 T FLOPs an entry): T > 2 R / W, 300 to 400 on H100/H200-class GPUs (R ~ 700 TFLOP/s
+of bf16 GEMM, W ~ 3.4-4.8 TB/s)."""
 
-EXAMPLE_WORK = 2**30
-"""``per_example_products``: at least this many multiply-adds (T n m) per example's product, about 3 us
-of an H100/H200's bf16 GEMM: what the pieces route's second piece costs for that example, and about
-what the host takes to issue one product (a few microseconds, whatever its size). Above it one product
-per example costs the device less than the second piece, and the host keeps up with the device."""
+EXAMPLE_WORK = 3 * 2**28
+"""``per_example_products``: at least this many multiply-adds (T n m) per example's product, 1.6 GFLOP:
+about 2.3 us of an H100/H200's bf16 GEMM (~700 TFLOP/s), what the pieces route's second piece costs
+for that example. One product per example then takes at least a kernel's least time (a few
+microseconds) and less than the two pieces' GEMM does for it. (GPT-2's query-key-value weight at 512
+positions is above it; its attention output and Llama-1B's grouped key and value weights are not.)"""
 
 
 def per_example_products(row: Tensor, col: Tensor) -> bool:
