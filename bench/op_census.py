@@ -120,6 +120,7 @@ def cuda_routes(emulate=None):
         (products, "_addmm_out_float32", (emulate or emulated)(torch.addmm)),
         (products, "_accumulates_in_float32", lambda device: True),
     ]
+    patches = [patch for patch in patches if hasattr(patch[0], patch[1])]  # an older engine lacks some
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)

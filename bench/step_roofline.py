@@ -210,6 +210,31 @@ def gpu_routes(tf32: bool) -> Iterator[None]:
             setattr(factors, name, value)
 
 
+@contextlib.contextmanager
+def grouped_as_at(batch: int, target: int) -> Iterator[None]:
+    """The engine groups work as it would at ``target`` sequences while a step of ``batch`` is counted: its
+    byte budgets that decide by a whole batch's size (``gram_batches.BATCH_BYTES``: uses whose Gram
+    matrices, clipped sums or norm-layer rules are stacked together; ``factors.GROUPED_NORM_FROM_BYTES``:
+    a kept gradient's one-pass norm) scaled by batch / target. What they compare grows with the batch (a
+    clipped sum's footprint also holds its weight-sized result, so there it is close, not exact). Without
+    it a step counted at 2 and 3 sequences stacks uses that the GPU table's batch runs one at a time, and
+    the extrapolation carries those stacking copies to the table's batch. A budget the imported engine
+    lacks is left alone."""
+    import hush_hf.clipping.factors as factors
+    import hush_hf.clipping.gram_batches as gram_batches
+
+    scale = batch / target
+    budgets = ((gram_batches, "BATCH_BYTES"), (factors, "GROUPED_NORM_FROM_BYTES"))
+    saved = [(owner, name, getattr(owner, name)) for owner, name in budgets if hasattr(owner, name)]
+    for owner, name, value in saved:
+        setattr(owner, name, int(value * scale))
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
 def step_costs(
     name: str,
     contender: str,
@@ -221,8 +246,10 @@ def step_costs(
 ) -> list[tuple[int, int]]:
     """(FLOPs, bytes) of every kernel of one ``contender`` step, ``gpu_step.MODELS[name]`` with ``layers``
     layers and ``batch`` sequences (after ``warmup`` steps: the self-check's), by the engine's GPU routes
-    (``gpu_routes``); ``precision`` ``"bf16"``: a bf16 model whose products are faked (module docstring)."""
+    (``gpu_routes``), its uses grouped as at the GPU table's batch (``grouped_as_at``); ``precision``
+    ``"bf16"``: a bf16 model whose products are faked (module docstring)."""
     model, causal, seq = shallow_model(name, layers, smoke)
+    target = gpu_step.MODELS[name][2]
     bf16 = precision == "bf16"
     if bf16:
         model = model.to(torch.bfloat16)
@@ -231,7 +258,7 @@ def step_costs(
     if bf16:
         faked.enter_context(op_census.cuda_routes(_out_float32))
         faked.enter_context(unchecked())
-    with faked, gpu_routes(precision == "tf32"):
+    with faked, gpu_routes(precision == "tf32"), grouped_as_at(batch, target):
         with KernelCosts(fake=True) if bf16 else contextlib.nullcontext():  # only faking, in the warm-up
             for k in range(warmup):
                 step(k)

@@ -138,3 +138,37 @@ def test_a_cuda_out_dtype_product_is_one_kernel_of_bf16_operands_and_a_float32_o
     assert out.shape == (4, 6, 7) and out.dtype == torch.float32
     assert costs.kernels == [(2 * 4 * 6 * 5 * 7, 2 * (4 * 6 * 5 + 4 * 5 * 7) + 4 * 4 * 6 * 7)]
     assert costs.names == ["bmm (out_dtype)"]
+
+
+def test_a_step_counted_at_a_small_batch_groups_its_uses_as_the_tables_batch_would() -> None:
+    """``grouped_as_at``: three same-shape weights' Gram matrices are stacked into one batch at 2 sequences,
+    but at a batch where each one's footprint exceeds ``BATCH_BYTES`` they go one at a time; counted at
+    2 sequences for that batch, they go one at a time too (no stacking copy), with the same norms. The
+    budgets are put back after."""
+    from hush_hf.clipping import factors, gram_batches
+    from hush_hf.clipping.factors import DenseFactor, OuterSum
+
+    g = torch.Generator().manual_seed(0)
+    uses = [
+        [
+            OuterSum(
+                DenseFactor(torch.randn(2, 16, 48, generator=g)),
+                DenseFactor(torch.randn(2, 16, 40, generator=g)),
+            )
+        ]
+        for _ in range(3)
+    ]
+    per_sequence = gram_batches.batch_footprint(uses[0][0]) // 2
+    large = 2 * (gram_batches.BATCH_BYTES // per_sequence)  # its footprint: twice the budget
+
+    def stacks(target: int) -> tuple[int, list[torch.Tensor]]:
+        with step_roofline.grouped_as_at(2, target), step_roofline.KernelCosts() as costs:
+            norms = gram_batches.squared_norms(uses)
+        return sum(name == "stack" for name in costs.names), norms
+
+    grouped, norms = stacks(2)
+    alone, same = stacks(large)
+    assert grouped > 0 and alone == 0
+    for a, b in zip(norms, same, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
+    assert gram_batches.BATCH_BYTES == 2**26 and factors.GROUPED_NORM_FROM_BYTES == 2**23

@@ -123,12 +123,14 @@ def _batch_norms(batch: list[tuple[int, OuterSum]], out: list[Tensor | None]) ->
 def squared_norms(
     all_uses: Sequence[Sequence[PerExampleGrad]],
     never_materialize_dim: int | None = None,
-    budget: int = BATCH_BYTES,
+    budget: int | None = None,
 ) -> list[Tensor]:
     """``squared_norm_of_sum(uses, never_materialize_dim, clamp=False, combined=True)`` of every entry of
     ``all_uses`` (each one parameter's uses, ``combine_uses``'s result), in order, shape (b,) each: those
     with one two-dense-factor ``OuterSum`` in batches of at most ``budget`` bytes (see the module
-    docstring), the rest one at a time, sharing the Gram matrices of shared factors (``FactorMemo``)."""
+    docstring), the rest one at a time, sharing the Gram matrices of shared factors (``FactorMemo``).
+    ``budget`` None: ``BATCH_BYTES`` as it is at the call."""
+    budget = BATCH_BYTES if budget is None else budget
     out: list[Tensor | None] = [None] * len(all_uses)
     batched: list[tuple[int, OuterSum, int]] = []
     rest: list[int] = []

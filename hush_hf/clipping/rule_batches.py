@@ -21,8 +21,8 @@ from typing import Any
 
 from torch import Tensor
 
+from hush_hf.clipping import gram_batches
 from hush_hf.clipping.factors import PerExampleGrad, compute_dtype
-from hush_hf.clipping.gram_batches import BATCH_BYTES
 from hush_hf.clipping.rules_generic import replay
 
 Done = list[tuple[Any, Mapping[str, PerExampleGrad]]]
@@ -40,8 +40,8 @@ class HeldCalls:
     """The calls of layers whose rule has a batched form, held for one batch (see the module docstring).
     ``run`` each call in order, then ``flush`` once: every call's gradients come back exactly once."""
 
-    def __init__(self, budget: int = BATCH_BYTES) -> None:
-        self.budget = budget
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = gram_batches.BATCH_BYTES if budget is None else budget  # as it is now, not at import
         self._held: list[tuple[Any, Any, Tensor]] = []
         self._bytes = 0
 

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from hush_hf.clipping import gram_batches
 from hush_hf.clipping.factors import OuterSum, PerExampleGrad, _dense_pair_route
 from hush_hf.clipping.float32_products import (
     as_dtype,
@@ -38,7 +39,7 @@ from hush_hf.clipping.float32_products import (
     bf16_toward_zero,
     bmm_float32,
 )
-from hush_hf.clipping.gram_batches import BATCH_BYTES, _batchable
+from hush_hf.clipping.gram_batches import _batchable
 
 
 def sum_footprint(g: OuterSum) -> int:
@@ -92,12 +93,13 @@ def _group_sum(group: list[OuterSum], weights: Tensor) -> Tensor:
 
 @torch.no_grad()  # no graph is needed; and a stack with out= refuses an input that requires grad
 def weighted_sums(
-    uses: dict[str, list[PerExampleGrad]], weights: Tensor, budget: int = BATCH_BYTES
+    uses: dict[str, list[PerExampleGrad]], weights: Tensor, budget: int | None = None
 ) -> dict[str, Tensor]:
     """``sum_i w_i G_i`` of every parameter of ``uses`` (name -> its combined uses) that shares its factor
     shapes and route with another one, groupwise (see the module docstring), each shaped (rows, cols)
     in at least float32. Those parameters are removed from ``uses``; the rest are left for
-    ``factors.weighted_sum``."""
+    ``factors.weighted_sum``. ``budget`` None: ``gram_batches.BATCH_BYTES`` as it is at the call."""
+    budget = gram_batches.BATCH_BYTES if budget is None else budget
     groups: dict[tuple, list[tuple[str, OuterSum, int]]] = {}
     for name, found in uses.items():
         g = _batchable(found)
