@@ -137,15 +137,38 @@ def test_only_large_per_example_products_take_the_route(monkeypatch) -> None:
     assert route(1024, 5632, 2048) == "pieces"
 
 
-def test_the_cuda_call_is_valid_on_the_meta_device() -> None:
-    """``addmm`` with ``out_dtype`` and a float32 ``out`` accumulated in place (the meta device implements
-    CUDA's signature, and the probe a device is asked with passes there)."""
+def test_the_cuda_calls_signature_exists_on_the_meta_device() -> None:
+    """``addmm`` with ``out_dtype`` and a float32 ``out`` accumulated in place exists with this signature
+    (the meta device's checks are looser than CUDA's: what CUDA does with it the probe below asks at run
+    time, and ``bench/gpu_exactness.py`` measures on a GPU)."""
     a = torch.empty(7, 3, dtype=torch.bfloat16, device="meta")
     b = torch.empty(3, 5, dtype=torch.bfloat16, device="meta")
     out = torch.empty(7, 5, device="meta")
     got = products._addmm_out_float32(out, a, b, alpha=0.25, beta=1)
     assert got is out and got.dtype == torch.float32 and got.shape == (7, 5)
-    assert products._accumulates_in_float32(torch.device("meta"))
+
+
+def test_the_probe_takes_the_route_only_where_addmm_does_what_it_needs(monkeypatch) -> None:
+    """``_accumulates_in_float32`` (uncached here): a float32 ``addmm`` that writes with beta = 0 (over a
+    NaN) and accumulates with beta = 1 passes; one that raises, as an older torch does, or that ignores
+    alpha or beta, does not."""
+    probe = products._accumulates_in_float32.__wrapped__
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(products, "_addmm_out_float32", EmulatedAddmm())
+    assert probe(cpu)
+
+    def raises(out, a, b, alpha, beta):
+        raise RuntimeError("self and mat2 must have the same dtype, but got Float and BFloat16")
+
+    def without_alpha(out, a, b, alpha, beta):
+        return torch.addmm(out, a.float(), b.float(), beta=beta, out=out)
+
+    def always_accumulating(out, a, b, alpha, beta):
+        return torch.addmm(out, a.float(), b.float(), beta=1, alpha=alpha, out=out)
+
+    for wrong in (raises, without_alpha, always_accumulating):
+        monkeypatch.setattr(products, "_addmm_out_float32", wrong)
+        assert not probe(cpu), wrong.__name__
 
 
 def _step(monkeypatch, route: str) -> dict[str, torch.Tensor]:
@@ -166,15 +189,29 @@ def _step(monkeypatch, route: str) -> dict[str, torch.Tensor]:
 
 
 def test_a_bf16_llama_step_sums_the_same_by_either_route(cuda_route, monkeypatch) -> None:
-    """A whole step, every weight matrix on the per-example route (the self-check passes), against the
-    same step on the pieces route: the same clipped sums, within float32 accumulation order. The clip
-    weights come to the host once per micro-batch."""
+    """A whole step, every factored weight matrix on the per-example route (the self-check passes; the
+    pieces route refused meanwhile), against the same step on the pieces route: the same clipped sums, within
+    float32 accumulation order. The clip weights come to the host once per micro-batch."""
     reads = []
     real = products.bf16_toward_zero
     monkeypatch.setattr(products, "bf16_toward_zero", lambda w: reads.append(w) or real(w))
+    pieces_route = factors._weighted_product_bf16
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a weight matrix took the pieces route")
+
+    monkeypatch.setattr(factors, "_weighted_product_bf16", refused)
     per_example = _step(monkeypatch, "examples")
+    monkeypatch.setattr(factors, "_weighted_product_bf16", pieces_route)
     assert len(reads) == 2  # two micro-batches, a product per example and weight matrix in each
-    assert cuda_route.calls > 0
+    linears = [m for m in family_named("Llama").build(False).modules() if isinstance(m, torch.nn.Linear)]
+    # factored: a float32 per-example gradient larger than its bf16 factors at 12 positions (norm_strategy);
+    # the grouped key and value projections (16 -> 8) are kept whole and summed as such
+    factored = [
+        m for m in linears if 4 * m.in_features * m.out_features > 2 * 12 * (m.in_features + m.out_features)
+    ]
+    assert len(factored) == len(linears) - 4
+    assert cuda_route.calls == 2 * len(factored) * B  # every example of every factored weight, in both
     calls = cuda_route.calls
     pieces = _step(monkeypatch, "pieces")
     assert cuda_route.calls == calls  # no per-example product on the pieces route

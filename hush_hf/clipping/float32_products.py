@@ -66,14 +66,17 @@ def _addmm_out_float32(out: Tensor, a: Tensor, b: Tensor, alpha: float, beta: in
 @cache
 def _accumulates_in_float32(device: torch.device) -> bool:
     """Whether this torch's ``addmm`` takes a float32 ``out`` (and input) with bf16 operands on
-    ``device`` (newer than the ``out_dtype`` products: older versions want the input in the operands'
-    dtype). Asked once per device, with a 1 x 1 product."""
+    ``device`` and does what ``_weighted_product_per_example`` needs of it (newer than the ``out_dtype``
+    products: older versions want the input in the operands' dtype and raise). Asked once per device,
+    with 1 x 1 products: beta = 0 writes 0.5 over a NaN, beta = 1 adds 0.25 to it."""
     one = torch.ones(1, 1, dtype=torch.bfloat16, device=device)
+    out = torch.full((1, 1), float("nan"), device=device)
     try:
-        _addmm_out_float32(torch.zeros(1, 1, device=device), one, one, alpha=0.5, beta=1)
+        first = _addmm_out_float32(out, one, one, alpha=0.5, beta=0).tolist()
+        second = _addmm_out_float32(out, one, one, alpha=0.25, beta=1).tolist()
     except (RuntimeError, TypeError):
         return False
-    return True
+    return first == [[0.5]] and second == [[0.75]]
 
 
 def bf16_pieces(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -151,20 +154,21 @@ def per_example_products(row: Tensor, col: Tensor) -> bool:
 class _HostWeights:
     """The last weights read to the host: ``bf16_toward_zero(weights)`` as Python floats, read once (one
     device-to-host copy, a sync on a GPU) for every per-example product of a micro-batch that scales by
-    them. Matched by identity and version; the tensor is held, so its identity is not reused."""
+    them. Matched by identity and version; the tensor is held, so its identity is not reused. One
+    assignment of (tensor, version, values), so that a thread never gets another's values."""
 
-    weights: Tensor | None = None
-    version = -1
-    values: list[float] = []
+    last: tuple[Tensor | None, int, list[float]] = (None, -1, [])
 
     @classmethod
     def of(cls, weights: Tensor) -> list[float]:
-        if weights is not cls.weights or weights._version != cls.version:
-            cls.values = bf16_toward_zero(weights).tolist()
-            cls.weights, cls.version = weights, weights._version
-        return cls.values
+        held, version, values = cls.last
+        if weights is not held or weights._version != version:
+            values = bf16_toward_zero(weights).tolist()
+            cls.last = (weights, weights._version, values)
+        return values
 
 
+@torch.no_grad()  # out= refuses inputs that require grad; the factors are detached anyway
 def _weighted_product_per_example(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
     """``sum_i w~_i row_i^T col_i`` of two bf16 (b, T, n) and (b, T, m) factors, ``w~ =
     bf16_toward_zero(weights)``, in float32, (n, m): one GEMM per example with a non-zero weight, bf16
