@@ -20,14 +20,17 @@ precision (float64; float32 with ``highest`` matrix products; TF32 = ``high``; b
   those routes turned off (operands widened to float32 first): the two must agree to float32
   accumulation order.
 
-Then the planted misuse of ``tests/test_clipping_safety.py`` (an embedding read outside its layer,
-carrying ~3% of the gradient) on CUDA under TF32: refused, while the same model without it passes. And a
-kept (materialised) gradient's squared norm at GPT-2's 768 x 3072 weight and batch 32, by the route a GPU
+Printed before the table (they take seconds, and the table's time limit must not cut them off): a kept
+(materialised) gradient's squared norm at GPT-2's 768 x 3072 weight and batch 32, by the route a GPU
 takes (``factors.grouped_squared_rows``) against float64 and its stated bound, timed against the single
-route it replaced (the square, then ``sum`` in float64), with each route's peak of new memory. And a
-clipped sum of two bf16 factors at Llama-1B's MLP shape (8 x 1024 positions, 2048 x 5632) by its two
-routes, one GEMM per example scaled in cuBLAS's epilogue (``_weighted_product_per_example``) and two
-exact bf16 pieces of the scaled factor (``_weighted_product_bf16``): each against float64, and timed.
+route it replaced (the square, then ``sum`` in float64), with each route's peak of new memory; and a
+clipped sum of two bf16 factors at Llama-1B's MLP shape (8 x 1024 positions, 2048 x 5632) and at
+GPT-2's tied output layer (32 x 512, 50,257 x 768) by its two routes, one GEMM per example scaled in
+cuBLAS's epilogue (``_weighted_product_per_example``) and two exact bf16 pieces of the scaled factor
+(``_weighted_product_bf16``), each against float64 and timed; for GPT-2's vocabulary also with the
+logits gradient's rows aligned, which says whether an aligned copy would pay. After the table, the
+planted misuse of ``tests/test_clipping_safety.py`` (an embedding read outside its layer, carrying ~3%
+of the gradient) on CUDA under TF32: refused, while the same model without it passes.
 Without CUDA it exits at once with a message (status 2).
 """
 
@@ -264,11 +267,22 @@ def grouped_norm_line(device: str = "cuda", batch: int = 32, width: int = 768 * 
     )
 
 
+def _rows_aligned(x: torch.Tensor, multiple: int = 8) -> torch.Tensor:
+    """``x`` (..., n) as a view of a buffer whose rows hold a multiple of ``multiple`` entries: the same
+    values, each row starting 16-byte aligned in bf16 (cuBLAS's faster kernels want aligned leading
+    dimensions; GPT-2's vocabulary of 50,257 is not a multiple of 8)."""
+    n = x.shape[-1]
+    padded = -(-n // multiple) * multiple
+    return torch.empty((*x.shape[:-1], padded), dtype=x.dtype, device=x.device)[..., :n].copy_(x)
+
+
 def per_example_line(
     device: str = "cuda", batch: int = 8, steps: int = 1024, n: int = 2048, m: int = 5632
 ) -> str:
     """``sum_i w~_i row_i^T col_i`` of two bf16 (batch, steps, n), (batch, steps, m) factors by the
-    per-example route and the pieces route: relative error to float64 and time of each."""
+    per-example route and the pieces route: relative error to float64 and time of each; where n is not a
+    multiple of 8, the per-example route again with the rows of the n-wide factor aligned
+    (``_rows_aligned``), the time an aligned copy would buy."""
     from hush_hf.clipping import float32_products as products
 
     g = torch.Generator(device=device).manual_seed(0)
@@ -277,14 +291,19 @@ def per_example_line(
     weights = torch.rand(batch, generator=g, device=device)
     cut = products.bf16_toward_zero(weights).double()
     exact = torch.einsum("btr,btk->rk", row.double() * cut.view(-1, 1, 1), col.double())
-    routes = {
-        "one GEMM per example": products._weighted_product_per_example,
-        "two pieces": products._weighted_product_bf16,
+    runs = {
+        "one GEMM per example": lambda: products._weighted_product_per_example(row, col, weights),
+        "two pieces": lambda: products._weighted_product_bf16(row, col, weights),
     }
+    if n % 8:
+        aligned = _rows_aligned(row)
+        runs["one GEMM per example, rows aligned"] = lambda: products._weighted_product_per_example(
+            aligned, col, weights
+        )
     cells = []
-    for label, route in routes.items():
+    for label, run in runs.items():
         try:
-            got, seconds, _ = _timed(lambda route=route: route(row, col, weights), device)
+            got, seconds, _ = _timed(run, device)
         except RuntimeError as error:  # a torch whose addmm does not accumulate bf16 products in float32
             cells.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:120]}")
             continue
@@ -293,6 +312,11 @@ def per_example_line(
     return (
         f"Clipped sum of bf16 factors {batch} x {steps} x ({n}, {m}) on {device}: " + "; ".join(cells) + "."
     )
+
+
+def gpt2_output_layer_line() -> str:
+    """``per_example_line`` at GPT-2's tied output layer: 32 x 512 positions, vocabulary 50,257 x 768."""
+    return per_example_line(batch=32, steps=512, n=50257, m=768)
 
 
 def main() -> None:
@@ -305,6 +329,13 @@ def main() -> None:
 
     warnings.filterwarnings("ignore")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    # The routes' lines first: a few seconds, and the table's time limit must not cut them off.
+    for line in (grouped_norm_line, per_example_line, gpt2_output_layer_line):
+        try:
+            print(line(), flush=True)
+        except Exception as error:  # one line must not lose the table
+            print(f"{line.__name__}: {type(error).__name__}: {str(error).strip()[:200]}", flush=True)
+    print()
     print("| model | precision | norms: max relative error | sum: relative error | max ||c_i g_i|| / C "
           "| CUDA route |")  # fmt: skip
     print("|---|---|---|---|---|---|")
@@ -317,10 +348,6 @@ def main() -> None:
                 print(f"| {label} | {precision} | error: {type(error).__name__}: {last} | | | |", flush=True)
     print()
     print(planted_misuse_under_tf32())
-    print()
-    print(grouped_norm_line())
-    print()
-    print(per_example_line())
 
 
 if __name__ == "__main__":

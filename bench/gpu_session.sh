@@ -23,10 +23,10 @@ done
   "$python" -c "import torch, transformers, peft; print('torch', torch.__version__, '| transformers',
       transformers.__version__, '| peft', peft.__version__, '| cuda', torch.version.cuda)"
 } 2>>"$out/stderr.log" | tee "$out/gpu_env.txt"
-timeout 100 "$python" bench/gpu_exactness.py 2>>"$out/stderr.log" | tee "$out/gpu_exactness.md"
+timeout 110 "$python" bench/gpu_exactness.py 2>>"$out/stderr.log" | tee "$out/gpu_exactness.md"
 contenders="plain hush"
 [ "${OPACUS:-0}" = 1 ] && contenders="plain hush opacus-ghost"
 # shellcheck disable=SC2086  # the contenders are words
-timeout 300 "$python" bench/gpu_step.py --contenders $contenders --timeout 90 --profile "$out/gpu_profile.md" \
+timeout 290 "$python" bench/gpu_step.py --contenders $contenders --timeout 90 --profile "$out/gpu_profile.md" \
   2>>"$out/stderr.log" | tee "$out/gpu_step.md"
 timeout 200 "$python" bench/gpu_trainer.py --timeout 90 --steps 8 2>>"$out/stderr.log" | tee "$out/gpu_trainer.md"

@@ -109,7 +109,8 @@ def test_gpu_exactness_times_the_grouped_norm_on_cpu() -> None:
 
 def test_gpu_exactness_compares_the_two_bf16_sum_routes_on_cpu(monkeypatch) -> None:
     """The bf16 clipped-sum line runs on the CPU at a small size (CUDA's ``addmm`` emulated by widening its
-    bf16 operands): both routes within float32 rounding of float64."""
+    bf16 operands): both routes, and the per-example one with aligned rows, within float32 rounding of
+    float64."""
     import re
 
     import gpu_exactness
@@ -123,8 +124,8 @@ def test_gpu_exactness_compares_the_two_bf16_sum_routes_on_cpu(monkeypatch) -> N
     monkeypatch.setattr(products, "_addmm_out_float32", widened)
     line = gpu_exactness.per_example_line("cpu", batch=3, steps=8, n=5, m=7)
     errors = [float(e) for e in re.findall(r"relative error (\S+?)[;.]\s", line + " ")]
-    assert "one GEMM per example" in line and "two pieces" in line
-    assert len(errors) == 2 and max(errors) < 1e-6
+    assert "one GEMM per example" in line and "two pieces" in line and "rows aligned" in line  # 5 % 8
+    assert len(errors) == 3 and max(errors) < 1e-6
 
 
 def test_gpu_exactness_plants_a_misuse_that_tf32_still_catches_on_cpu() -> None:
