@@ -109,8 +109,8 @@ def test_gpu_exactness_times_the_grouped_norm_on_cpu() -> None:
 
 def test_gpu_exactness_compares_the_two_bf16_sum_routes_on_cpu(monkeypatch) -> None:
     """The bf16 clipped-sum line runs on the CPU at a small size (CUDA's ``addmm`` emulated by widening its
-    bf16 operands): both routes, and the per-example one with aligned rows, within float32 rounding of
-    float64."""
+    bf16 operands): both routes, and the per-example one without its aligned copy, within float32
+    rounding of float64."""
     import re
 
     import gpu_exactness
@@ -124,7 +124,7 @@ def test_gpu_exactness_compares_the_two_bf16_sum_routes_on_cpu(monkeypatch) -> N
     monkeypatch.setattr(products, "_addmm_out_float32", widened)
     line = gpu_exactness.per_example_line("cpu", batch=3, steps=8, n=5, m=7)
     errors = [float(e) for e in re.findall(r"relative error (\S+?)[;.]\s", line + " ")]
-    assert "one GEMM per example" in line and "two pieces" in line and "rows aligned" in line  # 5 % 8
+    assert "one GEMM per example" in line and "two pieces" in line and "rows as they are" in line  # 5 % 8
     assert len(errors) == 3 and max(errors) < 1e-6
 
 

@@ -31,10 +31,12 @@ class EmulatedAddmm:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.operands: list[tuple[torch.Tensor, torch.Tensor]] = []  # (a, b) of each call, as received
 
     def __call__(self, out, a, b, alpha, beta):
         assert a.dtype == b.dtype == torch.bfloat16 and out.dtype == torch.float32
         self.calls += 1
+        self.operands.append((a, b))
         return torch.addmm(out, a.float(), b.float(), beta=beta, alpha=alpha, out=out)
 
 
@@ -75,6 +77,25 @@ def test_the_per_example_route_equals_the_float32_route_with_the_cut_weights(nar
     torch.testing.assert_close(got.double(), reference, rtol=1e-6, atol=1e-6)
     widened = OuterSum(DenseFactor(use.row.values.float()), DenseFactor(use.col.values.float()))
     torch.testing.assert_close(got, weighted_sum(widened, cut), rtol=1e-6, atol=1e-6)
+
+
+def test_a_factor_whose_rows_are_not_16_byte_aligned_is_multiplied_from_an_aligned_copy(cuda_route) -> None:
+    """Rows of 5 bf16 entries (10 bytes, as a vocabulary of 50,257 is 100,514): each example reaches the
+    product from one buffer whose rows hold 8 entries (16 bytes), values unchanged; an aligned factor (8
+    entries) reaches it as its own view, with no copy."""
+    g = torch.Generator().manual_seed(34)
+    row = torch.randn(B, 12, 5, generator=g).bfloat16()
+    col = torch.randn(B, 12, 8, generator=g).bfloat16()
+    weights = torch.rand(B, generator=g)
+    got = weighted_sum(OuterSum(DenseFactor(row), DenseFactor(col)), weights)
+    assert len(cuda_route.operands) == B
+    buffers = {a.data_ptr() for a, _ in cuda_route.operands}
+    assert len(buffers) == 1 and buffers.pop() % 16 == 0  # one buffer, reused
+    for i, (a, b) in enumerate(cuda_route.operands):
+        assert a.shape == (5, 12) and a.stride() == (1, 8)  # row i, transposed, its rows 16 bytes apart
+        assert b.data_ptr() == col[i].data_ptr() and b.stride() == (8, 1)  # the aligned factor as it is
+    reference = torch.einsum("b,btr,btk->rk", bf16_toward_zero(weights).double(), row.double(), col.double())
+    torch.testing.assert_close(got.double(), reference, rtol=1e-6, atol=1e-6)
 
 
 def test_all_zero_weights_give_zeros_without_a_product(cuda_route) -> None:
