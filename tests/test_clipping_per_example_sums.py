@@ -240,3 +240,103 @@ def test_a_bf16_llama_step_sums_the_same_by_either_route(cuda_route, monkeypatch
     for name, total in per_example.items():
         assert total.dtype == torch.float32
         torch.testing.assert_close(total, pieces[name], rtol=1e-5, atol=1e-7)
+
+
+class EmulatedProducts:
+    """The ``out_dtype`` products on this CPU (operands widened), recording each ``mm``'s operands."""
+
+    def __init__(self) -> None:
+        self.mm_operands: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.mm_operands.append((a, b))
+        return torch.mm(a.float(), b.float())
+
+    @staticmethod
+    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a.float(), b.float())
+
+
+@pytest.fixture
+def all_cuda_routes(cuda_route, monkeypatch) -> EmulatedProducts:
+    """Every CUDA-only route taken (``out_dtype`` products included, as ``bench/op_census.py`` emulates
+    them), the per-example ones from the smallest shapes up."""
+    import hush_hf.clipping.gram_batches as gram_batches
+
+    emulated = EmulatedProducts()
+
+    def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.dtype == b.dtype == torch.bfloat16
+
+    for module in (products, factors, gram_batches):
+        monkeypatch.setattr(module, "float32_output_supported", supported)
+    monkeypatch.setattr(products, "_mm_out_float32", emulated.mm)
+    monkeypatch.setattr(products, "_bmm_out_float32", emulated.bmm)
+    return emulated
+
+
+def test_a_vocabulary_wide_factors_gram_matrix_is_taken_from_aligned_rows(all_cuda_routes) -> None:
+    """Rows of 5 bf16 entries: each example's Gram matrix is one product of 16-byte-aligned rows from one
+    reused buffer, the same numbers as the batched product (float64 reference); rows of 8 entries take
+    the batched product."""
+    from hush_hf.clipping.factors import gram
+
+    g = torch.Generator().manual_seed(35)
+    values = torch.randn(B, 12, 5, generator=g).bfloat16()
+    got = gram(DenseFactor(values), DenseFactor(values))
+    assert len(all_cuda_routes.mm_operands) == B
+    for a, b in all_cuda_routes.mm_operands:
+        assert a.shape == (12, 5) and a.stride() == (8, 1) and b.stride() == (1, 8)
+        assert a.data_ptr() == b.data_ptr() == all_cuda_routes.mm_operands[0][0].data_ptr()
+    reference = torch.bmm(values.double(), values.double().transpose(1, 2))
+    torch.testing.assert_close(got.double(), reference, rtol=1e-6, atol=1e-6)
+    aligned = torch.randn(B, 12, 8, generator=g).bfloat16()
+    gram(DenseFactor(aligned), DenseFactor(aligned))
+    assert len(all_cuda_routes.mm_operands) == B  # no per-example product: the batched one
+
+
+def _odd_vocabulary_step(vocab: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """Two bf16 steps of a 2-layer tied Llama whose vocabulary is ``vocab``: (each one's norms, the sums)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).train()
+    ids = torch.randint(3, vocab, (B, 12), generator=torch.Generator().manual_seed(1))
+    norms = []
+    with GhostClipper(model, 0.05) as clipper:
+        for _ in range(2):  # the first runs the self-check against autograd
+            logits = model(input_ids=ids).logits
+            norms.append(clipper.clipped_backward(example_cross_entropy(logits, ids, causal=True)))
+    return norms, {n: clipped_sum(p).clone() for n, p in model.named_parameters()}
+
+
+def test_a_tied_bf16_step_with_an_odd_vocabulary_copies_its_logits_gradient_aligned(
+    cuda_route, all_cuda_routes, monkeypatch
+) -> None:
+    """A vocabulary of 97 (194-byte rows): the logits gradient's Gram matrices and per-example sums come
+    from aligned copies, the self-check passes, and norms and clipped sums are those of the same steps
+    with no aligned copy made."""
+    norms, sums = _odd_vocabulary_step(97)
+    assert any(a.stride() == (104, 1) for a, _ in all_cuda_routes.mm_operands)  # 97 entries padded to 104
+    assert any(a.stride() == (1, 104) for a, _ in cuda_route.operands if a.shape[0] == 97)
+
+    class AsTheyAre:
+        buffer = None
+
+        def __init__(self, factor: torch.Tensor) -> None:
+            pass
+
+        def __call__(self, example: torch.Tensor) -> torch.Tensor:
+            return example
+
+    monkeypatch.setattr(products, "_AlignedRows", AsTheyAre)
+    plain_norms, plain_sums = _odd_vocabulary_step(97)
+    for got, want in zip(norms, plain_norms, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    for name, total in sums.items():
+        torch.testing.assert_close(total, plain_sums[name], rtol=1e-5, atol=1e-7)

@@ -29,6 +29,7 @@ from torch import Tensor
 from hush_hf.clipping.float32_products import (
     _weighted_product_bf16,
     _weighted_product_per_example,
+    aligned_self_gram,
     as_dtype,
     bf16_products,
     bmm_float32,
@@ -144,6 +145,9 @@ def gram(f: Factor, h: Factor) -> Tensor:
         raise ValueError(f"factor sizes differ: {f.size} vs {h.size}")
     if isinstance(f, DenseFactor) and isinstance(h, DenseFactor):
         dtype = compute_dtype(f.values, h.values)
+        aligned = aligned_self_gram(f.values) if f.values is h.values and dtype == torch.float32 else None
+        if aligned is not None:  # a vocabulary-wide factor whose rows are not 16-byte aligned, on CUDA
+            return aligned
         if f.values is h.values and not float32_output_supported(f.values, h.values):
             values = as_dtype(f.values, dtype)  # one widened copy for both sides of a squared norm
             return torch.bmm(values, values.transpose(1, 2))

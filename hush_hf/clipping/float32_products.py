@@ -191,6 +191,20 @@ class _AlignedRows:
         return example if self.buffer is None else self.buffer.copy_(example)
 
 
+def aligned_self_gram(values: Tensor) -> Tensor | None:
+    """``values_i values_i^T`` of a (b, T, n) bf16 factor on CUDA, (b, T, T) in float32, one example at a
+    time from an aligned copy of its rows (``_AlignedRows``), where its rows are not 16-byte aligned and
+    one example's product is large (T^2 n >= ``EXAMPLE_WORK``: a vocabulary-wide logits gradient); else
+    None, and the batched product is the route. The same numbers as that product."""
+    t, n = values.shape[-2:]
+    if t * t * n < EXAMPLE_WORK or not float32_output_supported(values, values):
+        return None
+    rows = _AlignedRows(values)
+    if rows.buffer is None:
+        return None
+    return torch.stack([_mm_out_float32(rows(x), rows.buffer.T) for x in values.unbind(0)])
+
+
 @torch.no_grad()  # out= refuses inputs that require grad; the factors are detached anyway
 def _weighted_product_per_example(row: Tensor, col: Tensor, weights: Tensor) -> Tensor:
     """``sum_i w~_i row_i^T col_i`` of two bf16 (b, T, n) and (b, T, m) factors, ``w~ =
