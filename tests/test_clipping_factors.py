@@ -66,6 +66,34 @@ def test_gram_matches_dense_vectors(kind_f: str, kind_h: str) -> None:
     torch.testing.assert_close(gram(f, h).double(), expected)
 
 
+def test_a_bf16_factor_gathered_against_ids_is_widened_after_the_gather() -> None:
+    """A tied output layer's logits gradient (bf16, vocabulary-wide) against the embedding's ids: the Gram
+    entries are gathered from it as stored, then widened (exact), so no float32 copy of the whole factor is
+    made; the same values as widening first."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    g = torch.Generator().manual_seed(36)
+    logits_grad = DenseFactor(torch.randn(B, 6, 1000, generator=g).bfloat16())
+    ids = OneHotFactor(torch.randint(0, 1000, (B, 4), generator=g), 1000)
+
+    class Outputs(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.sizes += [t.numel() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, Tensor)]
+            return out
+
+    with Outputs() as made:
+        got = gram(logits_grad, ids)
+    assert got.dtype == torch.float32 and max(made.sizes) == B * 6 * 4  # nothing of the factor's size
+    widened_first = torch.gather(logits_grad.values.float(), 2, ids.ids[:, None, :].expand(B, 6, 4))
+    assert torch.equal(got, widened_first)
+    torch.testing.assert_close(gram(ids, logits_grad), got.transpose(1, 2), rtol=0, atol=0)
+
+
 def random_grad(kind: str, g: torch.Generator, steps: int):
     if kind == "materialized":
         return Materialized(torch.randn(B, ROWS, COLS, generator=g, dtype=torch.float64))

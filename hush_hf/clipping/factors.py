@@ -156,11 +156,12 @@ def gram(f: Factor, h: Factor) -> Tensor:
         return (f.ids[:, :, None] == h.ids[:, None, :]).to(torch.float32)
     if isinstance(f, OneHotFactor):
         return gram(h, f).transpose(1, 2)
-    # f dense (b, T, n), h one-hot (b, S): <f_t, e_{x_s}> = f_t[x_s].
-    values = as_dtype(f.values, compute_dtype(f.values))
+    # f dense (b, T, n), h one-hot (b, S): <f_t, e_{x_s}> = f_t[x_s], gathered as stored and widened after
+    # (exact): widening first made a float32 copy of all of f, a tied output layer's whole logits gradient.
+    values = f.values
     b, t_len = values.shape[:2]
     index = h.ids[:, None, :].expand(b, t_len, h.ids.shape[1])
-    return torch.gather(values, 2, index)
+    return as_dtype(torch.gather(values, 2, index), compute_dtype(values))
 
 
 def _contract_col(m: Tensor, col: Factor) -> Tensor:
