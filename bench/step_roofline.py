@@ -61,6 +61,24 @@ checked against (LoRA's hush_hf steps were bound by the host, so there their dev
 LAUNCH_SECONDS = 3e-6
 """The least time a kernel takes on the device, however small (launch and tail)."""
 
+MISALIGNED_RATE = 150e12
+"""FLOP/s of a bf16/fp16 matrix product with an operand or result whose rows are not 16-byte aligned (at
+most R): the H200's measured rate for GPT-2's vocabulary-wide weight gradient (1.27 TFLOP in 8.4 ms,
+docs/benchmarks.md, "Where the time goes"), which cuBLAS ran on older kernels: Hopper's TMA-fed ones
+need 16-byte strides, and 50,257 bf16 entries are 100,514 bytes."""
+
+
+def misaligned(tensors: list[torch.Tensor]) -> bool:
+    """Whether a 16-bit matrix among ``tensors`` (a product's operands and result) has rows that do not
+    start 16 bytes apart, or no unit stride in its last two dimensions."""
+    for t in tensors:
+        if t.dtype not in (torch.bfloat16, torch.float16) or t.dim() < 2:
+            continue
+        rows, cols = t.stride()[-2:]
+        if 1 not in (rows, cols) or (max(rows, cols) * t.element_size()) % 16:
+            return True
+    return False
+
 
 def _widened_copy(inputs: list[torch.Tensor], dtype: torch.dtype | None) -> int:
     """The bytes of the copy a CUDA reduction makes of its input when asked for another ``dtype``
@@ -110,7 +128,7 @@ class KernelCosts(TorchDispatchMode):
     def __init__(self, fake: bool = False) -> None:
         super().__init__()
         self.fake = fake
-        self.kernels: list[tuple[int, int]] = []
+        self.kernels: list[tuple] = []
         self.names: list[str] = []  # each kernel's operation
 
     def __enter__(self):
@@ -121,8 +139,9 @@ class KernelCosts(TorchDispatchMode):
         KernelCosts.active.remove(self)
         return super().__exit__(*exc)
 
-    def record(self, flops: int, moved: int, name: str) -> None:
-        self.kernels.append((int(flops), int(moved)))
+    def record(self, flops: int, moved: int, name: str, slow: bool = False) -> None:
+        """One kernel; ``slow``: a product priced at ``MISALIGNED_RATE`` (a third entry, True)."""
+        self.kernels.append((int(flops), int(moved), True) if slow else (int(flops), int(moved)))
         self.names.append(name)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -144,7 +163,7 @@ class KernelCosts(TorchDispatchMode):
         if widened:  # the copy: a kernel that reads the input and writes it widened, which the op reads
             self.record(0, inputs[0].numel() * inputs[0].element_size() + widened, "_to_copy (in reduction)")
             moved += widened - inputs[0].numel() * inputs[0].element_size()
-        self.record(flops, moved, name)
+        self.record(flops, moved, name, slow=_is_product(name) and misaligned(inputs + written))
         return out
 
 
@@ -159,7 +178,8 @@ def _out_float32(product):
             out.fill_(FAKE_VALUE)
         flops = 2 * a.numel() * b.shape[-1]  # (..., n, k) @ (..., k, m): 2 n k m per batch entry
         moved = a.nbytes + b.nbytes + out.nbytes * (2 if rest and beta else 1)
-        KernelCosts.active[-1].record(flops, moved, f"{product.__name__} (out_dtype)")
+        slow = misaligned([a, b, out])
+        KernelCosts.active[-1].record(flops, moved, f"{product.__name__} (out_dtype)", slow=slow)
         return out
 
     return run
@@ -243,7 +263,7 @@ def step_costs(
     warmup: int = 2,
     smoke: bool = False,
     precision: str = "fp32",
-) -> list[tuple[int, int]]:
+) -> list[tuple]:
     """(FLOPs, bytes) of every kernel of one ``contender`` step, ``gpu_step.MODELS[name]`` with ``layers``
     layers and ``batch`` sequences (after ``warmup`` steps: the self-check's), by the engine's GPU routes
     (``gpu_routes``), its uses grouped as at the GPU table's batch (``grouped_as_at``); ``precision``
@@ -268,9 +288,11 @@ def step_costs(
     return costs.kernels
 
 
-def seconds(kernels: list[tuple[int, int]], rate: float, bandwidth: float) -> float:
-    """The roofline time of a list of kernels: ``sum max(F / rate, B / bandwidth, LAUNCH_SECONDS)``."""
-    return sum(max(f / rate, b / bandwidth, LAUNCH_SECONDS) for f, b in kernels)
+def seconds(kernels: list[tuple], rate: float, bandwidth: float) -> float:
+    """The roofline time of a list of kernels: ``sum max(F / rate, B / bandwidth, LAUNCH_SECONDS)``, a
+    misaligned product's F at ``min(rate, MISALIGNED_RATE)``."""
+    slow = min(rate, MISALIGNED_RATE)
+    return sum(max(k[0] / (slow if len(k) > 2 else rate), k[1] / bandwidth, LAUNCH_SECONDS) for k in kernels)
 
 
 SHALLOW = (2, 3)
@@ -285,7 +307,7 @@ class Extrapolated:
     bilinearly extrapolated to ``L`` layers and batch ``b`` (exact when each layer and each sequence adds
     the same kernels: the FLOPs and bytes of all of them are affine in both)."""
 
-    runs: dict[tuple[int, int], list[tuple[int, int]]]
+    runs: dict[tuple[int, int], list[tuple]]
 
     def at(self, layers: int, batch: int, rate: float, bandwidth: float) -> float:
         (l0, l1), (b0, b1) = SHALLOW, SHALLOW
@@ -308,10 +330,13 @@ def counted(
     return Extrapolated(runs)
 
 
-def solve_rate(plain: Extrapolated, layers: int, batch: int, bandwidth: float, target: float) -> float:
+def solve_rate(plain: Extrapolated, layers: int, batch: int, bandwidth: float, target: float) -> float | None:
     """The matrix rate R (FLOP/s) at which the plain step's roofline time is ``target`` seconds (it falls as
-    R grows): bisection on a log scale."""
+    R grows): bisection on a log scale. None when no R reaches it: the step's memory time, launches and
+    misaligned products (``MISALIGNED_RATE``) take longer than ``target`` at this bandwidth already."""
     low, high = 1e11, 1e17
+    if plain.at(layers, batch, high, bandwidth) > target:
+        return None
     for _ in range(200):
         mid = (low * high) ** 0.5
         if plain.at(layers, batch, mid, bandwidth) > target:
@@ -352,11 +377,17 @@ def main() -> None:
         plain_s, hush_s, plain_ms, hush_ms = H200[name, precision]
         for tb in args.bandwidth:
             rate = solve_rate(plain, layers, batch, tb * 1e12, plain_s)
+            measured = f"{hush_s / plain_s:.2f}x, {hush_ms / plain_ms:.2f}x"
+            row = f"| {name}, {batch}x{seq} | {precision} | {tb:.1f} |"
+            if rate is None:
+                print(
+                    f"{row} none fits | {plain_s:.3f} s | (plain's floor at this W is longer) | {measured} |"
+                )
+                continue
             predicted = hush.at(layers, batch, rate, tb * 1e12)
             print(
-                f"| {name}, {batch}x{seq} | {precision} | {tb:.1f} | {rate / 1e12:.1f} | {plain_s:.3f} s | "
-                f"{predicted:.3f} s (**{predicted / plain_s:.3f}x**) | "
-                f"{hush_s / plain_s:.2f}x, {hush_ms / plain_ms:.2f}x |",
+                f"{row} {rate / 1e12:.1f} | {plain_s:.3f} s | "
+                f"{predicted:.3f} s (**{predicted / plain_s:.3f}x**) | {measured} |",
                 flush=True,
             )
 

@@ -136,7 +136,8 @@ def test_a_cuda_out_dtype_product_is_one_kernel_of_bf16_operands_and_a_float32_o
     with step_roofline.KernelCosts(fake=True) as costs:
         out = step_roofline._out_float32(torch.bmm)(a, b)
     assert out.shape == (4, 6, 7) and out.dtype == torch.float32
-    assert costs.kernels == [(2 * 4 * 6 * 5 * 7, 2 * (4 * 6 * 5 + 4 * 5 * 7) + 4 * 4 * 6 * 7)]
+    flops, moved = 2 * 4 * 6 * 5 * 7, 2 * (4 * 6 * 5 + 4 * 5 * 7) + 4 * 4 * 6 * 7
+    assert costs.kernels == [(flops, moved, True)]  # rows of 5 and 7 bf16 entries: misaligned
     assert costs.names == ["bmm (out_dtype)"]
 
 
@@ -172,3 +173,26 @@ def test_a_step_counted_at_a_small_batch_groups_its_uses_as_the_tables_batch_wou
     for a, b in zip(norms, same, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
     assert gram_batches.BATCH_BYTES == 2**26 and factors.GROUPED_NORM_FROM_BYTES == 2**23
+
+
+def test_a_16_bit_product_whose_rows_are_not_16_byte_aligned_is_priced_at_the_misaligned_rate() -> None:
+    """bf16 rows of 5 entries (10 bytes) make a product slow, rows of 8 do not, nor float32 rows of 5 (this
+    rate is the H200's bf16 one); a slow product's FLOPs go at ``MISALIGNED_RATE`` (never above R); a
+    plain step no R can bring down to its time gets none."""
+    odd, even = torch.ones(8, 5, dtype=torch.bfloat16), torch.ones(8, 8, dtype=torch.bfloat16)
+    assert step_roofline.misaligned([odd]) and not step_roofline.misaligned([even])
+    assert not step_roofline.misaligned([odd.float()])
+    assert not step_roofline.misaligned([torch.ones(4, 8, dtype=torch.bfloat16)[:, :5]])  # padded rows
+    with step_roofline.KernelCosts() as costs:
+        torch.mm(odd, odd.T)
+        torch.mm(even, even.T)
+    assert [len(k) for k in costs.kernels] == [3, 2] and costs.kernels[0][2] is True
+    kernels = [(10**12, 0, True), (10**12, 0)]
+    rate = 1e15
+    expected = 10**12 / step_roofline.MISALIGNED_RATE + 10**12 / rate
+    assert step_roofline.seconds(kernels, rate, math.inf) == pytest.approx(expected, rel=1e-12)
+    assert step_roofline.seconds(kernels, 1e12, math.inf) == pytest.approx(2.0, rel=1e-12)  # at most R
+    plain = step_roofline.Extrapolated({key: kernels for key in ((2, 2), (2, 3), (3, 2), (3, 3))})
+    assert (
+        step_roofline.solve_rate(plain, 2, 2, math.inf, target=10**12 / step_roofline.MISALIGNED_RATE) is None
+    )
