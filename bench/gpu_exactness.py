@@ -270,6 +270,8 @@ def grouped_norm_line(device: str = "cuda", batch: int = 32, width: int = 768 * 
 
 def _unaligned(route, *args):
     """``route(*args)`` with ``float32_products._AlignedRows`` making no copies: every factor as it is."""
+    import op_census
+
     from hush_hf.clipping import float32_products as products
 
     class AsTheyAre:
@@ -279,11 +281,8 @@ def _unaligned(route, *args):
         def __call__(self, example: torch.Tensor) -> torch.Tensor:
             return example
 
-    saved, products._AlignedRows = products._AlignedRows, AsTheyAre
-    try:
+    with op_census.patched([(products, "_AlignedRows", AsTheyAre)]):
         return route(*args)
-    finally:
-        products._AlignedRows = saved
 
 
 def per_example_line(

@@ -83,6 +83,21 @@ _EMULATING = [False]  # inside an emulated CUDA-only product: its operand wideni
 
 
 @contextlib.contextmanager
+def patched(patches):
+    """Each ``(owner, name, value)`` of ``patches`` set for the block and put back after; a name its owner
+    lacks (an older engine, counted by the same benches) is left alone."""
+    present = [patch for patch in patches if hasattr(patch[0], patch[1])]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in present]
+    for owner, name, value in present:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
 def cuda_routes(emulate=None):
     """The engine takes its CUDA-only routes on this machine (see the module docstring): bf16/fp16
     operand pairs count as ``out_dtype``-capable whatever their device (and ``addmm`` as accumulating
@@ -120,15 +135,8 @@ def cuda_routes(emulate=None):
         (products, "_addmm_out_float32", (emulate or emulated)(torch.addmm)),
         (products, "_accumulates_in_float32", lambda device: True),
     ]
-    patches = [patch for patch in patches if hasattr(patch[0], patch[1])]  # an older engine lacks some
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    for owner, name, value in patches:
-        setattr(owner, name, value)
-    try:
+    with patched(patches):
         yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
 
 
 _ROOT = str(Path(__file__).resolve().parents[1])

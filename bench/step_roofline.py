@@ -194,12 +194,8 @@ def unchecked() -> Iterator[None]:
         self._unverified.clear()
         return set()
 
-    saved = GhostClipper._names_to_check
-    GhostClipper._names_to_check = no_check
-    try:
+    with op_census.patched([(GhostClipper, "_names_to_check", no_check)]):
         yield
-    finally:
-        GhostClipper._names_to_check = saved
 
 
 TF32_ROUTES = "reduced_float32_matmuls"
@@ -220,14 +216,8 @@ def gpu_routes(tf32: bool) -> Iterator[None]:
     patches = {"CHUNKED_NORM_DEVICES": frozenset(), "JOIN_BELOW": {}, "_NORM_CHUNK_BYTES": 2**62}
     if tf32:
         patches[TF32_ROUTES] = lambda device_type: True
-    saved = {name: getattr(factors, name) for name in patches if hasattr(factors, name)}
-    for name in saved:
-        setattr(factors, name, patches[name])
-    try:
+    with op_census.patched([(factors, name, value) for name, value in patches.items()]):
         yield
-    finally:
-        for name, value in saved.items():
-            setattr(factors, name, value)
 
 
 @contextlib.contextmanager
@@ -245,14 +235,9 @@ def grouped_as_at(batch: int, target: int) -> Iterator[None]:
 
     scale = batch / target
     budgets = ((gram_batches, "BATCH_BYTES"), (factors, "GROUPED_NORM_FROM_BYTES"))
-    saved = [(owner, name, getattr(owner, name)) for owner, name in budgets if hasattr(owner, name)]
-    for owner, name, value in saved:
-        setattr(owner, name, int(value * scale))
-    try:
+    present = [(owner, name) for owner, name in budgets if hasattr(owner, name)]
+    with op_census.patched([(owner, name, int(getattr(owner, name) * scale)) for owner, name in present]):
         yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
 
 
 def step_costs(
