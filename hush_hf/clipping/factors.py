@@ -145,12 +145,13 @@ def gram(f: Factor, h: Factor) -> Tensor:
         raise ValueError(f"factor sizes differ: {f.size} vs {h.size}")
     if isinstance(f, DenseFactor) and isinstance(h, DenseFactor):
         dtype = compute_dtype(f.values, h.values)
-        aligned = aligned_self_gram(f.values) if f.values is h.values and dtype == torch.float32 else None
-        if aligned is not None:  # a vocabulary-wide factor whose rows are not 16-byte aligned, on CUDA
-            return aligned
-        if f.values is h.values and not float32_output_supported(f.values, h.values):
-            values = as_dtype(f.values, dtype)  # one widened copy for both sides of a squared norm
-            return torch.bmm(values, values.transpose(1, 2))
+        if f.values is h.values:
+            aligned = aligned_self_gram(f.values)  # a vocabulary-wide bf16 factor, misaligned, on CUDA
+            if aligned is not None:
+                return aligned
+            if not float32_output_supported(f.values, h.values):
+                values = as_dtype(f.values, dtype)  # one widened copy for both sides of a squared norm
+                return torch.bmm(values, values.transpose(1, 2))
         return bmm_float32(f.values, h.values.transpose(1, 2), dtype)
     if isinstance(f, OneHotFactor) and isinstance(h, OneHotFactor):
         return (f.ids[:, :, None] == h.ids[:, None, :]).to(torch.float32)

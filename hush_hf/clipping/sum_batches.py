@@ -105,11 +105,11 @@ def weighted_sums(
         g = _batchable(found)
         if g is None:
             continue
-        size = sum_footprint(g)
-        if size > budget:
-            continue
         route = _dense_pair_route(g)[0]  # type: ignore[index]
         if route == "examples":  # one GEMM per example and weight already: nothing to batch
+            continue
+        size = sum_footprint(g)
+        if size > budget:
             continue
         row, col = g.row.values, g.col.values  # type: ignore[union-attr]
         key = (route, tuple(row.shape), tuple(col.shape), row.dtype, col.dtype, row.device)
