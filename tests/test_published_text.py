@@ -115,3 +115,20 @@ def test_write_protection_artifacts_called_directly_checks_what_the_saves_check(
     (clean / "config.json").write_text(json.dumps({"id2label": {"0": "nightjar"}}))
     with pytest.raises(ValueError, match=refused("write_protection_artifacts", r"config\.json")):
         trainer.write_protection_artifacts(clean)
+
+
+def test_a_digest_whose_digits_happen_to_spell_a_short_secret_is_not_a_spelling(tmp_path):
+    """The card's sha256 digests (plan, weights, seed commitment) are read as their prefix alone: a 3-digit
+    canary matched a run of digits inside the weights' digest now and then (an end-to-end test failed so
+    about once in a hundred runs). The same digits anywhere else in the card are still refused."""
+    digits = SecretSet([Secret(name="c0", prior=1e-3, target_posterior=0.2, terms=("892",))])
+    digest = "sha256:" + "ab892f" + "0" * 58
+    card = tmp_path / "README.md"
+    card.write_text(f"weights:\n  model.safetensors: {digest}\nseed_commitment: hmac-{digest}\n")
+    check_published_text(tmp_path, ["README.md"], digits, "save_model")  # not refused
+    card.write_text(f"weights:\n  model.safetensors: {digest}\ncode: 892\n")
+    with pytest.raises(ValueError, match=refused("save_model", r"README\.md")):
+        check_published_text(tmp_path, ["README.md"], digits, "save_model")
+    card.write_text("model.safetensors: sha256:ab892f\n")  # not a whole digest: read as it is
+    with pytest.raises(ValueError, match=refused("save_model", r"README\.md")):
+        check_published_text(tmp_path, ["README.md"], digits, "save_model")

@@ -14,7 +14,10 @@ not join into a false match; other text files are read whole. Not read: weights,
 vocabulary (``tokenizer.json``, ``vocab.*``, ``merges.txt``, ``*.model``, ``*.tiktoken``), whose every
 common word would match a secret made of it (added tokens are checked on their own,
 :mod:`hush_hf.trainer.tokenizer_secrets`); and ``hush_plan.json``, which names secrets by number and
-holds one digest per row.
+holds one digest per row. Likewise the ``sha256:`` digests the card and the report state (the plan's, the
+weights', the seed commitment): 64 hex digits of a hash spell nothing, but a short numeric secret
+(a 3-digit canary) matches a run of digits inside one now and then, and the weights' and the
+commitment's digests change from run to run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from hush_hf.planning.record import _DIGEST, DIGEST_PREFIX
 
 TEXT_SUFFIXES = (".json", ".jinja", ".md", ".txt", ".yaml", ".yml")
 NOT_READ = (
@@ -75,7 +80,7 @@ def first_spelled(folder: str | Path, names: Iterable[str], secrets: Any) -> tup
     tagger = tagger_for(load_secrets(secrets))
     for name in names:
         for text in texts_of(Path(folder) / name):
-            found = tagger(text)
+            found = tagger(_DIGEST.sub(DIGEST_PREFIX, text))  # a digest read as its prefix alone
             if found:
                 return name, min(found)
     return None
